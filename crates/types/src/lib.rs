@@ -1,0 +1,198 @@
+//! The shared vocabulary of sidecore (see `PRODUCT.md`): the kinds of processing
+//! element, offload priorities, layout constraint kinds and channel properties.
+//!
+//! Every other crate speaks these types, so they live in one small crate with no
+//! I/O and no heavy dependencies.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A 128-bit globally unique identifier for offcodes and interfaces (HYDRA §4.1).
+pub type Guid = uuid::Uuid;
+
+/// The error returned when a keyword does not name a known variant.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("unknown {what} `{got}`; expected one of: {expected}")]
+pub struct UnknownKeyword {
+    pub what: &'static str,
+    pub got: String,
+    pub expected: &'static str,
+}
+
+macro_rules! keyword_enum {
+    ($(#[$m:meta])* $name:ident, $what:literal, { $($(#[$vm:meta])* $variant:ident = $kw:literal),+ $(,)? }) => {
+        $(#[$m])*
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(rename_all = "kebab-case")]
+        pub enum $name { $($(#[$vm])* #[serde(rename = $kw)] $variant),+ }
+
+        impl $name {
+            /// Every variant, in declaration order.
+            pub const ALL: &'static [$name] = &[$($name::$variant),+];
+            /// The manifest keyword for this variant.
+            pub fn keyword(self) -> &'static str {
+                match self { $($name::$variant => $kw),+ }
+            }
+            /// The keywords accepted, for error messages.
+            pub const EXPECTED: &'static str = concat!($("`", $kw, "` "),+);
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result { f.write_str(self.keyword()) }
+        }
+
+        impl FromStr for $name {
+            type Err = UnknownKeyword;
+            fn from_str(s: &str) -> Result<Self, Self::Err> {
+                match s {
+                    $($kw => Ok($name::$variant),)+
+                    _ => Err(UnknownKeyword { what: $what, got: s.to_string(), expected: $name::EXPECTED }),
+                }
+            }
+        }
+    };
+}
+
+keyword_enum!(
+    /// A kind of processing element: somewhere an offcode can run.
+    PeKind, "PE kind", {
+        /// A dedicated, pinned CPU core running a run-to-completion loop.
+        Core = "core",
+        /// The kernel's eBPF engine (XDP, tc, maps, ring buffers).
+        Kernel = "kernel",
+        /// A WebAssembly sandbox on a core, for untrusted code.
+        Wasm = "wasm",
+        /// A peer sidecore daemon on another machine.
+        Node = "node",
+        /// A GPU, when present.
+        Gpu = "gpu",
+        /// An ordinary thread: the fallback that always exists.
+        Host = "host",
+    }
+);
+
+keyword_enum!(
+    /// Offload priority (HYDRA's `OFFLOAD_PRIORITY`): deployment goes in this order,
+    /// highest first.
+    Priority, "priority", {
+        Low = "low",
+        Normal = "normal",
+        High = "high",
+    }
+);
+
+impl Priority {
+    /// The weight of this priority in the layout's offload objective.
+    pub fn weight(self) -> u32 {
+        match self {
+            Priority::Low => 1,
+            Priority::Normal => 2,
+            Priority::High => 4,
+        }
+    }
+}
+
+impl Default for Priority {
+    fn default() -> Self {
+        Priority::Normal
+    }
+}
+
+keyword_enum!(
+    /// A placement constraint between two offcodes (HYDRA Figure 4.7).
+    ConstraintKind, "constraint", {
+        /// No placement constraint; records that one needs the other.
+        Link = "link",
+        /// Both go to the same PE.
+        Pull = "pull",
+        /// If one is offloaded, so is the other (possibly onto a different PE).
+        Gang = "gang",
+        /// Offloading the importer implies offloading the imported, not the reverse.
+        AsymGang = "asym-gang",
+    }
+);
+
+keyword_enum!(
+    /// Unicast joins exactly two offcodes; multicast delivers each message to N.
+    Cast, "cast", {
+        Unicast = "unicast",
+        Multicast = "multicast",
+    }
+);
+
+keyword_enum!(
+    /// Sequential channels allow one invocation at a time, in order; parallel ones
+    /// may be served by several workers at once (HYDRA §4.2.2).
+    Order, "order", {
+        Sequential = "sequential",
+        Parallel = "parallel",
+    }
+);
+
+keyword_enum!(
+    /// Reliable channels apply back-pressure and never drop; unreliable ones drop
+    /// when full and count the drops.
+    Delivery, "delivery", {
+        Reliable = "reliable",
+        Unreliable = "unreliable",
+    }
+);
+
+/// The properties of a channel (HYDRA §4.2.2), as a manifest declares them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChannelProps {
+    pub cast: Cast,
+    pub order: Order,
+    pub delivery: Delivery,
+    /// The sender writes into the slot the receiver reads.
+    pub zero_copy: bool,
+    /// Number of slots in the ring (a power of two).
+    pub slots: u32,
+    /// Bytes per slot, including the slot header.
+    pub slot_size: u32,
+}
+
+impl Default for ChannelProps {
+    fn default() -> Self {
+        ChannelProps {
+            cast: Cast::Unicast,
+            order: Order::Sequential,
+            delivery: Delivery::Reliable,
+            zero_copy: true,
+            slots: 1024,
+            slot_size: 128,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keywords_round_trip() {
+        for k in PeKind::ALL {
+            assert_eq!(k.keyword().parse::<PeKind>().unwrap(), *k);
+        }
+        for k in ConstraintKind::ALL {
+            assert_eq!(k.to_string().parse::<ConstraintKind>().unwrap(), *k);
+        }
+    }
+
+    #[test]
+    fn unknown_keyword_lists_the_expected_ones() {
+        let e = "fpga".parse::<PeKind>().unwrap_err();
+        assert_eq!(e.got, "fpga");
+        let msg = e.to_string();
+        assert!(msg.contains("unknown PE kind `fpga`"), "{msg}");
+        assert!(msg.contains("`core`") && msg.contains("`host`"), "{msg}");
+    }
+
+    #[test]
+    fn priority_orders_low_to_high() {
+        assert!(Priority::Low < Priority::Normal && Priority::Normal < Priority::High);
+        assert!(Priority::High.weight() > Priority::Low.weight());
+    }
+}

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Set-up command 1: install what is needed, build sidecore, and run the built-in
+# example (a record source on one dedicated core feeding an Internet-checksum
+# offcode on another through a zero-copy ring) for a few seconds.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+./scripts/setup.sh
+cargo build --release -p sidecore --quiet
+bin="${CARGO_TARGET_DIR:-target}/release/sidecore"
+"$bin" devices
+"$bin" check examples/checksum.toml
+"$bin" layout examples/checksum.toml
+exec "$bin" up examples/checksum.toml --for "${SIDECORE_DEMO_SECONDS:-5}s" --socket "${TMPDIR:-/tmp}/sidecore-demo.sock"

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Installs everything sidecore needs on a fresh Debian 12 machine: the Debian
+# packages (clang and libbpf headers for the eBPF programs, libclang and cmake for
+# the HiGHS MILP solver, iproute2 for network-namespace tests) and the Rust
+# pieces (rustfmt, clippy, the wasm32 target for extensions). Idempotent: a second
+# run only checks.
+set -euo pipefail
+
+need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 pkg-config cmake g++ make)
+missing=()
+for p in "${need_pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing Debian packages: ${missing[*]}" >&2
+  SUDO=""
+  [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if ! command -v cargo >/dev/null; then
+  echo "setup: cargo not found; install Rust with rustup first (https://rustup.rs)" >&2
+  exit 1
+fi
+if command -v rustup >/dev/null; then
+  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt >&2
+  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy >&2
+  rustup target list --installed 2>/dev/null | grep -q '^wasm32-unknown-unknown$' || rustup target add wasm32-unknown-unknown >&2
+fi
