@@ -813,14 +813,21 @@ impl Loader {
             match cast {
                 Some(Some(c)) => props.cast = c,
                 Some(None) => ok = false,
-                None => {
-                    props.cast = if to_raw.len() > 1 { Cast::Multicast } else { Cast::Unicast };
-                }
+                None => {}
             }
             match order {
                 Some(Some(o)) => props.order = o,
                 Some(None) => ok = false,
                 None => {}
+            }
+            if cast.is_none() {
+                // Several receivers: every message to each (multicast), unless
+                // the channel is parallel, which shares messages among them.
+                props.cast = if to_raw.len() > 1 && props.order == Order::Sequential {
+                    Cast::Multicast
+                } else {
+                    Cast::Unicast
+                };
             }
             match delivery {
                 Some(Some(d)) => props.delivery = d,
@@ -830,13 +837,14 @@ impl Loader {
             if let Some(z) = ch.zero_copy {
                 props.zero_copy = z;
             }
-            if props.cast == Cast::Unicast && to_raw.len() > 1 {
-                self.report.error(
+            if props.cast == Cast::Unicast && props.order == Order::Sequential && to_raw.len() > 1 {
+                let d = self.report.error(
                     file,
                     ch.to.span(),
-                    format!("unicast channel `{name}` has {} receivers; unicast joins exactly two offcodes", to_raw.len()),
+                    format!("unicast channel `{name}` has {} receivers; a sequential unicast channel joins exactly two offcodes", to_raw.len()),
                     "more than one receiver",
                 );
+                note(d, "use cast = \"multicast\" to give every message to each receiver, or order = \"parallel\" to share the messages among them");
                 ok = false;
             }
             if props.cast == Cast::Multicast && to_raw.len() < 2 {

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use sidecore_types::PropValue;
 use sidecore_types::{ChannelProps, ConstraintKind, Guid, PeKind, Priority};
 
 use crate::diag::{Origin, Sources};
@@ -129,24 +130,6 @@ impl ValueType {
             "bytes" => ValueType::Bytes,
             _ => return None,
         })
-    }
-}
-
-/// A property value a target may require of a PE.
-#[derive(Debug, Clone, PartialEq)]
-pub enum PropValue {
-    Bool(bool),
-    Int(i64),
-    Str(String),
-}
-
-impl std::fmt::Display for PropValue {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            PropValue::Bool(b) => write!(f, "{b}"),
-            PropValue::Int(i) => write!(f, "{i}"),
-            PropValue::Str(s) => write!(f, "{s:?}"),
-        }
     }
 }
 

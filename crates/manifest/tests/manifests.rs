@@ -231,6 +231,7 @@ fn channels_are_checked() {
     assert!(e.contains("declared, but as an input"), "{e}");
     let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = [\"b.in\", \"a.cmd\"]\ncast = \"unicast\"\n"));
     expect(&e, "unicast channel `c` has 2 receivers", "main.toml:17:6");
+    assert!(e.contains("order = \"parallel\""), "{e}");
     let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\ncast = \"multicast\"\n"));
     expect(&e, "multicast channel `c` needs at least two receivers", "main.toml:17:6");
     let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nslots = 1000\n"));
@@ -242,9 +243,9 @@ fn channels_are_checked() {
     let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\ndelivery = \"maybe\"\n"));
     expect(&e, "unknown delivery `maybe`", "main.toml:18:12");
     let e = err(&ports(
-        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = [\"b.in\", \"a.cmd\"]\norder = \"parallel\"\n",
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = [\"b.in\", \"a.cmd\"]\ncast = \"multicast\"\norder = \"parallel\"\n",
     ));
-    expect(&e, "cannot be both multicast and parallel", "main.toml:18:9");
+    expect(&e, "cannot be both multicast and parallel", "main.toml:19:9");
 }
 
 #[test]
