@@ -31,6 +31,12 @@ fn main() {
         let gq = g.as_ref().map(|a| check(&p, a).expect("greedy feasible"));
         let opts = SolveOptions {
             explain: false,
+            bandwidth_objective: std::env::var("NO_BW").is_err(),
+            solver_log: std::env::var("LOG").is_ok(),
+            time_limit: std::env::var("TL")
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .map(std::time::Duration::from_secs_f64),
             ..Default::default()
         };
         let t = Instant::now();

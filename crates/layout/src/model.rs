@@ -337,6 +337,7 @@ enum Run {
 }
 
 struct RunSpec<'a> {
+    log: bool,
     objective: Expression,
     sense_max: bool,
     rel_gap: f64,
@@ -390,6 +391,12 @@ fn run(
         .and_then(|_| model.try_set_option("random_seed", 0))
         .map_err(|e| LayoutError::Solver(format!("setting HiGHS options: {e:?}")))?;
     set(&mut model, "mip_rel_gap", spec.rel_gap)?;
+    if spec.log {
+        model
+            .try_set_option("output_flag", true)
+            .and_then(|_| model.try_set_option("log_to_console", true))
+            .map_err(|e| LayoutError::Solver(format!("setting HiGHS options: {e:?}")))?;
+    }
     if let Some(t) = spec.time_limit {
         set(&mut model, "time_limit", t.max(0.001))?;
     }
@@ -453,6 +460,7 @@ pub(crate) fn feasible(p: &Problem, active: &Active) -> Result<bool, LayoutError
         return Ok(false);
     }
     let spec = RunSpec {
+        log: false,
         objective: Expression::default(),
         sense_max: true,
         rel_gap: 0.0,
@@ -551,6 +559,7 @@ pub(crate) fn optimise_prep(
         mip,
         Vec::new(),
         RunSpec {
+            log: opts.solver_log,
             objective: obj1,
             sense_max: true,
             rel_gap: 0.0,
@@ -667,6 +676,7 @@ pub(crate) fn optimise_prep(
             mip,
             extra,
             RunSpec {
+                log: opts.solver_log,
                 objective: obj2,
                 sense_max: true,
                 rel_gap: opts.bandwidth_gap,

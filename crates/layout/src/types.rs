@@ -86,6 +86,8 @@ pub struct SolveOptions {
     /// Run the second objective (cross-PE bandwidth). Off, only the offloaded weight
     /// is optimised (the benchmark's "objective 1 only" baseline).
     pub bandwidth_objective: bool,
+    /// Let HiGHS print its log to stdout (for studying a slow solve).
+    pub solver_log: bool,
 }
 
 impl Default for SolveOptions {
@@ -97,6 +99,7 @@ impl Default for SolveOptions {
             bandwidth_gap: 0.0,
             warm_start: true,
             bandwidth_objective: true,
+            solver_log: false,
         }
     }
 }
