@@ -25,7 +25,8 @@ pub struct KernelInfo {
     pub btf: bool,
     /// Ok if an XDP program could be attached to `lo` (and was detached again).
     pub xdp_attach: Result<(), String>,
-    /// RLIMIT_MEMLOCK, if finite (older kernels charge BPF memory to it).
+    /// RLIMIT_MEMLOCK, if finite and this kernel still charges BPF memory to
+    /// it (before 5.11; later kernels use the memory cgroup).
     pub memlock: Option<u64>,
 }
 
@@ -124,14 +125,17 @@ pub fn probe() -> Result<KernelInfo, String> {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    let rel = release();
+    let mut nums = rel.split(|c: char| !c.is_ascii_digit()).filter_map(|s| s.parse::<u32>().ok());
+    let charges_memlock = (nums.next().unwrap_or(0), nums.next().unwrap_or(0)) < (5, 11);
     // SAFETY: getrlimit writes into the struct we pass.
-    let memlock = if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0 && lim.rlim_cur != libc::RLIM_INFINITY {
+    let memlock = if charges_memlock && unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0 && lim.rlim_cur != libc::RLIM_INFINITY {
         Some(lim.rlim_cur)
     } else {
         None
     };
     Ok(KernelInfo {
-        release: release(),
+        release: rel,
         jit,
         btf: std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
         xdp_attach,
