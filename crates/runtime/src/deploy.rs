@@ -482,6 +482,11 @@ impl Runtime {
             let mut apps = self.apps();
             let pos = apps.iter().position(|a| a.id == id)?;
             let a = apps.remove(pos);
+            // Tell every offcode first, so none mistakes a peer that stops
+            // before it for a failure.
+            for h in &a.handles {
+                h.request_stop("app stopped");
+            }
             (a.root, a.name)
         };
         let released = self.tree.teardown(root);

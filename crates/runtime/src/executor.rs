@@ -127,7 +127,8 @@ impl OffcodeHandle {
         self.stop_reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn stop_requested(&self) -> bool {
+    /// True once a stop was asked for.
+    pub fn stop_requested(&self) -> bool {
         self.stop_requested.load(Ordering::Acquire)
     }
 }
@@ -399,6 +400,14 @@ fn run(spec: ExecutorSpec, app: String, rx: Receiver<Command>, state: Arc<Execut
                     handle.set_state(OffcodeState::Done);
                     events.emit(&app, &handle.name, EventKind::Done);
                     finish(&app, &events, r.slot, None, OffcodeState::Done);
+                    continue;
+                }
+                Err(_) if handle.stop_requested() => {
+                    // Being stopped already (e.g. the app is going down and a
+                    // peer went first): an error now is part of stopping.
+                    let reason = handle.stop_reason().unwrap_or_else(|| "requested".into());
+                    let r = slots.remove(i);
+                    finish(&app, &events, r.slot, Some(reason), OffcodeState::Stopped);
                     continue;
                 }
                 Err(e) => {
