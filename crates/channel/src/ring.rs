@@ -80,7 +80,9 @@ pub enum RingConfigError {
     SlotSize(usize),
     #[error("a ring needs at least one consumer, got {0}")]
     Consumers(usize),
-    #[error("ring batch sizes must be at least 1, got publish {publish}, release {release} (for {slots} slots)")]
+    #[error(
+        "ring batch sizes must be at least 1, got publish {publish}, release {release} (for {slots} slots)"
+    )]
     Batch {
         slots: usize,
         publish: usize,
@@ -109,7 +111,11 @@ impl RingConfig {
                 release: self.release_batch,
             });
         }
-        if self.slots.checked_mul(self.slot_size).is_none_or(|b| b > isize::MAX as usize / 2) {
+        if self
+            .slots
+            .checked_mul(self.slot_size)
+            .is_none_or(|b| b > isize::MAX as usize / 2)
+        {
             return Err(RingConfigError::TooLarge {
                 slots: self.slots,
                 slot_size: self.slot_size,
@@ -215,10 +221,11 @@ impl Ring {
     pub fn new(config: RingConfig) -> Result<(Producer, Vec<Consumer>), RingConfigError> {
         config.validate()?;
         let bytes = config.slots * config.slot_size;
-        let layout = Layout::from_size_align(bytes, 128).map_err(|_| RingConfigError::TooLarge {
-            slots: config.slots,
-            slot_size: config.slot_size,
-        })?;
+        let layout =
+            Layout::from_size_align(bytes, 128).map_err(|_| RingConfigError::TooLarge {
+                slots: config.slots,
+                slot_size: config.slot_size,
+            })?;
         // SAFETY: layout has non-zero size (slots >= 2, slot_size >= 32).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(buf) = NonNull::new(raw) else {
@@ -428,7 +435,9 @@ impl Deref for SlotMut<'_> {
         let cap = self.producer.payload_cap;
         // SAFETY: the slot at `next` belongs to the producer until it is
         // published; its payload spans `payload_cap` bytes inside the buffer.
-        unsafe { std::slice::from_raw_parts(self.producer.shared.payload_ptr(self.producer.next), cap) }
+        unsafe {
+            std::slice::from_raw_parts(self.producer.shared.payload_ptr(self.producer.next), cap)
+        }
     }
 }
 
@@ -437,7 +446,12 @@ impl DerefMut for SlotMut<'_> {
         let cap = self.producer.payload_cap;
         // SAFETY: as in `deref`; we hold `&mut Producer`, so this is the only
         // live reference to the slot's payload.
-        unsafe { std::slice::from_raw_parts_mut(self.producer.shared.payload_ptr(self.producer.next), cap) }
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.producer.shared.payload_ptr(self.producer.next),
+                cap,
+            )
+        }
     }
 }
 
@@ -505,12 +519,18 @@ impl Consumer {
         // release store, which followed its write of the length.
         let len = unsafe { self.shared.len_ptr(self.head).read() } as usize;
         let len = len.min(self.shared.slot_size - SLOT_HEADER);
-        Ok(SlotRef { consumer: self, len })
+        Ok(SlotRef {
+            consumer: self,
+            len,
+        })
     }
 
     /// Number of messages ready to read, as far as the published tail says.
     pub fn available(&self) -> u64 {
-        self.shared.tail.load(Ordering::Acquire).saturating_sub(self.head)
+        self.shared
+            .tail
+            .load(Ordering::Acquire)
+            .saturating_sub(self.head)
     }
 
     /// Hands every slot read so far back to the producer.
@@ -564,7 +584,12 @@ impl Deref for SlotRef<'_> {
         // SAFETY: the slot at `head` is published (stamp checked with acquire in
         // try_recv) and cannot be rewritten until this consumer releases it,
         // which happens only after this SlotRef is dropped.
-        unsafe { std::slice::from_raw_parts(self.consumer.shared.payload_ptr(self.consumer.head), self.len) }
+        unsafe {
+            std::slice::from_raw_parts(
+                self.consumer.shared.payload_ptr(self.consumer.head),
+                self.len,
+            )
+        }
     }
 }
 
@@ -595,8 +620,21 @@ mod tests {
         assert!(bad(RingConfig { slots: 3, ..d }).contains("power of two"));
         assert!(bad(RingConfig { slot_size: 40, ..d }).contains("slot_size"));
         assert!(bad(RingConfig { consumers: 0, ..d }).contains("consumer"));
-        assert!(bad(RingConfig { publish_batch: 0, ..d }).contains("batch"));
-        assert!(bad(RingConfig { slots: 1 << 60, slot_size: 1 << 10, ..d }).contains("too large"));
+        assert!(
+            bad(RingConfig {
+                publish_batch: 0,
+                ..d
+            })
+            .contains("batch")
+        );
+        assert!(
+            bad(RingConfig {
+                slots: 1 << 60,
+                slot_size: 1 << 10,
+                ..d
+            })
+            .contains("too large")
+        );
     }
 
     #[test]

@@ -26,7 +26,8 @@ pub struct BuildSpec<'a> {
 }
 
 /// Builds an instance.
-pub type Factory = Arc<dyn Fn(&BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> + Send + Sync>;
+pub type Factory =
+    Arc<dyn Fn(&BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> + Send + Sync>;
 
 /// One implementation in the library.
 #[derive(Clone)]
@@ -55,18 +56,23 @@ impl std::fmt::Debug for Implementation {
 impl Implementation {
     /// Checks that the manifest's ports are ones this implementation provides.
     pub fn check_ports(&self, inputs: &[String], outputs: &[String]) -> Result<(), String> {
-        let check = |have: &Option<Vec<String>>, want: &[String], what: &str| -> Result<(), String> {
-            if let Some(have) = have
-                && let Some(p) = want.iter().find(|p| !have.contains(p))
-            {
-                return Err(format!(
-                    "implementation `{}` has no {what} port `{p}` (it provides: {})",
-                    self.name,
-                    if have.is_empty() { "none".into() } else { have.join(", ") }
-                ));
-            }
-            Ok(())
-        };
+        let check =
+            |have: &Option<Vec<String>>, want: &[String], what: &str| -> Result<(), String> {
+                if let Some(have) = have
+                    && let Some(p) = want.iter().find(|p| !have.contains(p))
+                {
+                    return Err(format!(
+                        "implementation `{}` has no {what} port `{p}` (it provides: {})",
+                        self.name,
+                        if have.is_empty() {
+                            "none".into()
+                        } else {
+                            have.join(", ")
+                        }
+                    ));
+                }
+                Ok(())
+            };
         check(&self.inputs, inputs, "input")?;
         check(&self.outputs, outputs, "output")
     }

@@ -227,7 +227,10 @@ pub fn discover(opts: &DiscoverOptions) -> Inventory {
                         memory: info.memory,
                         slots: None,
                     },
-                    detail: format!("{} at {} (sidecore {}, {} CPUs)", info.name, n.addr, info.version, info.cpus),
+                    detail: format!(
+                        "{} at {} (sidecore {}, {} CPUs)",
+                        info.name, n.addr, info.version, info.cpus
+                    ),
                 });
             }
             Err(reason) => inv.absent.push(Absent {
@@ -269,7 +272,10 @@ pub fn discover(opts: &DiscoverOptions) -> Inventory {
             memory: mem,
             slots: None,
         },
-        detail: format!("ordinary threads on {allowed} allowed CPUs, {} MiB available", mem >> 20),
+        detail: format!(
+            "ordinary threads on {allowed} allowed CPUs, {} MiB available",
+            mem >> 20
+        ),
     });
     inv
 }

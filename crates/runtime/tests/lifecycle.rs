@@ -69,7 +69,10 @@ impl Offcode for Probe {
 fn registry(stall_flag: Option<Arc<AtomicBool>>) -> Registry {
     let mut r = Registry::new();
     sidecore_builtins::register(&mut r);
-    let mk = move |name: &str, stall_for: Option<Duration>, stall_until: Option<Arc<AtomicBool>>, fail_init: bool| Implementation {
+    let mk = move |name: &str,
+                   stall_for: Option<Duration>,
+                   stall_until: Option<Arc<AtomicBool>>,
+                   fail_init: bool| Implementation {
         name: name.into(),
         description: "test probe".into(),
         kinds: vec![PeKind::Core, PeKind::Host],
@@ -99,7 +102,11 @@ fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
 }
 
 fn offcode(name: &str, n: u32, imp: &str, extra: &str, kinds: &[&str]) -> String {
-    let cpu = if extra.contains("cpu =") { "" } else { "cpu = 0.1\n" };
+    let cpu = if extra.contains("cpu =") {
+        ""
+    } else {
+        "cpu = 0.1\n"
+    };
     let mut s = format!(
         "[[offcode]]\nname = \"{name}\"\nid = \"00000000-0000-4000-8000-{n:012}\"\nimpl = \"{imp}\"\n{cpu}{extra}\n"
     );
@@ -111,12 +118,18 @@ fn offcode(name: &str, n: u32, imp: &str, extra: &str, kinds: &[&str]) -> String
 
 fn deploy(rt: &Runtime, reg: &Registry, manifest: &Path) -> Result<u64, String> {
     let m = sidecore_manifest::load(manifest).map_err(|e| e.render(false))?;
-    let plan = sidecore_runtime::plan(&m, &inventory(), reg, &Default::default()).map_err(|e| e.to_string())?;
+    let plan = sidecore_runtime::plan(&m, &inventory(), reg, &Default::default())
+        .map_err(|e| e.to_string())?;
     rt.deploy(&plan, reg).map_err(|e| e.to_string())
 }
 
 fn kinds_of(rt: &Runtime, app: &str, offcode: &str) -> Vec<EventKind> {
-    rt.events().of_app(app).into_iter().filter(|e| e.offcode == offcode).map(|e| e.kind).collect()
+    rt.events()
+        .of_app(app)
+        .into_iter()
+        .filter(|e| e.offcode == offcode)
+        .map(|e| e.kind)
+        .collect()
 }
 
 fn position(rt: &Runtime, app: &str, offcode: &str, want: &EventKind) -> usize {
@@ -138,8 +151,20 @@ fn two_phase_start_waits_for_the_whole_group_and_goes_by_priority() {
     // Declared low, normal, high; a, b, c are related through imports; d is alone.
     let text = format!(
         "[app]\nname = \"phases\"\n{}{}{}{}",
-        offcode("a", 1, "probe", "priority = \"low\"\n[[offcode.import]]\noffcode = \"b\"", &["host"]),
-        offcode("b", 2, "probe", "priority = \"normal\"\n[[offcode.import]]\noffcode = \"c\"\nconstraint = \"link\"", &["host"]),
+        offcode(
+            "a",
+            1,
+            "probe",
+            "priority = \"low\"\n[[offcode.import]]\noffcode = \"b\"",
+            &["host"]
+        ),
+        offcode(
+            "b",
+            2,
+            "probe",
+            "priority = \"normal\"\n[[offcode.import]]\noffcode = \"c\"\nconstraint = \"link\"",
+            &["host"]
+        ),
         offcode("c", 3, "probe", "priority = \"high\"", &["host"]),
         offcode("d", 4, "probe", "priority = \"normal\"", &["host"]),
     );
@@ -165,12 +190,23 @@ fn two_phase_start_waits_for_the_whole_group_and_goes_by_priority() {
         .max()
         .unwrap();
     for o in ["a", "b", "c"] {
-        assert!(position(&rt, "phases", o, &EventKind::Started) > last_init, "{o} started early");
+        assert!(
+            position(&rt, "phases", o, &EventKind::Started) > last_init,
+            "{o} started early"
+        );
     }
     // d is unrelated: it starts as soon as it has landed, before a lands.
-    assert!(position(&rt, "phases", "d", &EventKind::Started) < position(&rt, "phases", "a", &EventKind::Initialized));
+    assert!(
+        position(&rt, "phases", "d", &EventKind::Started)
+            < position(&rt, "phases", "a", &EventKind::Initialized)
+    );
     let st = rt.status();
-    assert!(st[0].offcodes.iter().all(|o| o.state == OffcodeState::Running));
+    assert!(
+        st[0]
+            .offcodes
+            .iter()
+            .all(|o| o.state == OffcodeState::Running)
+    );
     rt.stop_app(id).unwrap();
     rt.shutdown();
 }
@@ -189,12 +225,22 @@ fn falls_back_to_the_host_when_no_pe_fits() {
     let manifest = sidecore_manifest::load(&m).unwrap();
     let plan = sidecore_runtime::plan(&manifest, &inventory(), &reg, &Default::default()).unwrap();
     assert_eq!(plan.offcodes[0].pe, "host");
-    let why = plan.offcodes[0].fallback.clone().expect("a fallback reason");
+    let why = plan.offcodes[0]
+        .fallback
+        .clone()
+        .expect("a fallback reason");
     assert!(why.contains("gpu"), "{why}");
-    assert!(why.contains("cpu = 4095") || why.contains("required 4095"), "{why}");
+    assert!(
+        why.contains("cpu = 4095") || why.contains("required 4095"),
+        "{why}"
+    );
     let rt = Runtime::new(RuntimeConfig::default());
     let id = rt.deploy(&plan, &reg).unwrap();
-    assert!(kinds_of(&rt, "fb", "x").iter().any(|k| matches!(k, EventKind::Fallback { .. })));
+    assert!(
+        kinds_of(&rt, "fb", "x")
+            .iter()
+            .any(|k| matches!(k, EventKind::Fallback { .. }))
+    );
     assert_eq!(rt.status()[0].offcodes[0].state, OffcodeState::Running);
     rt.stop_app(id);
     rt.shutdown();
@@ -214,20 +260,37 @@ fn watchdog_stops_an_offcode_whose_turn_overran_its_period() {
     let reg = registry(None);
     let id = deploy(&rt, &reg, &m).unwrap();
     let t0 = Instant::now();
-    while rt.status()[0].offcodes[0].state != OffcodeState::Failed && t0.elapsed() < Duration::from_secs(20) {
+    while rt.status()[0].offcodes[0].state != OffcodeState::Failed
+        && t0.elapsed() < Duration::from_secs(20)
+    {
         std::thread::sleep(Duration::from_millis(5));
     }
     let st = rt.status();
-    assert_eq!(st[0].offcodes[0].state, OffcodeState::Failed, "{:#?}", rt.events().of_app("wd"));
-    assert!(kinds_of(&rt, "wd", "slow").iter().any(|k| matches!(k, EventKind::WatchdogExpired { period_ms: 50, .. })));
+    assert_eq!(
+        st[0].offcodes[0].state,
+        OffcodeState::Failed,
+        "{:#?}",
+        rt.events().of_app("wd")
+    );
+    assert!(
+        kinds_of(&rt, "wd", "slow")
+            .iter()
+            .any(|k| matches!(k, EventKind::WatchdogExpired { period_ms: 50, .. }))
+    );
     // Reported, then stopped once its turn returned.
     let t0 = Instant::now();
-    while !kinds_of(&rt, "wd", "slow").iter().any(|k| matches!(k, EventKind::Stopped { .. })) && t0.elapsed() < Duration::from_secs(20) {
+    while !kinds_of(&rt, "wd", "slow")
+        .iter()
+        .any(|k| matches!(k, EventKind::Stopped { .. }))
+        && t0.elapsed() < Duration::from_secs(20)
+    {
         std::thread::sleep(Duration::from_millis(5));
     }
     let stopped = kinds_of(&rt, "wd", "slow");
     assert!(
-        stopped.iter().any(|k| matches!(k, EventKind::Stopped { reason } if reason.contains("watchdog"))),
+        stopped
+            .iter()
+            .any(|k| matches!(k, EventKind::Stopped { reason } if reason.contains("watchdog"))),
         "{stopped:?}"
     );
     // Its neighbour keeps running.
@@ -240,7 +303,10 @@ fn watchdog_stops_an_offcode_whose_turn_overran_its_period() {
 fn watchdog_catches_an_offcode_stuck_in_its_turn_now() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let text = format!("[app]\nname = \"stuck\"\n{}", offcode("s", 1, "stuck", "watchdog_ms = 30", &["core", "host"]));
+    let text = format!(
+        "[app]\nname = \"stuck\"\n{}",
+        offcode("s", 1, "stuck", "watchdog_ms = 30", &["core", "host"])
+    );
     let m = write(dir.path(), "stuck.toml", &text);
     let flag = Arc::new(AtomicBool::new(false));
     let rt = Runtime::new(RuntimeConfig::default());
@@ -254,11 +320,21 @@ fn watchdog_catches_an_offcode_stuck_in_its_turn_now() {
     let id = deploy(&rt, &reg, &m).unwrap();
     // The offcode stays stuck until the supervisor reports it, so reaching
     // `Stopped` proves the report came while it was stuck.
-    assert!(rt.wait_finished(id, Duration::from_secs(30)), "{:#?}", rt.events().of_app("stuck"));
+    assert!(
+        rt.wait_finished(id, Duration::from_secs(30)),
+        "{:#?}",
+        rt.events().of_app("stuck")
+    );
     assert!(flag.load(Ordering::Acquire));
     let k = kinds_of(&rt, "stuck", "s");
-    let wd = k.iter().position(|k| matches!(k, EventKind::WatchdogExpired { .. })).unwrap();
-    let stop = k.iter().position(|k| matches!(k, EventKind::Stopped { .. })).unwrap();
+    let wd = k
+        .iter()
+        .position(|k| matches!(k, EventKind::WatchdogExpired { .. }))
+        .unwrap();
+    let stop = k
+        .iter()
+        .position(|k| matches!(k, EventKind::Stopped { .. }))
+        .unwrap();
     assert!(wd < stop, "{k:?}");
     assert_eq!(rt.status()[0].offcodes[0].state, OffcodeState::Failed);
     assert_eq!(rt.status()[0].state, AppState::Finished);
@@ -285,9 +361,19 @@ fn obsolete_offcodes_are_reaped() {
     }
     let st = rt.status();
     assert_eq!(st[0].offcodes[0].state, OffcodeState::Stopped);
-    assert!(st[0].offcodes[0].stop_reason.as_deref().unwrap().contains("obsolete after 100 ms"));
+    assert!(
+        st[0].offcodes[0]
+            .stop_reason
+            .as_deref()
+            .unwrap()
+            .contains("obsolete after 100 ms")
+    );
     assert!(kinds_of(&rt, "old", "short").contains(&EventKind::Obsolete { lifetime_ms: 100 }));
-    assert_eq!(st[0].offcodes[1].state, OffcodeState::Running, "the other one lives on");
+    assert_eq!(
+        st[0].offcodes[1].state,
+        OffcodeState::Running,
+        "the other one lives on"
+    );
     rt.stop_app(id);
     rt.shutdown();
 }
@@ -306,7 +392,10 @@ fn a_failed_deployment_rolls_back_everything() {
     let before = threads();
     let reg = registry(None);
     let e = deploy(&rt, &reg, &m).unwrap_err();
-    assert!(e.contains("offcode `bad`") && e.contains("cannot open the device"), "{e}");
+    assert!(
+        e.contains("offcode `bad`") && e.contains("cannot open the device"),
+        "{e}"
+    );
     assert!(rt.tree().live().is_empty(), "{:?}", rt.tree().live());
     assert!(rt.status().is_empty());
     assert!(rt.oob().names().is_empty(), "{:?}", rt.oob().names());
@@ -334,7 +423,12 @@ fn stopping_an_app_releases_threads_cores_and_endpoints() {
     let released = rt.stop_app(id).unwrap();
     // Children before parents: every offcode before its executor, the app last.
     assert_eq!(released.last().map(String::as_str), Some("app td"));
-    let pos = |s: &str| released.iter().position(|r| r.starts_with(s)).unwrap_or_else(|| panic!("{s} in {released:?}"));
+    let pos = |s: &str| {
+        released
+            .iter()
+            .position(|r| r.starts_with(s))
+            .unwrap_or_else(|| panic!("{s} in {released:?}"))
+    };
     assert!(pos("offcode a") < pos("executor core:"));
     assert!(pos("offcode c") < pos("executor host/c"));
     assert!(rt.tree().live().is_empty());
@@ -350,14 +444,32 @@ fn checksum_pipeline_checksums_every_record_on_two_cores() {
     const N: u64 = 200_000;
     let text = format!(
         "[app]\nname = \"cs\"\n{}{}[[channel]]\nname = \"records\"\nfrom = \"source.out\"\nto = \"sum.in\"\nslots = 1024\nbandwidth_mbps = 1000\n",
-        offcode("source", 1, "record-source", &format!("cpu = 1.0\noutputs = [\"out\"]\nparams = {{ record_size = 64, records = {N} }}"), &["core", "host"]),
-        offcode("sum", 2, "inet-checksum", "cpu = 1.0\ninputs = [\"in\"]", &["core", "host"]),
+        offcode(
+            "source",
+            1,
+            "record-source",
+            &format!(
+                "cpu = 1.0\noutputs = [\"out\"]\nparams = {{ record_size = 64, records = {N} }}"
+            ),
+            &["core", "host"]
+        ),
+        offcode(
+            "sum",
+            2,
+            "inet-checksum",
+            "cpu = 1.0\ninputs = [\"in\"]",
+            &["core", "host"]
+        ),
     );
     let m = write(dir.path(), "cs.toml", &text);
     let rt = Runtime::new(RuntimeConfig::default());
     let reg = registry(None);
     let id = deploy(&rt, &reg, &m).unwrap();
-    assert!(rt.wait_finished(id, Duration::from_secs(60)), "{:#?}", rt.events().of_app("cs"));
+    assert!(
+        rt.wait_finished(id, Duration::from_secs(60)),
+        "{:#?}",
+        rt.events().of_app("cs")
+    );
     let st = rt.status();
     let sum = &st[0].offcodes[1];
     assert_eq!(sum.state, OffcodeState::Done);
@@ -369,11 +481,21 @@ fn checksum_pipeline_checksums_every_record_on_two_cores() {
         sidecore_builtins::source::fill_record(i, &mut rec);
         expect += sidecore_builtins::checksum::inet_checksum(&rec) as u64;
     }
-    assert_eq!(sum.metrics["checksum_sum"], expect, "every record checksummed exactly once");
+    assert_eq!(
+        sum.metrics["checksum_sum"], expect,
+        "every record checksummed exactly once"
+    );
     let cores = sidecore_pe::cores::allowed_cpus().len();
     if cores >= 2 {
-        assert!(st[0].offcodes.iter().all(|o| o.pe.starts_with("core:")), "{:?}", st[0].offcodes);
-        assert_ne!(st[0].offcodes[0].pe, st[0].offcodes[1].pe, "each on its own core");
+        assert!(
+            st[0].offcodes.iter().all(|o| o.pe.starts_with("core:")),
+            "{:?}",
+            st[0].offcodes
+        );
+        assert_ne!(
+            st[0].offcodes[0].pe, st[0].offcodes[1].pe,
+            "each on its own core"
+        );
     }
     rt.stop_app(id);
     rt.shutdown();
@@ -386,8 +508,20 @@ fn unreliable_channels_count_drops_reliable_ones_never_drop() {
     for (delivery, name) in [("unreliable", "unrel"), ("reliable", "rel")] {
         let text = format!(
             "[app]\nname = \"{name}\"\n{}{}[[channel]]\nname = \"records\"\nfrom = \"source.out\"\nto = \"sum.in\"\nslots = 16\ndelivery = \"{delivery}\"\n",
-            offcode("source", 1, "record-source", "outputs = [\"out\"]\nparams = { record_size = 64, records = 100000 }", &["host"]),
-            offcode("sum", 2, "inet-checksum", "inputs = [\"in\"]\nparams = { check_sequence = true }", &["host"]),
+            offcode(
+                "source",
+                1,
+                "record-source",
+                "outputs = [\"out\"]\nparams = { record_size = 64, records = 100000 }",
+                &["host"]
+            ),
+            offcode(
+                "sum",
+                2,
+                "inet-checksum",
+                "inputs = [\"in\"]\nparams = { check_sequence = true }",
+                &["host"]
+            ),
         );
         let m = write(dir.path(), &format!("{name}.toml"), &text);
         let rt = Runtime::new(RuntimeConfig::default());
@@ -403,7 +537,11 @@ fn unreliable_channels_count_drops_reliable_ones_never_drop() {
             assert_eq!(received, 100_000);
             assert_eq!(sum.metrics["sequence_gaps"], 0);
         } else {
-            assert_eq!(received + src.dropped, 100_000, "every record is received or counted as dropped");
+            assert_eq!(
+                received + src.dropped,
+                100_000,
+                "every record is received or counted as dropped"
+            );
         }
         rt.stop_app(id);
         rt.shutdown();

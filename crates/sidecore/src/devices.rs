@@ -11,7 +11,10 @@ pub fn run(pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&inv)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<12} {:<7} {:>6} {:>10}  DETAIL", "PE", "KIND", "CPU", "MEMORY");
+    println!(
+        "{:<12} {:<7} {:>6} {:>10}  DETAIL",
+        "PE", "KIND", "CPU", "MEMORY"
+    );
     for p in &inv.pes {
         println!(
             "{:<12} {:<7} {:>6.1} {:>10}  {}",

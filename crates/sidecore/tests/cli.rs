@@ -28,7 +28,10 @@ fn run(args: &[&str]) -> Output {
 }
 
 fn text(o: &Output) -> (String, String) {
-    (String::from_utf8_lossy(&o.stdout).into_owned(), String::from_utf8_lossy(&o.stderr).into_owned())
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
 }
 
 fn wait_for(cond: impl Fn() -> bool, secs: u64) -> bool {
@@ -59,7 +62,10 @@ fn check_accepts_the_example_and_names_problems_in_bad_ones() {
     let o = run(&["check", example().to_str().unwrap()]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
-    assert!(out.contains("ok — app `checksum-demo`: 2 offcode(s), 1 constraint(s), 1 channel(s)"), "{out}");
+    assert!(
+        out.contains("ok — app `checksum-demo`: 2 offcode(s), 1 constraint(s), 1 channel(s)"),
+        "{out}"
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.toml");
@@ -71,13 +77,19 @@ fn check_accepts_the_example_and_names_problems_in_bad_ones() {
     let o = run(&["check", bad.to_str().unwrap()]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(2));
-    assert!(err.contains("bad.toml:6:10") && err.contains("record_size must be at least 8"), "{err}");
+    assert!(
+        err.contains("bad.toml:6:10") && err.contains("record_size must be at least 8"),
+        "{err}"
+    );
 
     std::fs::write(&bad, "[[offcode]]\nname = \"s\"\nid = 7\n").unwrap();
     let o = run(&["check", bad.to_str().unwrap()]);
     let (_, err) = text(&o);
     assert_eq!(o.status.code(), Some(2));
-    assert!(err.contains("bad.toml:3:6") && err.contains("invalid type"), "{err}");
+    assert!(
+        err.contains("bad.toml:3:6") && err.contains("invalid type"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -85,13 +97,32 @@ fn devices_lists_every_kind_or_says_why_not() {
     let o = run(&["devices", "--json"]);
     assert!(o.status.success());
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    let kinds: Vec<&str> = v["pes"].as_array().unwrap().iter().map(|p| p["kind"].as_str().unwrap()).collect();
-    let absent: Vec<&str> = v["absent"].as_array().unwrap().iter().map(|p| p["kind"].as_str().unwrap()).collect();
+    let kinds: Vec<&str> = v["pes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap())
+        .collect();
+    let absent: Vec<&str> = v["absent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| p["kind"].as_str().unwrap())
+        .collect();
     for k in ["core", "kernel", "wasm", "node", "gpu", "host"] {
-        assert!(kinds.contains(&k) || absent.contains(&k), "{k} neither present nor absent: {v}");
+        assert!(
+            kinds.contains(&k) || absent.contains(&k),
+            "{k} neither present nor absent: {v}"
+        );
     }
     assert!(kinds.contains(&"host"));
-    assert!(v["absent"].as_array().unwrap().iter().all(|a| !a["reason"].as_str().unwrap().is_empty()));
+    assert!(
+        v["absent"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| !a["reason"].as_str().unwrap().is_empty())
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let nodes = dir.path().join("nodes.toml");
@@ -119,7 +150,16 @@ fn up_runs_the_example_and_checksums_every_record() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s.sock");
-    let o = run(&["up", example().to_str().unwrap(), "--for", "1s", "--json", "--quiet", "--socket", sock.to_str().unwrap()]);
+    let o = run(&[
+        "up",
+        example().to_str().unwrap(),
+        "--for",
+        "1s",
+        "--json",
+        "--quiet",
+        "--socket",
+        sock.to_str().unwrap(),
+    ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -152,13 +192,20 @@ fn sigterm_stops_up_cleanly_and_ps_and_down_reach_it() {
         let ps = run(&["ps", "--json", "--socket", s]);
         serde_json::from_slice(&ps.stdout).unwrap_or_default()
     };
-    assert!(wait_for(|| ps_json()[0]["name"] == "checksum-demo", 30), "the app shows in ps");
+    assert!(
+        wait_for(|| ps_json()[0]["name"] == "checksum-demo", 30),
+        "the app shows in ps"
+    );
     let v = ps_json();
     assert_eq!(v[0]["state"], "running");
     // A second foreground daemon on the same socket is refused, clearly.
     let o = run(&["up", example().to_str().unwrap(), "--quiet", "--socket", s]);
     assert!(!o.status.success());
-    assert!(text(&o).1.contains("another sidecore daemon is listening"), "{}", text(&o).1);
+    assert!(
+        text(&o).1.contains("another sidecore daemon is listening"),
+        "{}",
+        text(&o).1
+    );
 
     // SAFETY: sending SIGTERM to our own child process.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
@@ -181,7 +228,11 @@ fn sigterm_stops_up_cleanly_and_ps_and_down_reach_it() {
     let o = run(&["down", "checksum-demo", "--socket", s]);
     assert!(o.status.success(), "{}", text(&o).1);
     assert!(text(&o).0.contains("stopped checksum-demo"));
-    assert!(wait_exit(&mut child, 30).expect("exits after down").success());
+    assert!(
+        wait_exit(&mut child, 30)
+            .expect("exits after down")
+            .success()
+    );
     let mut out = String::new();
     std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
     assert!(out.contains("stopped by `sidecore down`"), "{out}");
@@ -199,7 +250,10 @@ fn detached_up_ps_and_down_through_a_background_daemon() {
     assert!(out.contains("deployed checksum-demo"), "{out}");
     let ps = run(&["ps", "--socket", s]);
     let (out, _) = text(&ps);
-    assert!(out.contains("checksum-demo") && out.contains("source") && out.contains("running"), "{out}");
+    assert!(
+        out.contains("checksum-demo") && out.contains("source") && out.contains("running"),
+        "{out}"
+    );
     // Deploying it again while it runs is refused.
     let o = run(&["up", "-d", example().to_str().unwrap(), "--socket", s]);
     assert!(!o.status.success());
@@ -219,7 +273,11 @@ fn detached_up_ps_and_down_through_a_background_daemon() {
     assert!(!sock.exists());
     let o = run(&["ps", "--socket", s]);
     assert!(!o.status.success());
-    assert!(text(&o).1.contains("no sidecore daemon at"), "{}", text(&o).1);
+    assert!(
+        text(&o).1.contains("no sidecore daemon at"),
+        "{}",
+        text(&o).1
+    );
 }
 
 #[test]
@@ -227,8 +285,16 @@ fn up_refuses_a_bad_manifest_with_its_location() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "[[offcode]]\nname = \"a\"\nid = \"5b0c1e7a-2d43-4f4e-9b0a-6c1f0e6f2a01\"\npriority = \"urgent\"\n[[offcode.target]]\nkind = \"host\"\n").unwrap();
-    let o = run(&["up", bad.to_str().unwrap(), "--socket", dir.path().join("x.sock").to_str().unwrap()]);
+    let o = run(&[
+        "up",
+        bad.to_str().unwrap(),
+        "--socket",
+        dir.path().join("x.sock").to_str().unwrap(),
+    ]);
     assert_eq!(o.status.code(), Some(2));
     let (_, err) = text(&o);
-    assert!(err.contains("bad.toml:4:12") && err.contains("unknown priority `urgent`"), "{err}");
+    assert!(
+        err.contains("bad.toml:4:12") && err.contains("unknown priority `urgent`"),
+        "{err}"
+    );
 }
