@@ -342,11 +342,11 @@ pub(crate) fn reasons(
                 let mut active = Active::all(p);
                 active.forced = Some(n);
                 let fprep = prepare(p, &active);
-                let sub_opts = SolveOptions {
-                    time_limit: None,
-                    ..opts.clone()
-                };
-                match optimise_prep(p, &fprep, &sub_opts, None, true)? {
+                // Each re-solve gets the caller's budget again; with under 64
+                // offcodes they are normally proved optimal well within it.
+                let sub_opts = opts.clone();
+                let deadline = sub_opts.time_limit.map(|t| std::time::Instant::now() + t);
+                match optimise_prep(p, &fprep, &sub_opts, deadline, true)? {
                     None => Why::Conflict {
                         conflict: conflict(p, &active)?,
                     },

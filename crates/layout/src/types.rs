@@ -69,8 +69,10 @@ pub struct Flow {
 /// How to solve.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SolveOptions {
-    /// Wall-clock budget for both objectives together. When it runs out the best
-    /// layout found so far is returned and `stats.stages` records the gap.
+    /// Wall-clock budget for both objectives together (default 10 s). When it runs
+    /// out the best layout found so far is returned and `stats.stages` records the
+    /// status and gap. Proving optimality of a tightly packed layout is NP-hard and
+    /// can take far longer than finding it.
     pub time_limit: Option<Duration>,
     /// Explain every offcode left on the host by re-solving with it forced off the
     /// host (only for problems of at most `explain_max_offcodes` offcodes; larger
@@ -93,7 +95,7 @@ pub struct SolveOptions {
 impl Default for SolveOptions {
     fn default() -> Self {
         SolveOptions {
-            time_limit: None,
+            time_limit: Some(Duration::from_secs(10)),
             explain: true,
             explain_max_offcodes: 64,
             bandwidth_gap: 0.0,
@@ -145,7 +147,8 @@ pub struct StageStats {
     pub time: Duration,
     /// The objective value of the returned solution.
     pub objective: f64,
-    /// Relative gap between it and the best bound (0 when proved optimal).
+    /// Relative gap between it and the best bound (0 when proved optimal; infinite,
+    /// `null` in JSON, when the time limit came before any bound).
     pub gap: f64,
     /// `optimal`, `time-limit`, `trivial` (no decision left), `warm-start`.
     pub status: String,
