@@ -21,6 +21,12 @@ pub(crate) enum Rule {
 /// the rule's order onto a non-host candidate with room; the rest stay on the host.
 /// `None` when this simple rule finds no feasible layout.
 pub(crate) fn greedy_prep(prep: &Prep, rule: Rule) -> Option<Vec<usize>> {
+    greedy_from(prep, rule, None)
+}
+
+/// The greedy, optionally starting from a feasible layout `init` whose offloaded
+/// groups stay where they are: then it only tries to offload more ("fill").
+pub(crate) fn greedy_from(prep: &Prep, rule: Rule, init: Option<&[usize]>) -> Option<Vec<usize>> {
     let ng = prep.groups.len();
     let kk = prep.caps.len();
     let mut dsu = Dsu::new(ng);
@@ -101,6 +107,18 @@ pub(crate) fn greedy_prep(prep: &Prep, rule: Rule) -> Option<Vec<usize>> {
     let mut choice: Vec<Option<usize>> = vec![None; ng];
     // 0 = undecided, 1 = offloaded, 2 = host.
     let mut state = vec![0u8; ng];
+    if let Some(init) = init {
+        for (g, &i) in init.iter().enumerate() {
+            let cd = prep.groups[g].cands[i];
+            if !prep.is_host(cd.pe) {
+                for r in 0..3 {
+                    used[cd.pe][r] += cd.demand[r];
+                }
+                choice[g] = Some(i);
+                state[comp[g]] = 1;
+            }
+        }
+    }
     for &c in &order {
         if state[c] != 0 {
             continue;

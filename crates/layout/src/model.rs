@@ -332,6 +332,8 @@ enum Run {
         cols: Vec<f64>,
         optimal: bool,
         gap: f64,
+        /// HiGHS's dual bound on the objective.
+        bound: f64,
     },
     Infeasible,
 }
@@ -427,6 +429,9 @@ fn run(
             cols: solved.get_solution().columns().to_vec(),
             optimal: true,
             gap: solved.mip_gap().max(0.0),
+            bound: solved
+                .double_info_value(c"mip_dual_bound")
+                .unwrap_or(f64::NAN),
         },
         HighsModelStatus::ReachedTimeLimit
         | HighsModelStatus::ReachedIterationLimit
@@ -443,6 +448,9 @@ fn run(
                     } else {
                         solved.mip_gap()
                     },
+                    bound: solved
+                        .double_info_value(c"mip_dual_bound")
+                        .unwrap_or(f64::NAN),
                 }
             } else {
                 return Err(LayoutError::Solver(format!(
@@ -502,9 +510,404 @@ fn pick(x: &[Vec<V>], cols: &[f64]) -> Vec<usize> {
 /// Above this many columns HiGHS runs without presolve (see `run`).
 const PRESOLVE_OFF_COLUMNS: usize = 20_000;
 
+/// The least time worth giving HiGHS on a model of this size: below it, it would
+/// not finish the root LP (measured on this machine: ~1.1 s for 37k columns and 1.2k
+/// rows without presolve) and would return only the starting point it was given.
+fn useful_time(cols: usize, rows: usize) -> f64 {
+    (cols + rows) as f64 * 3e-5
+}
+
+/// Share of the offload stage's budget the aggregated model may use.
+const AGG_SHARE: f64 = 0.5;
+
 /// Share of the remaining time budget the offload stage may use when the bandwidth
 /// stage follows.
 const STAGE1_SHARE: f64 = 0.5;
+
+/// The outcome of the offload stage on one model.
+struct S1 {
+    choice: Vec<usize>,
+    weight: u64,
+    optimal: bool,
+    gap: f64,
+    bound: f64,
+    vars: usize,
+    rows: usize,
+}
+
+/// Maximise the weighted offload on `prep`; `Ok(None)` when infeasible.
+fn stage1(
+    prep: &Prep,
+    warm: Option<&[usize]>,
+    limit: Option<f64>,
+    log: bool,
+) -> Result<Option<S1>, LayoutError> {
+    let mip = build(prep);
+    if mip.trivially_infeasible {
+        return Ok(None);
+    }
+    let x = mip.x.clone();
+    let ncols = mip.vars.len();
+    let mut obj = Expression::default();
+    for (g, grp) in prep.groups.iter().enumerate() {
+        for (i, c) in grp.cands.iter().enumerate() {
+            if !prep.is_host(c.pe) {
+                obj.add_mul(grp.weight as f64, x[g][i].v);
+            }
+        }
+    }
+    let start = warm.map(|w| {
+        let mut cols = vec![0.0; ncols];
+        for (g, &i) in w.iter().enumerate() {
+            cols[x[g][i].i] = 1.0;
+        }
+        cols
+    });
+    let (r, vars, rows) = run(
+        mip,
+        Vec::new(),
+        RunSpec {
+            log,
+            presolve_off: ncols > PRESOLVE_OFF_COLUMNS,
+            objective: obj,
+            sense_max: true,
+            rel_gap: 0.0,
+            time_limit: limit,
+            start: start.as_deref(),
+        },
+    )?;
+    Ok(match r {
+        Run::Infeasible => None,
+        Run::Solved {
+            cols,
+            optimal,
+            gap,
+            bound,
+        } => {
+            let choice = pick(&x, &cols);
+            let weight = offload_weight(prep, &choice);
+            Some(S1 {
+                choice,
+                weight,
+                optimal,
+                gap,
+                bound: if bound.is_finite() {
+                    bound
+                } else {
+                    f64::INFINITY
+                },
+                vars,
+                rows,
+            })
+        }
+    })
+}
+
+/// The problem with identical PEs merged into classes.
+struct Aggregate {
+    prep: Prep,
+    /// Class -> its PEs.
+    members: Vec<Vec<usize>>,
+}
+
+/// Merge identical PEs: same capacities and, for every group, the same candidacy and
+/// demand. A class of m PEs gets m times the capacity; a group's candidate is
+/// dropped where it cannot fit one PE of the class. The result is a relaxation
+/// (bin packing ignored) with far fewer variables. `None` if no two PEs are identical.
+fn aggregate(prep: &Prep) -> Option<Aggregate> {
+    let kk = prep.caps.len();
+    let mut sig: Vec<Vec<(usize, [u64; 3])>> = vec![Vec::new(); kk];
+    for (g, grp) in prep.groups.iter().enumerate() {
+        for c in &grp.cands {
+            sig[c.pe].push((g, c.demand.map(f64::to_bits)));
+        }
+    }
+    let mut class_of = vec![0usize; kk];
+    let mut members: Vec<Vec<usize>> = Vec::new();
+    let mut seen: HashMap<(Vec<Option<u64>>, &Vec<(usize, [u64; 3])>), usize> = HashMap::new();
+    for k in 0..kk {
+        let caps: Vec<Option<u64>> = prep.caps[k].iter().map(|c| c.map(f64::to_bits)).collect();
+        let key = (caps, &sig[k]);
+        let c = if prep.is_host(k) {
+            None
+        } else {
+            seen.get(&key).copied()
+        };
+        match c {
+            Some(c) => {
+                class_of[k] = c;
+                members[c].push(k);
+            }
+            None => {
+                members.push(vec![k]);
+                class_of[k] = members.len() - 1;
+                if !prep.is_host(k) {
+                    seen.insert(key, members.len() - 1);
+                }
+            }
+        }
+    }
+    if members.len() == kk {
+        return None;
+    }
+    let caps: Vec<[Option<f64>; 3]> = members
+        .iter()
+        .map(|m| prep.caps[m[0]].map(|c| c.map(|v| v * m.len() as f64)))
+        .collect();
+    let groups = prep
+        .groups
+        .iter()
+        .map(|grp| {
+            let mut cands: Vec<GCand> = Vec::new();
+            for c in &grp.cands {
+                let cl = class_of[c.pe];
+                let fits_one =
+                    (0..3).all(|r| prep.caps[c.pe][r].is_none_or(|cap| fits(c.demand[r], cap)));
+                if fits_one && !cands.iter().any(|x| x.pe == cl) {
+                    cands.push(GCand {
+                        pe: cl,
+                        demand: c.demand,
+                    });
+                }
+            }
+            Group {
+                members: grp.members.clone(),
+                weight: grp.weight,
+                cands,
+            }
+        })
+        .collect();
+    Some(Aggregate {
+        prep: Prep {
+            groups,
+            group_of: prep.group_of.clone(),
+            host: prep.host.map(|h| class_of[h]),
+            caps,
+            gangs: prep.gangs.clone(),
+        },
+        members,
+    })
+}
+
+/// Turn an aggregated solution into a real layout: pack each class's groups into its
+/// PEs (largest first, fullest PE that fits), try other candidates for the rest, and
+/// send what still does not fit to the host together with everything gang or
+/// asym-gang ties to it. `None` if that needs a group without a host candidate or
+/// overflows the host.
+///
+/// `flow_rank`, when given, packs in that order (flow neighbours next to each other,
+/// so they tend to share a PE) instead of largest first.
+fn unpack(
+    prep: &Prep,
+    agg: &Aggregate,
+    agg_choice: &[usize],
+    flow_rank: Option<&[usize]>,
+) -> Option<Vec<usize>> {
+    let ng = prep.groups.len();
+    let kk = prep.caps.len();
+    let mut used = vec![[0.0f64; 3]; kk];
+    let mut choice: Vec<Option<usize>> = vec![None; ng];
+    let share = |pe: usize, d: &[f64; 3]| -> f64 {
+        (0..3)
+            .map(|r| match prep.caps[pe][r] {
+                Some(cap) if cap > 0.0 => d[r] / cap,
+                _ => 0.0,
+            })
+            .fold(0.0, f64::max)
+    };
+    let room = |used: &[[f64; 3]], pe: usize, d: &[f64; 3]| {
+        (0..3).all(|r| prep.caps[pe][r].is_none_or(|cap| fits(used[pe][r] + d[r], cap)))
+    };
+    // Groups that cannot go home: no host candidate, or going home would force one
+    // of those home through gang / asym-gang (home(b) forces home(a) for a -> b).
+    let mut pinned: Vec<bool> = (0..ng)
+        .map(|g| !prep.groups[g].cands.iter().any(|c| prep.is_host(c.pe)))
+        .collect();
+    let mut stack: Vec<usize> = (0..ng).filter(|&g| pinned[g]).collect();
+    while let Some(y) = stack.pop() {
+        for &(a, b, sym) in &prep.gangs {
+            // Edges x -> y meaning home(x) forces home(y): b -> a always, a -> b if gang.
+            let x = if a == y {
+                Some(b)
+            } else if sym && b == y {
+                Some(a)
+            } else {
+                None
+            };
+            if let Some(x) = x {
+                if !pinned[x] {
+                    pinned[x] = true;
+                    stack.push(x);
+                }
+            }
+        }
+    }
+    // Per class, the groups the aggregated model put there: pinned ones first, then
+    // largest first.
+    let mut by_class: Vec<Vec<usize>> = vec![Vec::new(); agg.members.len()];
+    for g in 0..ng {
+        by_class[agg.prep.groups[g].cands[agg_choice[g]].pe].push(g);
+    }
+    let mut unplaced = Vec::new();
+    for (cl, gs) in by_class.iter_mut().enumerate() {
+        let size = |g: usize| {
+            let c = prep.groups[g]
+                .cands
+                .iter()
+                .find(|c| agg.members[cl].contains(&c.pe));
+            c.map_or(0.0, |c| share(c.pe, &c.demand))
+        };
+        gs.sort_by(|&a, &b| {
+            let by = match flow_rank {
+                Some(rank) => rank[a].cmp(&rank[b]),
+                None => size(b).total_cmp(&size(a)),
+            };
+            pinned[b].cmp(&pinned[a]).then(by).then(a.cmp(&b))
+        });
+        for &g in gs.iter() {
+            let best = prep.groups[g]
+                .cands
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| agg.members[cl].contains(&c.pe) && room(&used, c.pe, &c.demand))
+                .max_by(|(_, a), (_, b)| {
+                    share(a.pe, &used[a.pe])
+                        .total_cmp(&share(b.pe, &used[b.pe]))
+                        .then(b.pe.cmp(&a.pe))
+                });
+            match best {
+                Some((i, c)) => {
+                    for r in 0..3 {
+                        used[c.pe][r] += c.demand[r];
+                    }
+                    choice[g] = Some(i);
+                }
+                None => unplaced.push(g),
+            }
+        }
+    }
+    // Any other non-host candidate with room.
+    let mut to_host = Vec::new();
+    for g in unplaced {
+        let spot = prep.groups[g]
+            .cands
+            .iter()
+            .enumerate()
+            .find(|(_, c)| !prep.is_host(c.pe) && room(&used, c.pe, &c.demand));
+        match spot {
+            Some((i, c)) => {
+                for r in 0..3 {
+                    used[c.pe][r] += c.demand[r];
+                }
+                choice[g] = Some(i);
+            }
+            None => to_host.push(g),
+        }
+    }
+    // Close the host set under gang (both ways) and asym-gang (a -> b: b home => a home).
+    let mut home = vec![false; ng];
+    let mut stack = to_host;
+    while let Some(g) = stack.pop() {
+        if home[g] {
+            continue;
+        }
+        home[g] = true;
+        for &(a, b, sym) in &prep.gangs {
+            if b == g && !home[a] {
+                stack.push(a);
+            }
+            if sym && a == g && !home[b] {
+                stack.push(b);
+            }
+        }
+    }
+    for g in 0..ng {
+        let on_host = choice[g].is_some_and(|i| prep.is_host(prep.groups[g].cands[i].pe));
+        if !home[g] || on_host {
+            continue;
+        }
+        if let Some(i) = choice[g] {
+            let c = prep.groups[g].cands[i];
+            for r in 0..3 {
+                used[c.pe][r] -= c.demand[r];
+            }
+        }
+        let (i, c) = prep.groups[g]
+            .cands
+            .iter()
+            .enumerate()
+            .find(|(_, c)| prep.is_host(c.pe))?;
+        for r in 0..3 {
+            used[c.pe][r] += c.demand[r];
+        }
+        choice[g] = Some(i);
+    }
+    let choice: Vec<usize> = choice.into_iter().collect::<Option<_>>()?;
+    if !feasible_choice(prep, &choice) {
+        return None;
+    }
+    // Fill: offload more of what went home where room is left.
+    crate::greedy::greedy_from(prep, crate::greedy::Rule::DensityBestFit, Some(&choice))
+        .filter(|c| feasible_choice(prep, c))
+        .or(Some(choice))
+}
+
+/// A rank per group that walks each flow-connected component breadth first,
+/// components in order of their first group.
+fn flow_order(p: &Problem, prep: &Prep) -> Vec<usize> {
+    let ng = prep.groups.len();
+    let mut adj: Vec<Vec<usize>> = vec![Vec::new(); ng];
+    for f in &p.flows {
+        let (a, b) = (prep.group_of[f.a], prep.group_of[f.b]);
+        if a != b {
+            adj[a].push(b);
+            adj[b].push(a);
+        }
+    }
+    let mut rank = vec![usize::MAX; ng];
+    let mut next = 0;
+    let mut queue = std::collections::VecDeque::new();
+    for s in 0..ng {
+        if rank[s] != usize::MAX {
+            continue;
+        }
+        rank[s] = next;
+        next += 1;
+        queue.push_back(s);
+        while let Some(g) = queue.pop_front() {
+            for &h in &adj[g] {
+                if rank[h] == usize::MAX {
+                    rank[h] = next;
+                    next += 1;
+                    queue.push_back(h);
+                }
+            }
+        }
+    }
+    rank
+}
+
+/// Does a group choice satisfy every capacity, gang and asym-gang row?
+fn feasible_choice(prep: &Prep, choice: &[usize]) -> bool {
+    let mut used = vec![[0.0f64; 3]; prep.caps.len()];
+    for (g, &i) in choice.iter().enumerate() {
+        let c = prep.groups[g].cands[i];
+        for r in 0..3 {
+            used[c.pe][r] += c.demand[r];
+        }
+    }
+    let caps_ok = (0..prep.caps.len())
+        .all(|k| (0..3).all(|r| prep.caps[k][r].is_none_or(|cap| fits(used[k][r], cap))));
+    let off = |g: usize| !prep.is_host(prep.groups[g].cands[choice[g]].pe);
+    caps_ok
+        && prep.gangs.iter().all(|&(a, b, sym)| {
+            if sym {
+                off(a) == off(b)
+            } else {
+                !off(a) || off(b)
+            }
+        })
+}
 
 /// The result of the lexicographic optimisation on groups.
 pub(crate) struct Optimum {
@@ -564,52 +967,93 @@ pub(crate) fn optimise_prep(
     let stage2_follows = bandwidth && opts.bandwidth_objective && !p.flows.is_empty();
     let stage1_limit = remaining().map(|r| if stage2_follows { r * STAGE1_SHARE } else { r });
     let t1 = Instant::now();
-    let mip = build(prep);
-    if mip.trivially_infeasible {
-        return Ok(None);
-    }
-    let x1 = mip.x.clone();
-    let ncols1 = mip.vars.len();
-    let mut obj1 = Expression::default();
-    let mut any_choice = false;
-    for (g, grp) in prep.groups.iter().enumerate() {
-        any_choice |= grp.cands.len() > 1;
-        for (i, c) in grp.cands.iter().enumerate() {
-            if !prep.is_host(c.pe) {
-                obj1.add_mul(grp.weight as f64, x1[g][i].v);
+    let any_choice = prep.groups.iter().any(|g| g.cands.len() > 1);
+    let mut warm = warm;
+    // With identical PEs, first solve the aggregated model: a relaxation whose
+    // optimum bounds the offload objective and whose packed solution is a strong
+    // start (often provably optimal, then the full model is skipped).
+    let mut agg_bound = f64::INFINITY;
+    let mut agg_stage = None;
+    if opts.aggregate && any_choice {
+        if let Some(agg) = aggregate(prep) {
+            let limit = stage1_limit.map(|r| r * AGG_SHARE);
+            let ta = Instant::now();
+            // A solver failure here (e.g. out of time) only loses the shortcut.
+            match stage1(&agg.prep, None, limit, opts.solver_log) {
+                Err(_) => {}
+                Ok(None) => return Ok(None), // the relaxation is infeasible
+                Ok(Some(s)) => {
+                    agg_bound = if s.optimal { s.weight as f64 } else { s.bound };
+                    // Pack largest first and in flow order; keep the better.
+                    let rank = flow_order(p, prep);
+                    let packed = [None, Some(rank.as_slice())]
+                        .into_iter()
+                        .filter_map(|r| unpack(prep, &agg, &s.choice, r))
+                        .max_by(|a, b| {
+                            let (wa, wb) = (offload_weight(prep, a), offload_weight(prep, b));
+                            let (ca, cb) = (assignment(p, prep, a).2, assignment(p, prep, b).2);
+                            wa.cmp(&wb).then(cb.total_cmp(&ca))
+                        });
+                    let packed_w = packed.as_ref().map(|c| offload_weight(prep, c));
+                    agg_stage = Some(StageStats {
+                        name: "offload-aggregated".into(),
+                        vars: s.vars,
+                        constraints: s.rows,
+                        time: ta.elapsed(),
+                        objective: packed_w.map_or(f64::NAN, |w| w as f64),
+                        gap: s.gap,
+                        status: format!(
+                            "{} ({} PE classes, bound {})",
+                            if s.optimal { "optimal" } else { "time-limit" },
+                            agg.prep.caps.len(),
+                            agg_bound
+                        ),
+                    });
+                    if let Some(c) = packed {
+                        if warm
+                            .as_ref()
+                            .is_none_or(|w| offload_weight(prep, w) < offload_weight(prep, &c))
+                        {
+                            warm = Some(c);
+                        }
+                    }
+                }
             }
         }
     }
-    let start1 = warm.as_ref().map(|w| {
-        let mut cols = vec![0.0; ncols1];
-        for (g, &i) in w.iter().enumerate() {
-            cols[x1[g][i].i] = 1.0;
-        }
-        cols
-    });
-    let (r1, v1, n1) = run(
-        mip,
-        Vec::new(),
-        RunSpec {
-            log: opts.solver_log,
-            presolve_off: ncols1 > PRESOLVE_OFF_COLUMNS,
-            objective: obj1,
-            sense_max: true,
-            rel_gap: 0.0,
-            time_limit: stage1_limit,
-            start: start1.as_deref(),
-        },
-    )?;
-    let (choice1, opt1, optimal1, gap1) = match r1 {
-        Run::Infeasible => return Ok(None),
-        Run::Solved {
-            cols, optimal, gap, ..
-        } => {
-            let choice = pick(&x1, &cols);
-            let w = offload_weight(prep, &choice);
-            (choice, w, optimal, gap)
+    let proven_by_agg = warm
+        .as_ref()
+        .is_some_and(|w| offload_weight(prep, w) as f64 >= (agg_bound + 1e-6).floor());
+    let x_cols: usize = prep.groups.iter().map(|g| g.cands.len()).sum();
+    let limit1 = stage1_limit.map(|r| (r - t1.elapsed().as_secs_f64()).max(0.0));
+    let rows1 = prep.groups.len() + prep.gangs.len() + 3 * prep.caps.len();
+    let too_big1 = warm.is_some() && limit1.is_some_and(|l| l < useful_time(x_cols, rows1));
+    let (choice1, opt1, optimal1, gap1, v1, n1) = if proven_by_agg || too_big1 {
+        let w = warm.take().unwrap_or_default();
+        let wt = offload_weight(prep, &w);
+        let optimal = proven_by_agg;
+        let gap = if optimal {
+            0.0
+        } else {
+            (agg_bound - wt as f64) / (wt as f64).max(1.0)
+        };
+        (w, wt, optimal, gap, 0, 0)
+    } else {
+        match stage1(prep, warm.as_deref(), limit1, opts.solver_log)? {
+            None => return Ok(None),
+            Some(s) => {
+                let bound = agg_bound.min(if s.optimal { s.weight as f64 } else { s.bound });
+                let optimal = s.optimal || s.weight as f64 >= (bound + 1e-6).floor();
+                let gap = if optimal {
+                    0.0
+                } else {
+                    (bound - s.weight as f64) / (s.weight as f64).max(1.0)
+                };
+                (s.choice, s.weight, optimal, gap, s.vars, s.rows)
+            }
         }
     };
+    stages.extend(agg_stage);
     stages.push(StageStats {
         name: "offload".into(),
         vars: v1,
@@ -619,6 +1063,10 @@ pub(crate) fn optimise_prep(
         gap: gap1,
         status: if !any_choice {
             "trivial".into()
+        } else if proven_by_agg {
+            "optimal (aggregated bound met)".into()
+        } else if too_big1 {
+            "heuristic (budget too small for the full model)".into()
         } else if optimal1 {
             "optimal".into()
         } else {
@@ -659,7 +1107,21 @@ pub(crate) fn optimise_prep(
             (!common.is_empty()).then_some((a, b, bw, common))
         })
         .collect();
-    if bandwidth && opts.bandwidth_objective && !shared.is_empty() && any_choice {
+    let z_cols: usize = shared.iter().map(|s| s.3.len()).sum();
+    let limit2 = remaining().map(|r| r * 0.8);
+    let too_big2 = limit2.is_some_and(|l| l < useful_time(x_cols + z_cols, rows1 + 2 * z_cols));
+    if bandwidth && opts.bandwidth_objective && !shared.is_empty() && any_choice && too_big2 {
+        stages.push(StageStats {
+            name: "bandwidth".into(),
+            vars: 0,
+            constraints: 0,
+            time: Duration::ZERO,
+            objective: assignment(p, prep, &best.choice).2,
+            gap: f64::INFINITY,
+            status: "heuristic (budget too small for the full model)".into(),
+        });
+    }
+    if bandwidth && opts.bandwidth_objective && !shared.is_empty() && any_choice && !too_big2 {
         let t2 = Instant::now();
         let mut mip = build(prep);
         let x2 = mip.x.clone();
@@ -719,7 +1181,7 @@ pub(crate) fn optimise_prep(
                 sense_max: true,
                 rel_gap: opts.bandwidth_gap,
                 // HiGHS overshoots its limit by a little (checks are not continuous).
-                time_limit: remaining().map(|r| r * 0.8),
+                time_limit: limit2,
                 start: Some(&start2),
             },
         )?;

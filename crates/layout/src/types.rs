@@ -90,6 +90,9 @@ pub struct SolveOptions {
     pub bandwidth_objective: bool,
     /// Let HiGHS print its log to stdout (for studying a slow solve).
     pub solver_log: bool,
+    /// First solve the model with identical PEs merged (a relaxation), pack its
+    /// solution onto the real PEs and use it as bound and starting point.
+    pub aggregate: bool,
 }
 
 impl Default for SolveOptions {
@@ -102,6 +105,7 @@ impl Default for SolveOptions {
             warm_start: true,
             bandwidth_objective: true,
             solver_log: false,
+            aggregate: true,
         }
     }
 }
