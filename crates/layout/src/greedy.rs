@@ -3,7 +3,7 @@
 
 use sidecore_types::ConstraintKind;
 
-use crate::model::{Active, Dsu, Prep, fits, host_of, prepare};
+use crate::model::{Active, Dsu, Prep, add_demand, fits, host_of, prepare, sub_demand};
 use crate::{LayoutError, Problem};
 
 /// How the greedy orders its work and picks a PE.
@@ -111,9 +111,7 @@ pub(crate) fn greedy_from(prep: &Prep, rule: Rule, init: Option<&[usize]>) -> Op
         for (g, &i) in init.iter().enumerate() {
             let cd = prep.groups[g].cands[i];
             if !prep.is_host(cd.pe) {
-                for r in 0..3 {
-                    used[cd.pe][r] += cd.demand[r];
-                }
+                add_demand(&mut used[cd.pe], &cd.demand);
                 choice[g] = Some(i);
                 state[comp[g]] = 1;
             }
@@ -166,9 +164,7 @@ pub(crate) fn greedy_from(prep: &Prep, rule: Rule, init: Option<&[usize]>) -> Op
                     };
                     match slot {
                         Some((i, cd)) => {
-                            for r in 0..3 {
-                                used[cd.pe][r] += cd.demand[r];
-                            }
+                            add_demand(&mut used[cd.pe], &cd.demand);
                             placed.push((g, i));
                         }
                         None => {
@@ -192,8 +188,8 @@ pub(crate) fn greedy_from(prep: &Prep, rule: Rule, init: Option<&[usize]>) -> Op
         }
     }
     // Everything not offloaded goes to the host, if it can and there is room.
-    for g in 0..ng {
-        if choice[g].is_some() {
+    for (g, slot) in choice.iter_mut().enumerate() {
+        if slot.is_some() {
             continue;
         }
         let (i, cd) = prep.groups[g]
@@ -201,15 +197,15 @@ pub(crate) fn greedy_from(prep: &Prep, rule: Rule, init: Option<&[usize]>) -> Op
             .iter()
             .enumerate()
             .find(|(_, cd)| prep.is_host(cd.pe))?;
-        for r in 0..3 {
-            used[cd.pe][r] += cd.demand[r];
-            if let Some(cap) = prep.caps[cd.pe][r] {
-                if !fits(used[cd.pe][r], cap) {
-                    return None;
-                }
-            }
+        add_demand(&mut used[cd.pe], &cd.demand);
+        let room = prep.caps[cd.pe]
+            .iter()
+            .zip(&used[cd.pe])
+            .all(|(cap, u)| cap.is_none_or(|cap| fits(*u, cap)));
+        if !room {
+            return None;
         }
-        choice[g] = Some(i);
+        *slot = Some(i);
     }
     // Asym-gang a -> b with a offloaded and b on the host cannot arise (closures), nor
     // can a split gang component; the result is feasible by construction.
@@ -255,14 +251,11 @@ pub fn check(problem: &Problem, assignment: &[usize]) -> Result<(u64, f64), Stri
             Some(pe.memory as f64),
             pe.slots.map(f64::from),
         ];
-        for r in 0..3 {
-            if let Some(cap) = caps[r] {
-                if !fits(used[k][r], cap) {
-                    return Err(format!(
-                        "PE `{}`: resource {r} used {} > capacity {cap}",
-                        pe.id, used[k][r]
-                    ));
-                }
+        for ((cap, u), r) in caps.iter().zip(&used[k]).zip(crate::Resource::ALL) {
+            if let Some(cap) = cap
+                && !fits(*u, *cap)
+            {
+                return Err(format!("PE `{}`: {r} used {u} > capacity {cap}", pe.id));
             }
         }
     }
@@ -308,11 +301,9 @@ pub(crate) fn improve_bandwidth(p: &Problem, prep: &Prep, choice: &mut [usize]) 
     }
     let pe_of = |choice: &[usize], g: usize| prep.groups[g].cands[choice[g]].pe;
     let mut used = vec![[0.0f64; 3]; prep.caps.len()];
-    for g in 0..ng {
-        let c = &prep.groups[g].cands[choice[g]];
-        for r in 0..3 {
-            used[c.pe][r] += c.demand[r];
-        }
+    for (g, &i) in choice.iter().enumerate() {
+        let c = &prep.groups[g].cands[i];
+        add_demand(&mut used[c.pe], &c.demand);
     }
     for _pass in 0..8 {
         let mut improved = false;
@@ -353,10 +344,8 @@ pub(crate) fn improve_bandwidth(p: &Problem, prep: &Prep, choice: &mut [usize]) 
             if let Some((i, _)) = best {
                 let old = prep.groups[g].cands[choice[g]];
                 let new = prep.groups[g].cands[i];
-                for r in 0..3 {
-                    used[old.pe][r] -= old.demand[r];
-                    used[new.pe][r] += new.demand[r];
-                }
+                sub_demand(&mut used[old.pe], &old.demand);
+                add_demand(&mut used[new.pe], &new.demand);
                 choice[g] = i;
                 improved = true;
             }

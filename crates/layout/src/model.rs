@@ -220,6 +220,16 @@ fn add_var(vars: &mut ProblemVariables, def: good_lp::VariableDefinition) -> V {
     }
 }
 
+/// Add a candidate's demand to a PE's use.
+pub(crate) fn add_demand(used: &mut [f64; 3], d: &[f64; 3]) {
+    used.iter_mut().zip(d).for_each(|(u, x)| *u += x);
+}
+
+/// Remove a candidate's demand from a PE's use.
+pub(crate) fn sub_demand(used: &mut [f64; 3], d: &[f64; 3]) {
+    used.iter_mut().zip(d).for_each(|(u, x)| *u -= x);
+}
+
 /// A linear row `lo <= sum(terms) <= hi`.
 struct Row {
     terms: Vec<(Variable, f64)>,
@@ -410,13 +420,13 @@ fn run(
     if let Some(t) = spec.time_limit {
         set(&mut model, "time_limit", t.max(0.001))?;
     }
-    if let Some(start) = spec.start {
-        if start.len() == ncols {
-            // An infeasible start is discarded by HiGHS; a wrong length is our bug.
-            model
-                .try_set_solution(Some(start), None, None, None)
-                .map_err(|e| LayoutError::Solver(format!("warm start: {e:?}")))?;
-        }
+    // An infeasible start is discarded by HiGHS; a wrong length would be our bug.
+    if let Some(start) = spec.start
+        && start.len() == ncols
+    {
+        model
+            .try_set_solution(Some(start), None, None, None)
+            .map_err(|e| LayoutError::Solver(format!("warm start: {e:?}")))?;
     }
     let solved = model
         .try_solve()
@@ -624,7 +634,9 @@ fn aggregate(prep: &Prep) -> Option<Aggregate> {
     }
     let mut class_of = vec![0usize; kk];
     let mut members: Vec<Vec<usize>> = Vec::new();
-    let mut seen: HashMap<(Vec<Option<u64>>, &Vec<(usize, [u64; 3])>), usize> = HashMap::new();
+    // Key: capacities (as bits) and the PE's column (group, demand bits).
+    type Key<'a> = (Vec<Option<u64>>, &'a Vec<(usize, [u64; 3])>);
+    let mut seen: HashMap<Key<'_>, usize> = HashMap::new();
     for k in 0..kk {
         let caps: Vec<Option<u64>> = prep.caps[k].iter().map(|c| c.map(f64::to_bits)).collect();
         let key = (caps, &sig[k]);
@@ -734,11 +746,11 @@ fn unpack(
             } else {
                 None
             };
-            if let Some(x) = x {
-                if !pinned[x] {
-                    pinned[x] = true;
-                    stack.push(x);
-                }
+            if let Some(x) = x
+                && !pinned[x]
+            {
+                pinned[x] = true;
+                stack.push(x);
             }
         }
     }
@@ -777,9 +789,7 @@ fn unpack(
                 });
             match best {
                 Some((i, c)) => {
-                    for r in 0..3 {
-                        used[c.pe][r] += c.demand[r];
-                    }
+                    add_demand(&mut used[c.pe], &c.demand);
                     choice[g] = Some(i);
                 }
                 None => unplaced.push(g),
@@ -796,9 +806,7 @@ fn unpack(
             .find(|(_, c)| !prep.is_host(c.pe) && room(&used, c.pe, &c.demand));
         match spot {
             Some((i, c)) => {
-                for r in 0..3 {
-                    used[c.pe][r] += c.demand[r];
-                }
+                add_demand(&mut used[c.pe], &c.demand);
                 choice[g] = Some(i);
             }
             None => to_host.push(g),
@@ -828,18 +836,14 @@ fn unpack(
         }
         if let Some(i) = choice[g] {
             let c = prep.groups[g].cands[i];
-            for r in 0..3 {
-                used[c.pe][r] -= c.demand[r];
-            }
+            sub_demand(&mut used[c.pe], &c.demand);
         }
         let (i, c) = prep.groups[g]
             .cands
             .iter()
             .enumerate()
             .find(|(_, c)| prep.is_host(c.pe))?;
-        for r in 0..3 {
-            used[c.pe][r] += c.demand[r];
-        }
+        add_demand(&mut used[c.pe], &c.demand);
         choice[g] = Some(i);
     }
     let choice: Vec<usize> = choice.into_iter().collect::<Option<_>>()?;
@@ -892,9 +896,7 @@ fn feasible_choice(prep: &Prep, choice: &[usize]) -> bool {
     let mut used = vec![[0.0f64; 3]; prep.caps.len()];
     for (g, &i) in choice.iter().enumerate() {
         let c = prep.groups[g].cands[i];
-        for r in 0..3 {
-            used[c.pe][r] += c.demand[r];
-        }
+        add_demand(&mut used[c.pe], &c.demand);
     }
     let caps_ok = (0..prep.caps.len())
         .all(|k| (0..3).all(|r| prep.caps[k][r].is_none_or(|cap| fits(used[k][r], cap))));
@@ -974,49 +976,49 @@ pub(crate) fn optimise_prep(
     // start (often provably optimal, then the full model is skipped).
     let mut agg_bound = f64::INFINITY;
     let mut agg_stage = None;
-    if opts.aggregate && any_choice {
-        if let Some(agg) = aggregate(prep) {
-            let limit = stage1_limit.map(|r| r * AGG_SHARE);
-            let ta = Instant::now();
-            // A solver failure here (e.g. out of time) only loses the shortcut.
-            match stage1(&agg.prep, None, limit, opts.solver_log) {
-                Err(_) => {}
-                Ok(None) => return Ok(None), // the relaxation is infeasible
-                Ok(Some(s)) => {
-                    agg_bound = if s.optimal { s.weight as f64 } else { s.bound };
-                    // Pack largest first and in flow order; keep the better.
-                    let rank = flow_order(p, prep);
-                    let packed = [None, Some(rank.as_slice())]
-                        .into_iter()
-                        .filter_map(|r| unpack(prep, &agg, &s.choice, r))
-                        .max_by(|a, b| {
-                            let (wa, wb) = (offload_weight(prep, a), offload_weight(prep, b));
-                            let (ca, cb) = (assignment(p, prep, a).2, assignment(p, prep, b).2);
-                            wa.cmp(&wb).then(cb.total_cmp(&ca))
-                        });
-                    let packed_w = packed.as_ref().map(|c| offload_weight(prep, c));
-                    agg_stage = Some(StageStats {
-                        name: "offload-aggregated".into(),
-                        vars: s.vars,
-                        constraints: s.rows,
-                        time: ta.elapsed(),
-                        objective: packed_w.map_or(f64::NAN, |w| w as f64),
-                        gap: s.gap,
-                        status: format!(
-                            "{} ({} PE classes, bound {})",
-                            if s.optimal { "optimal" } else { "time-limit" },
-                            agg.prep.caps.len(),
-                            agg_bound
-                        ),
+    if opts.aggregate
+        && any_choice
+        && let Some(agg) = aggregate(prep)
+    {
+        let limit = stage1_limit.map(|r| r * AGG_SHARE);
+        let ta = Instant::now();
+        // A solver failure here (e.g. out of time) only loses the shortcut.
+        match stage1(&agg.prep, None, limit, opts.solver_log) {
+            Err(_) => {}
+            Ok(None) => return Ok(None), // the relaxation is infeasible
+            Ok(Some(s)) => {
+                agg_bound = if s.optimal { s.weight as f64 } else { s.bound };
+                // Pack largest first and in flow order; keep the better.
+                let rank = flow_order(p, prep);
+                let packed = [None, Some(rank.as_slice())]
+                    .into_iter()
+                    .filter_map(|r| unpack(prep, &agg, &s.choice, r))
+                    .max_by(|a, b| {
+                        let (wa, wb) = (offload_weight(prep, a), offload_weight(prep, b));
+                        let (ca, cb) = (assignment(p, prep, a).2, assignment(p, prep, b).2);
+                        wa.cmp(&wb).then(cb.total_cmp(&ca))
                     });
-                    if let Some(c) = packed {
-                        if warm
-                            .as_ref()
-                            .is_none_or(|w| offload_weight(prep, w) < offload_weight(prep, &c))
-                        {
-                            warm = Some(c);
-                        }
-                    }
+                let packed_w = packed.as_ref().map(|c| offload_weight(prep, c));
+                agg_stage = Some(StageStats {
+                    name: "offload-aggregated".into(),
+                    vars: s.vars,
+                    constraints: s.rows,
+                    time: ta.elapsed(),
+                    objective: packed_w.map_or(f64::NAN, |w| w as f64),
+                    gap: s.gap,
+                    status: format!(
+                        "{} ({} PE classes, bound {})",
+                        if s.optimal { "optimal" } else { "time-limit" },
+                        agg.prep.caps.len(),
+                        agg_bound
+                    ),
+                });
+                if let Some(c) = packed
+                    && warm
+                        .as_ref()
+                        .is_none_or(|w| offload_weight(prep, w) < offload_weight(prep, &c))
+                {
+                    warm = Some(c);
                 }
             }
         }
@@ -1093,9 +1095,9 @@ pub(crate) fn optimise_prep(
         }
     }
     let mut pairs: Vec<((usize, usize), f64)> = pairs.into_iter().collect();
-    pairs.sort_by(|a, b| a.0.cmp(&b.0));
+    pairs.sort_by_key(|a| a.0);
     // Only pairs that could share a PE matter.
-    let shared: Vec<(usize, usize, f64, Vec<(usize, usize)>)> = pairs
+    let shared: Vec<SharedPair> = pairs
         .into_iter()
         .filter_map(|((a, b), bw)| {
             let mut common = Vec::new();
@@ -1228,12 +1230,12 @@ pub(crate) fn optimise_prep(
     Ok(Some(best))
 }
 
+/// Two groups joined by flows (summed bandwidth) and the candidate index pairs on
+/// which they would share a PE.
+type SharedPair = (usize, usize, f64, Vec<(usize, usize)>);
+
 /// Bandwidth kept on-PE by `choice` among the pairs that could share a PE.
-fn saved(
-    shared: &[(usize, usize, f64, Vec<(usize, usize)>)],
-    choice: &[usize],
-    prep: &Prep,
-) -> f64 {
+fn saved(shared: &[SharedPair], choice: &[usize], prep: &Prep) -> f64 {
     shared
         .iter()
         .filter(|(a, b, _, _)| {
