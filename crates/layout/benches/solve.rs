@@ -17,12 +17,18 @@ use sidecore_layout::{SolveOptions, check, greedy, solve};
 
 const SIZES: [usize; 3] = [10, 100, 1000];
 const PES: [usize; 3] = [4, 16, 64];
-/// The target budget: 1,000 offcodes on 64 PEs in under 1 s.
-const BUDGET: Duration = Duration::from_secs(1);
+/// The target budget: 1,000 offcodes on 64 PEs in under 1 s. `LAYOUT_BUDGET=10`
+/// (seconds) changes it, e.g. to see what a longer solve buys.
+fn budget() -> Duration {
+    std::env::var("LAYOUT_BUDGET")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .map_or(Duration::from_secs(1), Duration::from_secs_f64)
+}
 
 fn opts(bandwidth: bool) -> SolveOptions {
     SolveOptions {
-        time_limit: Some(BUDGET),
+        time_limit: Some(budget()),
         explain: false,
         bandwidth_objective: bandwidth,
         ..Default::default()
@@ -30,9 +36,11 @@ fn opts(bandwidth: bool) -> SolveOptions {
 }
 
 fn quality() {
+    eprintln!("quality with a {:?} budget", budget());
     eprintln!(
-        "size        | greedy weight | milp weight | weight ratio | offload stage         | greedy cross | milp cross | bandwidth stage"
+        "| size | greedy weight | milp weight | ratio | weight bound | offload stage | greedy cross | milp cross | bandwidth stage | solve time |"
     );
+    eprintln!("|---|---|---|---|---|---|---|---|---|---|");
     for n in SIZES {
         for k in PES {
             let p = generator::problem(n, k, 1);
@@ -42,23 +50,36 @@ fn quality() {
             let (gw, gc) = check(&p, &g).expect("greedy layout is feasible");
             let l = solve(&p, &opts(true)).expect("solvable");
             check(&p, &l.assignment).expect("layout is feasible");
-            let stage = |i: usize| {
-                l.stats.stages.get(i).map_or("-".to_string(), |s| {
-                    format!(
-                        "{} gap {:.4} in {:.2}s",
-                        s.status,
-                        s.gap,
-                        s.time.as_secs_f64()
-                    )
-                })
+            let stage = |name: &str| {
+                l.stats
+                    .stages
+                    .iter()
+                    .find(|s| s.name == name)
+                    .map_or("-".to_string(), |s| {
+                        let status = s.status.split(" (").next().unwrap_or("");
+                        if s.gap == 0.0 {
+                            status.to_string()
+                        } else {
+                            format!("{status}, gap {:.2}%", 100.0 * s.gap)
+                        }
+                    })
             };
+            // The offload objective's upper bound (from the aggregated relaxation when
+            // it ran): objective * (1 + gap).
+            let bound = l
+                .stats
+                .stages
+                .iter()
+                .find(|s| s.name == "offload")
+                .map_or(f64::NAN, |s| s.objective * (1.0 + s.gap));
             eprintln!(
-                "{n:4} x {k:2}   | {gw:13} | {:11} | {:12.3} | {:21} | {gc:12} | {:10} | {}",
+                "| {n}x{k} | {gw} | {} | {:.3} | {bound:.0} | {} | {gc} | {} | {} | {:.3} s |",
                 l.offloaded_weight,
                 l.offloaded_weight as f64 / gw.max(1) as f64,
-                stage(0),
+                stage("offload"),
                 l.cross_bandwidth,
-                stage(1),
+                stage("bandwidth"),
+                l.stats.time.as_secs_f64(),
             );
         }
     }
