@@ -70,6 +70,7 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<Layout, LayoutErr
     let start = Instant::now();
     validate::validate(problem)?;
     let mut layout = model::optimise(problem, opts, start)?;
+    layout.stats.time = start.elapsed();
     if opts.explain {
         let t = Instant::now();
         layout.reasons = explain::reasons(problem, opts, &layout)?;
@@ -77,6 +78,5 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<Layout, LayoutErr
     } else {
         layout.reasons = explain::brief_reasons(problem, &layout);
     }
-    layout.stats.time = start.elapsed();
     Ok(layout)
 }

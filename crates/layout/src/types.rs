@@ -80,6 +80,9 @@ pub struct SolveOptions {
     pub explain: bool,
     /// The size limit for the re-solving explanations.
     pub explain_max_offcodes: usize,
+    /// Budget for all re-solving explanations together (default 5 s); an offcode
+    /// whose re-solve does not finish in its share gets the cheaper reason.
+    pub explain_time_limit: Option<Duration>,
     /// Relative MIP gap accepted for the bandwidth objective (0 = prove optimality).
     /// The offload objective is always solved to optimality (it is integral).
     pub bandwidth_gap: f64,
@@ -101,6 +104,7 @@ impl Default for SolveOptions {
             time_limit: Some(Duration::from_secs(10)),
             explain: true,
             explain_max_offcodes: 64,
+            explain_time_limit: Some(Duration::from_secs(5)),
             bandwidth_gap: 0.0,
             warm_start: true,
             bandwidth_objective: true,
