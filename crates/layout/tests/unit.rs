@@ -240,6 +240,28 @@ fn cpu_capacity_keeps_the_heaviest() {
 }
 
 #[test]
+fn explanation_budget_falls_back_to_cheap_reasons() {
+    let p = Problem {
+        pes: vec![pe("host", PeKind::Host, 8.0), pe("core:1", PeKind::Core, 1.0)],
+        offcodes: vec![
+            oc("low", 1, &[(0, 0.5), (1, 0.5)]),
+            oc("high", 4, &[(0, 0.5), (1, 0.5)]),
+            oc("normal", 2, &[(0, 0.5), (1, 0.5)]),
+        ],
+        ..Default::default()
+    };
+    let opts = SolveOptions {
+        explain_time_limit: Some(std::time::Duration::ZERO),
+        ..Default::default()
+    };
+    let l = solve(&p, &opts).unwrap();
+    assert_eq!(
+        l.reasons[0].to_string(),
+        "`low` on host: no room on its non-host candidates: core:1 cpu (1 of 1 used, needs 0.5)"
+    );
+}
+
+#[test]
 fn memory_and_slot_capacity() {
     let mut pes = vec![
         pe("host", PeKind::Host, 8.0),
