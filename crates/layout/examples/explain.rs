@@ -17,7 +17,14 @@ fn main() {
         args.get(1).copied().unwrap_or(4),
         args.get(2).copied().unwrap_or(1) as u64,
     );
-    let p = generator::problem(n, k, seed);
+    let mut p = generator::problem(n, k, seed);
+    if std::env::var("SHRINK_CORES").is_ok() {
+        // Make it infeasible: cores too small for the offcodes without a host build.
+        for pe in p.pes.iter_mut().filter(|pe| pe.id.starts_with("core:")) {
+            pe.cpu = 0.05;
+        }
+    }
+    let t = std::time::Instant::now();
     match solve(&p, &SolveOptions::default()) {
         Ok(l) => {
             println!("{l}");
@@ -27,6 +34,6 @@ fn main() {
                 l.stats.explain_time.as_secs_f64()
             );
         }
-        Err(e) => println!("{e}"),
+        Err(e) => println!("{e}\n(after {:.3} s)", t.elapsed().as_secs_f64()),
     }
 }

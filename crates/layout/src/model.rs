@@ -483,6 +483,7 @@ pub(crate) fn feasible(p: &Problem, active: &Active) -> Result<bool, LayoutError
     if prep.groups.iter().any(|g| g.cands.is_empty()) {
         return Ok(false);
     }
+    let prep = drop_free_groups(prep);
     if prep.groups.is_empty() {
         return Ok(true);
     }
@@ -500,6 +501,46 @@ pub(crate) fn feasible(p: &Problem, active: &Active) -> Result<bool, LayoutError
         start: None,
     };
     Ok(matches!(run(mip, Vec::new(), spec)?.0, Run::Solved { .. }))
+}
+
+/// For feasibility only: drop the groups that can never matter, those in no gang or
+/// asym-gang row with a candidate PE on which they use no capacity that is checked.
+/// They can always sit there. The deletion filter relaxes most of a large problem,
+/// so this keeps its solver calls small.
+fn drop_free_groups(prep: Prep) -> Prep {
+    let ng = prep.groups.len();
+    let mut tied = vec![false; ng];
+    for &(a, b, _) in &prep.gangs {
+        tied[a] = true;
+        tied[b] = true;
+    }
+    let harmless = |c: &GCand| (0..3).all(|r| prep.caps[c.pe][r].is_none() || c.demand[r] == 0.0);
+    let keep: Vec<bool> = (0..ng)
+        .map(|g| tied[g] || !prep.groups[g].cands.iter().any(harmless))
+        .collect();
+    if keep.iter().all(|&k| k) {
+        return prep;
+    }
+    let mut new_index = vec![usize::MAX; ng];
+    let mut groups = Vec::new();
+    for (g, grp) in prep.groups.into_iter().enumerate() {
+        if keep[g] {
+            new_index[g] = groups.len();
+            groups.push(grp);
+        }
+    }
+    Prep {
+        groups,
+        // Not used for feasibility; the offcodes of dropped groups map nowhere.
+        group_of: prep.group_of.iter().map(|&g| new_index[g]).collect(),
+        host: prep.host,
+        caps: prep.caps,
+        gangs: prep
+            .gangs
+            .iter()
+            .map(|&(a, b, sym)| (new_index[a], new_index[b], sym))
+            .collect(),
+    }
 }
 
 /// Group -> candidate index chosen in `cols`.

@@ -242,7 +242,10 @@ fn cpu_capacity_keeps_the_heaviest() {
 #[test]
 fn explanation_budget_falls_back_to_cheap_reasons() {
     let p = Problem {
-        pes: vec![pe("host", PeKind::Host, 8.0), pe("core:1", PeKind::Core, 1.0)],
+        pes: vec![
+            pe("host", PeKind::Host, 8.0),
+            pe("core:1", PeKind::Core, 1.0),
+        ],
         offcodes: vec![
             oc("low", 1, &[(0, 0.5), (1, 0.5)]),
             oc("high", 4, &[(0, 0.5), (1, 0.5)]),
