@@ -1238,8 +1238,15 @@ pub(crate) fn optimise_prep(
                 if !optimal {
                     crate::greedy::improve_bandwidth(p, prep, &mut choice);
                 }
-                if offload_weight(prep, &choice) >= opt1
-                    && saved(&shared, &choice, prep) >= saved(&shared, &best.choice, prep)
+                // Lexicographic: more weight wins (possible when stage 1 stopped
+                // early), then less cross-PE traffic.
+                let (w_new, w_old) = (
+                    offload_weight(prep, &choice),
+                    offload_weight(prep, &best.choice),
+                );
+                if w_new > w_old
+                    || (w_new == w_old
+                        && saved(&shared, &choice, prep) >= saved(&shared, &best.choice, prep))
                 {
                     best.choice = choice;
                 }
