@@ -1128,6 +1128,74 @@ pub(crate) fn optimise_prep(
     };
 
     // Stage 2: minimise cross-PE bandwidth with the offload at its optimum.
+    let shared = shared_pairs(p, prep);
+    let z_cols: usize = shared.iter().map(|s| s.3.len()).sum();
+    let limit2 = remaining().map(|r| r * 0.8);
+    let too_big2 = limit2.is_some_and(|l| l < useful_time(x_cols + z_cols, rows1 + 2 * z_cols));
+    if bandwidth && opts.bandwidth_objective && !shared.is_empty() && any_choice {
+        let t2 = Instant::now();
+        // Too big for the budget: search the neighbourhood instead, where every
+        // group keeps its side of the host line and may only join the PE of one of
+        // its flow peers.
+        let (sprep, back) = if too_big2 {
+            neighbourhood(p, prep, &best.choice)
+        } else {
+            (prep.clone(), identity(prep))
+        };
+        let start: Vec<usize> = best
+            .choice
+            .iter()
+            .enumerate()
+            .map(|(g, &i)| back[g].iter().position(|&j| j == i).unwrap_or(0))
+            .collect();
+        let sshared = if too_big2 {
+            shared_pairs(p, &sprep)
+        } else {
+            shared.clone()
+        };
+        let r = bandwidth_mip(&sprep, &sshared, &start, opt1, limit2, opts)?;
+        best.vars = best.vars.max(r.vars);
+        best.rows = best.rows.max(r.rows);
+        if let Some(c) = r.choice {
+            let mut choice: Vec<usize> = c.iter().enumerate().map(|(g, &i)| back[g][i]).collect();
+            if !r.optimal || too_big2 {
+                crate::greedy::improve_bandwidth(p, prep, &mut choice);
+            }
+            // Lexicographic: more weight wins (possible when stage 1 stopped early),
+            // then less cross-PE traffic.
+            let (w_new, w_old) = (
+                offload_weight(prep, &choice),
+                offload_weight(prep, &best.choice),
+            );
+            if w_new > w_old
+                || (w_new == w_old
+                    && saved(&shared, &choice, prep) >= saved(&shared, &best.choice, prep))
+            {
+                best.choice = choice;
+            }
+        }
+        stages.push(StageStats {
+            name: "bandwidth".into(),
+            vars: r.vars,
+            constraints: r.rows,
+            time: t2.elapsed(),
+            objective: assignment(p, prep, &best.choice).2,
+            gap: if too_big2 { f64::INFINITY } else { r.gap },
+            status: if too_big2 {
+                "neighbourhood (budget too small for the full model)".into()
+            } else if r.optimal {
+                "optimal".into()
+            } else {
+                "time-limit".into()
+            },
+        });
+    }
+    best.stages = stages;
+    Ok(Some(best))
+}
+
+/// Flow pairs between distinct groups (bandwidth summed) that could share a PE.
+fn shared_pairs(p: &Problem, prep: &Prep) -> Vec<SharedPair> {
     let mut pairs: HashMap<(usize, usize), f64> = HashMap::new();
     for f in &p.flows {
         let (ga, gb) = (prep.group_of[f.a], prep.group_of[f.b]);
@@ -1137,8 +1205,7 @@ pub(crate) fn optimise_prep(
     }
     let mut pairs: Vec<((usize, usize), f64)> = pairs.into_iter().collect();
     pairs.sort_by_key(|a| a.0);
-    // Only pairs that could share a PE matter.
-    let shared: Vec<SharedPair> = pairs
+    pairs
         .into_iter()
         .filter_map(|((a, b), bw)| {
             let mut common = Vec::new();
@@ -1149,133 +1216,172 @@ pub(crate) fn optimise_prep(
             }
             (!common.is_empty()).then_some((a, b, bw, common))
         })
+        .collect()
+}
+
+fn identity(prep: &Prep) -> Vec<Vec<usize>> {
+    prep.groups
+        .iter()
+        .map(|g| (0..g.cands.len()).collect())
+        .collect()
+}
+
+/// The restricted problem for the neighbourhood search around `choice`: a group on
+/// the host keeps only the host; an offloaded group keeps its PE plus the non-host
+/// PEs its flow peers are on. Returns it with, per group, the original candidate
+/// index of each restricted candidate. `choice` is feasible in it.
+fn neighbourhood(p: &Problem, prep: &Prep, choice: &[usize]) -> (Prep, Vec<Vec<usize>>) {
+    let ng = prep.groups.len();
+    let mut peers: Vec<Vec<usize>> = vec![Vec::new(); ng];
+    for f in &p.flows {
+        let (a, b) = (prep.group_of[f.a], prep.group_of[f.b]);
+        if a != b {
+            peers[a].push(b);
+            peers[b].push(a);
+        }
+    }
+    let pe_of = |g: usize| prep.groups[g].cands[choice[g]].pe;
+    let mut back = Vec::with_capacity(ng);
+    let groups = prep
+        .groups
+        .iter()
+        .enumerate()
+        .map(|(g, grp)| {
+            let mut keep = vec![choice[g]];
+            if !prep.is_host(pe_of(g)) {
+                for &h in &peers[g] {
+                    let k = pe_of(h);
+                    if prep.is_host(k) {
+                        continue;
+                    }
+                    if let Some(i) = grp.cands.iter().position(|c| c.pe == k)
+                        && !keep.contains(&i)
+                    {
+                        keep.push(i);
+                    }
+                }
+            }
+            let g2 = Group {
+                members: grp.members.clone(),
+                weight: grp.weight,
+                cands: keep.iter().map(|&i| grp.cands[i]).collect(),
+            };
+            back.push(keep);
+            g2
+        })
         .collect();
-    let z_cols: usize = shared.iter().map(|s| s.3.len()).sum();
-    let limit2 = remaining().map(|r| r * 0.8);
-    let too_big2 = limit2.is_some_and(|l| l < useful_time(x_cols + z_cols, rows1 + 2 * z_cols));
-    if bandwidth && opts.bandwidth_objective && !shared.is_empty() && any_choice && too_big2 {
-        stages.push(StageStats {
-            name: "bandwidth".into(),
-            vars: 0,
-            constraints: 0,
-            time: Duration::ZERO,
-            objective: assignment(p, prep, &best.choice).2,
-            gap: f64::INFINITY,
-            status: "heuristic (budget too small for the full model)".into(),
+    (
+        Prep {
+            groups,
+            group_of: prep.group_of.clone(),
+            host: prep.host,
+            caps: prep.caps.clone(),
+            gangs: prep.gangs.clone(),
+        },
+        back,
+    )
+}
+
+/// The bandwidth stage's outcome.
+struct Bw {
+    choice: Option<Vec<usize>>,
+    optimal: bool,
+    gap: f64,
+    vars: usize,
+    rows: usize,
+}
+
+/// Maximise the flow bandwidth kept on one PE (so minimise cross-PE bandwidth) with
+/// the offloaded weight held at `min_weight`, starting from `start`.
+fn bandwidth_mip(
+    prep: &Prep,
+    shared: &[SharedPair],
+    start: &[usize],
+    min_weight: u64,
+    limit: Option<f64>,
+    opts: &SolveOptions,
+) -> Result<Bw, LayoutError> {
+    let mut mip = build(prep);
+    let x2 = mip.x.clone();
+    let mut obj2 = Expression::default();
+    let mut extra = Vec::new();
+    let mut z_of: Vec<(V, usize, usize, usize, usize)> = Vec::new();
+    for &(a, b, bw, ref common) in shared {
+        for &(i, j) in common {
+            // Z <= X_a^k and Z <= X_b^k: Z can be 1 only if both are on PE k.
+            let z = add_var(&mut mip.vars, variable().min(0.0).max(1.0));
+            obj2.add_mul(bw, z.v);
+            extra.push(Row {
+                terms: vec![(z.v, 1.0), (x2[a][i].v, -1.0)],
+                lo: f64::NEG_INFINITY,
+                hi: 0.0,
+            });
+            extra.push(Row {
+                terms: vec![(z.v, 1.0), (x2[b][j].v, -1.0)],
+                lo: f64::NEG_INFINITY,
+                hi: 0.0,
+            });
+            z_of.push((z, a, i, b, j));
+        }
+    }
+    // Keep objective 1 at its optimum (weights are integers).
+    let mut terms = Vec::new();
+    for (g, grp) in prep.groups.iter().enumerate() {
+        for (i, c) in grp.cands.iter().enumerate() {
+            if !prep.is_host(c.pe) && grp.weight > 0 {
+                terms.push((x2[g][i].v, grp.weight as f64));
+            }
+        }
+    }
+    if !terms.is_empty() {
+        extra.push(Row {
+            terms,
+            lo: min_weight as f64 - 0.5,
+            hi: f64::INFINITY,
         });
     }
-    if bandwidth && opts.bandwidth_objective && !shared.is_empty() && any_choice && !too_big2 {
-        let t2 = Instant::now();
-        let mut mip = build(prep);
-        let x2 = mip.x.clone();
-        let mut obj2 = Expression::default();
-        let mut extra = Vec::new();
-        let mut z_of: Vec<(V, usize, usize, usize, usize)> = Vec::new();
-        for &(a, b, bw, ref common) in &shared {
-            for &(i, j) in common {
-                let z = add_var(&mut mip.vars, variable().min(0.0).max(1.0));
-                obj2.add_mul(bw, z.v);
-                extra.push(Row {
-                    terms: vec![(z.v, 1.0), (x2[a][i].v, -1.0)],
-                    lo: f64::NEG_INFINITY,
-                    hi: 0.0,
-                });
-                extra.push(Row {
-                    terms: vec![(z.v, 1.0), (x2[b][j].v, -1.0)],
-                    lo: f64::NEG_INFINITY,
-                    hi: 0.0,
-                });
-                z_of.push((z, a, i, b, j));
-            }
-        }
-        // Keep objective 1 at its optimum (weights are integers).
-        let mut terms = Vec::new();
-        for (g, grp) in prep.groups.iter().enumerate() {
-            for (i, c) in grp.cands.iter().enumerate() {
-                if !prep.is_host(c.pe) && grp.weight > 0 {
-                    terms.push((x2[g][i].v, grp.weight as f64));
-                }
-            }
-        }
-        if !terms.is_empty() {
-            extra.push(Row {
-                terms,
-                lo: opt1 as f64 - 0.5,
-                hi: f64::INFINITY,
-            });
-        }
-        let ncols2 = mip.vars.len();
-        let mut start2 = vec![0.0; ncols2];
-        for (g, &i) in best.choice.iter().enumerate() {
-            start2[x2[g][i].i] = 1.0;
-        }
-        for &(z, a, i, b, j) in &z_of {
-            if best.choice[a] == i && best.choice[b] == j {
-                start2[z.i] = 1.0;
-            }
-        }
-        let (r2, v2, n2) = run(
-            mip,
-            extra,
-            RunSpec {
-                log: opts.solver_log,
-                presolve_off: ncols2 > PRESOLVE_OFF_COLUMNS,
-                objective: obj2,
-                sense_max: true,
-                rel_gap: opts.bandwidth_gap,
-                // HiGHS overshoots its limit by a little (checks are not continuous).
-                time_limit: limit2,
-                start: Some(&start2),
-            },
-        )?;
-        best.vars = best.vars.max(v2);
-        best.rows = best.rows.max(n2);
-        match r2 {
-            Run::Solved {
-                cols, optimal, gap, ..
-            } => {
-                let mut choice = pick(&x2, &cols);
-                if !optimal {
-                    crate::greedy::improve_bandwidth(p, prep, &mut choice);
-                }
-                // Lexicographic: more weight wins (possible when stage 1 stopped
-                // early), then less cross-PE traffic.
-                let (w_new, w_old) = (
-                    offload_weight(prep, &choice),
-                    offload_weight(prep, &best.choice),
-                );
-                if w_new > w_old
-                    || (w_new == w_old
-                        && saved(&shared, &choice, prep) >= saved(&shared, &best.choice, prep))
-                {
-                    best.choice = choice;
-                }
-                stages.push(StageStats {
-                    name: "bandwidth".into(),
-                    vars: v2,
-                    constraints: n2,
-                    time: t2.elapsed(),
-                    objective: assignment(p, prep, &best.choice).2,
-                    gap,
-                    status: if optimal { "optimal" } else { "time-limit" }.into(),
-                });
-            }
-            Run::Infeasible => {
-                // Cannot happen: the stage-1 solution satisfies every row. Keep it.
-                stages.push(StageStats {
-                    name: "bandwidth".into(),
-                    vars: v2,
-                    constraints: n2,
-                    time: t2.elapsed(),
-                    objective: assignment(p, prep, &best.choice).2,
-                    gap: f64::INFINITY,
-                    status: "warm-start".into(),
-                });
-            }
+    let ncols = mip.vars.len();
+    let mut start_cols = vec![0.0; ncols];
+    for (g, &i) in start.iter().enumerate() {
+        start_cols[x2[g][i].i] = 1.0;
+    }
+    for &(z, a, i, b, j) in &z_of {
+        if start[a] == i && start[b] == j {
+            start_cols[z.i] = 1.0;
         }
     }
-    best.stages = stages;
-    Ok(Some(best))
+    let (r, vars, rows) = run(
+        mip,
+        extra,
+        RunSpec {
+            log: opts.solver_log,
+            presolve_off: ncols > PRESOLVE_OFF_COLUMNS,
+            objective: obj2,
+            sense_max: true,
+            rel_gap: opts.bandwidth_gap,
+            time_limit: limit,
+            start: Some(&start_cols),
+        },
+    )?;
+    Ok(match r {
+        Run::Solved {
+            cols, optimal, gap, ..
+        } => Bw {
+            choice: Some(pick(&x2, &cols)),
+            optimal,
+            gap,
+            vars,
+            rows,
+        },
+        // Cannot happen (the start satisfies every row); keep the start.
+        Run::Infeasible => Bw {
+            choice: None,
+            optimal: false,
+            gap: f64::INFINITY,
+            vars,
+            rows,
+        },
+    })
 }
 
 /// Two groups joined by flows (summed bandwidth) and the candidate index pairs on
