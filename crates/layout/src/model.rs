@@ -428,9 +428,11 @@ fn run(
             .try_set_solution(Some(start), None, None, None)
             .map_err(|e| LayoutError::Solver(format!("warm start: {e:?}")))?;
     }
-    let solved = model
-        .try_solve()
-        .map_err(|e| LayoutError::Solver(format!("HiGHS failed: {e:?}")))?;
+    let solved = model.try_solve().map_err(|e| {
+        LayoutError::Solver(format!(
+            "HiGHS failed ({e:?}) on a model of {ncols} columns and {nrows} rows"
+        ))
+    })?;
     let status = solved.status();
     let has_solution = solved.primal_solution_status() == HighsSolutionStatus::Feasible;
     let run = match status {
@@ -494,7 +496,16 @@ pub(crate) fn feasible(p: &Problem, active: &Active) -> Result<bool, LayoutError
     let spec = RunSpec {
         log: false,
         presolve_off: false,
-        objective: Expression::default(),
+        // HiGHS 1.x returns an error status (not "infeasible") for some infeasible
+        // models with an all-zero objective (found by the property test); a
+        // nonzero one avoids it and costs nothing here.
+        objective: mip
+            .x
+            .iter()
+            .flatten()
+            .map(|v| Expression::from(v.v))
+            .next()
+            .unwrap_or_default(),
         sense_max: true,
         rel_gap: 0.0,
         time_limit: None,
