@@ -8,7 +8,9 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use good_lp::solvers::highs::highs;
-use good_lp::{Expression, ProblemVariables, SolverModel, Variable, variable};
+use good_lp::{
+    Expression, IntoAffineExpression, ProblemVariables, SolverModel, Variable, variable,
+};
 use highs::{HighsModelStatus, HighsSolutionStatus};
 use sidecore_types::{ConstraintKind, PeKind};
 
@@ -364,10 +366,23 @@ fn run(
     spec: RunSpec<'_>,
 ) -> Result<(Run, usize, usize), LayoutError> {
     let ncols = mip.vars.len();
+    let mut objective = spec.objective;
+    if objective
+        .clone()
+        .linear_coefficients()
+        .all(|(_, c)| c == 0.0)
+    {
+        // HiGHS 1.x returns an error status, not "infeasible", for some infeasible
+        // models with an all-zero objective (found by the property test). One
+        // nonzero cost avoids it; any solution was optimal anyway.
+        if let Some(v) = mip.x.iter().flatten().next() {
+            objective = Expression::from(v.v);
+        }
+    }
     let unsolved = if spec.sense_max {
-        mip.vars.maximise(spec.objective)
+        mip.vars.maximise(objective)
     } else {
-        mip.vars.minimise(spec.objective)
+        mip.vars.minimise(objective)
     };
     let mut hp = unsolved.using(highs);
     let mut nrows = 0;
@@ -496,16 +511,7 @@ pub(crate) fn feasible(p: &Problem, active: &Active) -> Result<bool, LayoutError
     let spec = RunSpec {
         log: false,
         presolve_off: false,
-        // HiGHS 1.x returns an error status (not "infeasible") for some infeasible
-        // models with an all-zero objective (found by the property test); a
-        // nonzero one avoids it and costs nothing here.
-        objective: mip
-            .x
-            .iter()
-            .flatten()
-            .map(|v| Expression::from(v.v))
-            .next()
-            .unwrap_or_default(),
+        objective: Expression::default(),
         sense_max: true,
         rel_gap: 0.0,
         time_limit: None,

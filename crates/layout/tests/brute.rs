@@ -183,7 +183,7 @@ fn arb_problem() -> impl Strategy<Value = Problem> {
         let cand = (0u32..100, 0u32..=3, 0u64..=2);
         // The flag keeps most rows non-empty (an empty row is a one-line conflict).
         let oc = (
-            1u32..=4,
+            0u32..=4,
             prop::collection::vec(cand, npe),
             prop::bool::weighted(0.9),
         );
