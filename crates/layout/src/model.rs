@@ -585,6 +585,11 @@ fn useful_time(cols: usize, rows: usize) -> f64 {
     (cols + rows) as f64 * 3e-5
 }
 
+/// Above this many columns the bandwidth stage starts with a neighbourhood search,
+/// which may use this share of its budget.
+const LNS_COLUMNS: usize = 5_000;
+const LNS_SHARE: f64 = 0.3;
+
 /// Share of the offload stage's budget the aggregated model may use.
 const AGG_SHARE: f64 = 0.5;
 
@@ -676,6 +681,22 @@ struct Aggregate {
     prep: Prep,
     /// Class -> its PEs.
     members: Vec<Vec<usize>>,
+    /// PE -> its class.
+    class_of: Vec<usize>,
+}
+
+impl Aggregate {
+    /// A layout of the real PEs as a layout of the classes (for a warm start).
+    fn lift(&self, prep: &Prep, choice: &[usize]) -> Option<Vec<usize>> {
+        choice
+            .iter()
+            .enumerate()
+            .map(|(g, &i)| {
+                let cl = self.class_of[prep.groups[g].cands[i].pe];
+                self.prep.groups[g].cands.iter().position(|c| c.pe == cl)
+            })
+            .collect()
+    }
 }
 
 /// Merge identical PEs: same capacities and, for every group, the same candidacy and
@@ -756,6 +777,7 @@ fn aggregate(prep: &Prep) -> Option<Aggregate> {
             gangs: prep.gangs.clone(),
         },
         members,
+        class_of,
     })
 }
 
@@ -1041,7 +1063,8 @@ pub(crate) fn optimise_prep(
         let limit = stage1_limit.map(|r| r * AGG_SHARE);
         let ta = Instant::now();
         // A solver failure here (e.g. out of time) only loses the shortcut.
-        match stage1(&agg.prep, None, limit, opts.solver_log) {
+        let lifted = warm.as_ref().and_then(|w| agg.lift(prep, w));
+        match stage1(&agg.prep, lifted.as_deref(), limit, opts.solver_log) {
             Err(_) => {}
             Ok(None) => return Ok(None), // the relaxation is infeasible
             Ok(Some(s)) => {
@@ -1151,64 +1174,73 @@ pub(crate) fn optimise_prep(
     let too_big2 = limit2.is_some_and(|l| l < useful_time(x_cols + z_cols, rows1 + 2 * z_cols));
     if bandwidth && opts.bandwidth_objective && !shared.is_empty() && any_choice {
         let t2 = Instant::now();
-        // Too big for the budget: search the neighbourhood instead, where every
-        // group keeps its side of the host line and may only join the PE of one of
-        // its flow peers.
-        let (sprep, back) = if too_big2 {
-            neighbourhood(p, prep, &best.choice)
-        } else {
-            (prep.clone(), identity(prep))
-        };
-        let start: Vec<usize> = best
-            .choice
-            .iter()
-            .enumerate()
-            .map(|(g, &i)| back[g].iter().position(|&j| j == i).unwrap_or(0))
-            .collect();
-        let sshared = if too_big2 {
-            shared_pairs(p, &sprep)
-        } else {
-            shared.clone()
-        };
-        let r = bandwidth_mip(&sprep, &sshared, &start, opt1, limit2, opts)?;
-        best.vars = best.vars.max(r.vars);
-        best.rows = best.rows.max(r.rows);
-        if let Some(c) = r.choice {
-            let mut choice: Vec<usize> = c.iter().enumerate().map(|(g, &i)| back[g][i]).collect();
-            if !r.optimal || too_big2 {
+        // Large models: first search the neighbourhood, where every group keeps its
+        // side of the host line and may only join the PE of one of its flow peers.
+        // It is small, and a far better start for the full model, or all there is
+        // time for.
+        let large = too_big2 || x_cols + z_cols > LNS_COLUMNS;
+        let mut lns_vars = (0, 0);
+        if large {
+            let limit = limit2.map(|l| if too_big2 { l } else { l * LNS_SHARE });
+            let (sprep, back) = neighbourhood(p, prep, &best.choice);
+            let start: Vec<usize> = best
+                .choice
+                .iter()
+                .enumerate()
+                .map(|(g, &i)| back[g].iter().position(|&j| j == i).unwrap_or(0))
+                .collect();
+            let r = bandwidth_mip(&sprep, &shared_pairs(p, &sprep), &start, opt1, limit, opts)?;
+            lns_vars = (r.vars, r.rows);
+            if let Some(c) = r.choice {
+                let mut choice: Vec<usize> =
+                    c.iter().enumerate().map(|(g, &i)| back[g][i]).collect();
                 crate::greedy::improve_bandwidth(p, prep, &mut choice);
-            }
-            // Lexicographic: more weight wins (possible when stage 1 stopped early),
-            // then less cross-PE traffic.
-            let (w_new, w_old) = (
-                offload_weight(prep, &choice),
-                offload_weight(prep, &best.choice),
-            );
-            if w_new > w_old
-                || (w_new == w_old
-                    && saved(&shared, &choice, prep) >= saved(&shared, &best.choice, prep))
-            {
-                best.choice = choice;
+                accept(prep, &shared, &mut best.choice, choice);
             }
         }
+        let mut outcome = None;
+        if !too_big2 {
+            let limit = remaining().map(|r| r * 0.8);
+            let start = best.choice.clone();
+            let r = bandwidth_mip(prep, &shared, &start, opt1, limit, opts)?;
+            if let Some(mut choice) = r.choice.clone() {
+                if !r.optimal {
+                    crate::greedy::improve_bandwidth(p, prep, &mut choice);
+                }
+                accept(prep, &shared, &mut best.choice, choice);
+            }
+            outcome = Some(r);
+        }
+        let (vars, rows) = outcome.as_ref().map_or(lns_vars, |r| (r.vars, r.rows));
+        best.vars = best.vars.max(vars);
+        best.rows = best.rows.max(rows);
         stages.push(StageStats {
             name: "bandwidth".into(),
-            vars: r.vars,
-            constraints: r.rows,
+            vars,
+            constraints: rows,
             time: t2.elapsed(),
             objective: assignment(p, prep, &best.choice).2,
-            gap: if too_big2 { f64::INFINITY } else { r.gap },
-            status: if too_big2 {
-                "neighbourhood (budget too small for the full model)".into()
-            } else if r.optimal {
-                "optimal".into()
-            } else {
-                "time-limit".into()
+            gap: outcome.as_ref().map_or(f64::INFINITY, |r| r.gap),
+            status: match &outcome {
+                None => "neighbourhood (budget too small for the full model)".into(),
+                Some(r) if r.optimal => "optimal".into(),
+                Some(_) => "time-limit".into(),
             },
         });
     }
     best.stages = stages;
     Ok(Some(best))
+}
+
+/// Take `choice` if it is lexicographically better: more weight (possible when the
+/// offload stage stopped early), then more bandwidth kept on one PE.
+fn accept(prep: &Prep, shared: &[SharedPair], best: &mut Vec<usize>, choice: Vec<usize>) {
+    let (w_new, w_old) = (offload_weight(prep, &choice), offload_weight(prep, best));
+    if w_new > w_old
+        || (w_new == w_old && saved(shared, &choice, prep) >= saved(shared, best, prep))
+    {
+        *best = choice;
+    }
 }
 
 /// Flow pairs between distinct groups (bandwidth summed) that could share a PE.
@@ -1233,13 +1265,6 @@ fn shared_pairs(p: &Problem, prep: &Prep) -> Vec<SharedPair> {
             }
             (!common.is_empty()).then_some((a, b, bw, common))
         })
-        .collect()
-}
-
-fn identity(prep: &Prep) -> Vec<Vec<usize>> {
-    prep.groups
-        .iter()
-        .map(|g| (0..g.cands.len()).collect())
         .collect()
 }
 
