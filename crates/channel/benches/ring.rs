@@ -62,7 +62,7 @@ fn run_pair(
 
 fn ring_throughput(n: u64, batched: bool) -> f64 {
     let b = if batched { BATCH } else { 1 };
-    let (mut p, mut cs) = Ring::new(RingConfig {
+    let (mut p, mut cs) = Ring::create(RingConfig {
         slots: 4096,
         slot_size: 128,
         consumers: 1,
@@ -261,8 +261,8 @@ fn ring_rtt(rounds: u64) -> Histogram<u64> {
         publish_batch: 1,
         release_batch: 16,
     };
-    let (mut p1, mut c1) = Ring::new(cfg).unwrap();
-    let (mut p2, mut c2) = Ring::new(cfg).unwrap();
+    let (mut p1, mut c1) = Ring::create(cfg).unwrap();
+    let (mut p2, mut c2) = Ring::create(cfg).unwrap();
     let mut c1 = c1.pop().unwrap();
     let mut c2 = c2.pop().unwrap();
     rtt(

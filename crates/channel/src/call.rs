@@ -485,7 +485,7 @@ mod tests {
     use sidecore_types::Delivery;
 
     fn pair(slots: usize) -> (Caller, Callee) {
-        let (p, mut c) = Ring::new(RingConfig {
+        let (p, mut c) = Ring::create(RingConfig {
             slots,
             release_batch: 1,
             ..RingConfig::default()

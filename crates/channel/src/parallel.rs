@@ -67,7 +67,7 @@ pub fn work_queue(
     if slots < 2 || !slots.is_power_of_two() {
         return Err(RingConfigError::Slots(slots));
     }
-    if slot_size < 32 || slot_size % 16 != 0 {
+    if slot_size < 32 || !slot_size.is_multiple_of(16) {
         return Err(RingConfigError::SlotSize(slot_size));
     }
     let too_large = RingConfigError::TooLarge { slots, slot_size };

@@ -98,7 +98,7 @@ impl RingConfig {
         if self.slots < 2 || !self.slots.is_power_of_two() {
             return Err(RingConfigError::Slots(self.slots));
         }
-        if self.slot_size < 32 || self.slot_size % 16 != 0 {
+        if self.slot_size < 32 || !self.slot_size.is_multiple_of(16) {
             return Err(RingConfigError::SlotSize(self.slot_size));
         }
         if self.consumers == 0 {
@@ -218,7 +218,7 @@ pub struct Ring;
 
 impl Ring {
     /// Builds a ring and returns its producer and `config.consumers` consumers.
-    pub fn new(config: RingConfig) -> Result<(Producer, Vec<Consumer>), RingConfigError> {
+    pub fn create(config: RingConfig) -> Result<(Producer, Vec<Consumer>), RingConfigError> {
         config.validate()?;
         let bytes = config.slots * config.slot_size;
         let layout =
@@ -416,11 +416,7 @@ impl SlotMut<'_> {
             "commit of {len} bytes into a {}-byte slot",
             self.producer.payload_cap
         );
-        let p: *mut Producer = self.producer;
-        std::mem::forget(self);
-        // SAFETY: `p` came from the `&mut Producer` this SlotMut held exclusively;
-        // we forgot `self`, so no other reference to the producer exists.
-        unsafe { (*p).commit_slot(len) }
+        self.producer.commit_slot(len)
     }
 
     /// Sets the length that `Deref` exposes (for writers that append).
@@ -605,7 +601,7 @@ mod tests {
     use super::*;
 
     fn ring(slots: usize, consumers: usize) -> (Producer, Vec<Consumer>) {
-        Ring::new(RingConfig {
+        Ring::create(RingConfig {
             slots,
             consumers,
             ..RingConfig::default()
@@ -615,7 +611,7 @@ mod tests {
 
     #[test]
     fn config_errors_name_the_field() {
-        let bad = |c: RingConfig| Ring::new(c).err().unwrap().to_string();
+        let bad = |c: RingConfig| Ring::create(c).err().unwrap().to_string();
         let d = RingConfig::default();
         assert!(bad(RingConfig { slots: 3, ..d }).contains("power of two"));
         assert!(bad(RingConfig { slot_size: 40, ..d }).contains("slot_size"));
@@ -656,7 +652,7 @@ mod tests {
 
     #[test]
     fn unpublished_messages_are_invisible_until_publish() {
-        let (mut p, mut cs) = Ring::new(RingConfig {
+        let (mut p, mut cs) = Ring::create(RingConfig {
             slots: 8,
             publish_batch: 4,
             ..RingConfig::default()
@@ -678,7 +674,7 @@ mod tests {
 
     #[test]
     fn full_ring_refuses_until_consumer_releases() {
-        let (mut p, mut cs) = Ring::new(RingConfig {
+        let (mut p, mut cs) = Ring::create(RingConfig {
             slots: 4,
             release_batch: 4,
             ..RingConfig::default()
@@ -710,7 +706,7 @@ mod tests {
 
     #[test]
     fn slowest_multicast_consumer_holds_the_producer() {
-        let (mut p, mut cs) = Ring::new(RingConfig {
+        let (mut p, mut cs) = Ring::create(RingConfig {
             slots: 2,
             consumers: 2,
             release_batch: 1,

@@ -171,7 +171,7 @@ mod tests {
     use crate::ring::{Ring, RingConfig};
 
     fn sender(delivery: Delivery) -> (Sender, Vec<crate::ring::Consumer>) {
-        let (p, c) = Ring::new(RingConfig {
+        let (p, c) = Ring::create(RingConfig {
             slots: 2,
             ..RingConfig::default()
         })

@@ -49,7 +49,7 @@ fn message(i: u64) -> [u8; 16] {
 #[test]
 fn reliable_unicast_delivers_everything_in_order() {
     for publish_batch in [1, 16] {
-        let (p, mut cs) = Ring::new(config(64, 1, publish_batch)).unwrap();
+        let (p, mut cs) = Ring::create(config(64, 1, publish_batch)).unwrap();
         let c = cs.pop().unwrap();
         let reader = thread::spawn(move || drain(c));
         let mut s = Sender::new(p, Delivery::Reliable);
@@ -76,7 +76,7 @@ fn reliable_unicast_delivers_everything_in_order() {
 
 #[test]
 fn unreliable_unicast_counts_every_drop_and_keeps_order() {
-    let (p, mut cs) = Ring::new(config(16, 1, 1)).unwrap();
+    let (p, mut cs) = Ring::create(config(16, 1, 1)).unwrap();
     let mut c = cs.pop().unwrap();
     let reader = thread::spawn(move || {
         // A slow reader, so the ring overflows.
@@ -122,7 +122,7 @@ fn unreliable_unicast_counts_every_drop_and_keeps_order() {
 #[test]
 fn multicast_fans_out_every_message_to_every_consumer() {
     const CONSUMERS: usize = 3;
-    let (p, cs) = Ring::new(config(128, CONSUMERS, 8)).unwrap();
+    let (p, cs) = Ring::create(config(128, CONSUMERS, 8)).unwrap();
     let readers: Vec<_> = cs
         .into_iter()
         .map(|c| thread::spawn(move || drain(c)))
@@ -141,7 +141,7 @@ fn multicast_fans_out_every_message_to_every_consumer() {
 
 #[test]
 fn unreliable_multicast_drops_are_counted_once_for_all_consumers() {
-    let (p, cs) = Ring::new(config(8, 2, 1)).unwrap();
+    let (p, cs) = Ring::create(config(8, 2, 1)).unwrap();
     let readers: Vec<_> = cs
         .into_iter()
         .map(|c| thread::spawn(move || drain(c)))

@@ -31,6 +31,9 @@ pub struct UpReport {
     pub placements: Vec<(String, String, String)>,
 }
 
+/// What one offcode of a running app holds: (PE id, cpu share, memory).
+type Hold = (String, f64, u64);
+
 /// The daemon.
 pub struct Daemon {
     rt: Arc<Runtime>,
@@ -38,7 +41,7 @@ pub struct Daemon {
     opts: DaemonOptions,
     inventory: Mutex<Option<Inventory>>,
     /// What each running app holds: PE id → (cpu, memory).
-    held: Mutex<BTreeMap<AppId, Vec<(String, f64, u64)>>>,
+    held: Mutex<BTreeMap<AppId, Vec<Hold>>>,
     shutdown: (Mutex<bool>, Condvar),
 }
 

@@ -1032,7 +1032,7 @@ impl Loader {
             }
             if let Some(s) = &ch.slots {
                 let v = *s.get_ref();
-                if v < 2 || v > MAX_SLOTS || (v as u64).count_ones() != 1 {
+                if !(2..=MAX_SLOTS).contains(&v) || (v as u64).count_ones() != 1 {
                     self.report.error(
                         file,
                         s.span(),

@@ -29,6 +29,9 @@ pub struct BuildSpec<'a> {
 pub type Factory =
     Arc<dyn Fn(&BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> + Send + Sync>;
 
+/// Checks parameters without building an instance.
+pub type Validator = Arc<dyn Fn(&toml::Table) -> Result<(), OffcodeError> + Send + Sync>;
+
 /// One implementation in the library.
 #[derive(Clone)]
 pub struct Implementation {
@@ -41,7 +44,7 @@ pub struct Implementation {
     pub outputs: Option<Vec<String>>,
     pub factory: Factory,
     /// Checks parameters without building (for `sidecore check`).
-    pub validate: Option<Arc<dyn Fn(&toml::Table) -> Result<(), OffcodeError> + Send + Sync>>,
+    pub validate: Option<Validator>,
 }
 
 impl std::fmt::Debug for Implementation {

@@ -256,7 +256,7 @@ impl Runtime {
             let slot_size = ch.props.slot_size as usize;
             match ch.transport {
                 Transport::Ring => {
-                    let (p, cs) = Ring::new(RingConfig {
+                    let (p, cs) = Ring::create(RingConfig {
                         slots,
                         slot_size,
                         consumers: ch.to.len(),

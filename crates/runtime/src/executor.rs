@@ -267,11 +267,11 @@ pub fn spawn(
     let join = std::thread::Builder::new()
         .name(format!("sc-{}", spec.name))
         .spawn(move || {
-            if let Some(cpu) = spec.pin {
-                if let Err(e) = sidecore_pe::cores::pin_current_thread(cpu) {
-                    let _ = ready_tx.send(Err(format!("cannot pin to CPU {cpu}: {e}")));
-                    return;
-                }
+            if let Some(cpu) = spec.pin
+                && let Err(e) = sidecore_pe::cores::pin_current_thread(cpu)
+            {
+                let _ = ready_tx.send(Err(format!("cannot pin to CPU {cpu}: {e}")));
+                return;
             }
             let _ = ready_tx.send(Ok(()));
             run(spec, app, rx, st, events);
