@@ -168,10 +168,55 @@ mod tests {
         assert_eq!(insn(0xbf, 1, 6, -1, 0)[1], 0x61);
     }
 
+    /// The probes load programs: one at a time, so counts are not disturbed.
+    static PROBE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Counts the kernel's BPF objects of one kind by walking their ids
+    /// (`BPF_PROG_GET_NEXT_ID` = 11, `BPF_LINK_GET_NEXT_ID` = 31).
+    fn count_ids(cmd: libc::c_long) -> usize {
+        let mut n = 0;
+        let mut id = 0u32;
+        loop {
+            let mut attr = [0u8; 128];
+            attr[0..4].copy_from_slice(&id.to_le_bytes());
+            // SAFETY: a zeroed bpf_attr with start_id set; the kernel writes next_id.
+            let rc =
+                unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() as u32) };
+            if rc != 0 {
+                return n;
+            }
+            id = u32::from_le_bytes(attr[4..8].try_into().unwrap());
+            n += 1;
+        }
+    }
+
+    /// The probe must not leave its program or its XDP link behind.
+    #[test]
+    fn probe_leaves_no_bpf_object_behind() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let _g = PROBE.lock().unwrap_or_else(|p| p.into_inner());
+        let (progs, links) = (count_ids(11), count_ids(31));
+        let k = probe().unwrap();
+        assert_eq!(k.xdp_attach, Ok(()));
+        // The kernel frees programs after an RCU grace period: wait for it.
+        let t0 = std::time::Instant::now();
+        while (count_ids(11), count_ids(31)) != (progs, links)
+            && t0.elapsed() < std::time::Duration::from_secs(5)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(count_ids(11), progs, "program freed");
+        assert_eq!(count_ids(31), links, "XDP link detached and freed");
+    }
+
     /// Runs against the real kernel: as root on this machine it must load and
     /// attach; as another user it must fail with a reason, not panic.
     #[test]
     fn probe_reports_load_and_attach() {
+        let _g = PROBE.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         match probe() {

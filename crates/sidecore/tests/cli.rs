@@ -45,6 +45,30 @@ fn wait_for(cond: impl Fn() -> bool, secs: u64) -> bool {
     false
 }
 
+/// Kills the child if the test fails before it exits, so no process outlives
+/// a failed test.
+struct Guard(Child);
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        if self.0.try_wait().ok().flatten().is_none() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// Stops a background daemon if the test fails before it does.
+struct DaemonGuard(PathBuf);
+
+impl Drop for DaemonGuard {
+    fn drop(&mut self) {
+        if self.0.exists() {
+            let _ = run(&["down", "--daemon", "--socket", self.0.to_str().unwrap()]);
+        }
+    }
+}
+
 fn wait_exit(child: &mut Child, secs: u64) -> Option<std::process::ExitStatus> {
     let t0 = Instant::now();
     while t0.elapsed() < Duration::from_secs(secs) {
@@ -181,12 +205,14 @@ fn sigterm_stops_up_cleanly_and_ps_and_down_reach_it() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s.sock");
     let s = sock.to_str().unwrap();
-    let mut child = bin()
-        .args(["up", example().to_str().unwrap(), "--quiet", "--socket", s])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+    let mut child = Guard(
+        bin()
+            .args(["up", example().to_str().unwrap(), "--quiet", "--socket", s])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
     assert!(wait_for(|| sock.exists(), 30), "control socket appears");
     let ps_json = || -> serde_json::Value {
         let ps = run(&["ps", "--json", "--socket", s]);
@@ -208,33 +234,35 @@ fn sigterm_stops_up_cleanly_and_ps_and_down_reach_it() {
     );
 
     // SAFETY: sending SIGTERM to our own child process.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = wait_exit(&mut child, 30).expect("exits after SIGTERM");
+    unsafe { libc::kill(child.0.id() as i32, libc::SIGTERM) };
+    let status = wait_exit(&mut child.0, 30).expect("exits after SIGTERM");
     assert!(status.success());
     let mut out = String::new();
-    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    std::io::Read::read_to_string(child.0.stdout.as_mut().unwrap(), &mut out).unwrap();
     assert!(out.contains("stopped (signal)"), "{out}");
     assert!(!sock.exists(), "socket removed");
 
     // `sidecore down` also ends a foreground `up`.
-    let mut child = bin()
-        .args(["up", example().to_str().unwrap(), "--quiet", "--socket", s])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
+    let mut child = Guard(
+        bin()
+            .args(["up", example().to_str().unwrap(), "--quiet", "--socket", s])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     assert!(wait_for(|| sock.exists(), 30));
     assert!(wait_for(|| ps_json()[0]["name"] == "checksum-demo", 30));
     let o = run(&["down", "checksum-demo", "--socket", s]);
     assert!(o.status.success(), "{}", text(&o).1);
     assert!(text(&o).0.contains("stopped checksum-demo"));
     assert!(
-        wait_exit(&mut child, 30)
+        wait_exit(&mut child.0, 30)
             .expect("exits after down")
             .success()
     );
     let mut out = String::new();
-    std::io::Read::read_to_string(child.stdout.as_mut().unwrap(), &mut out).unwrap();
+    std::io::Read::read_to_string(child.0.stdout.as_mut().unwrap(), &mut out).unwrap();
     assert!(out.contains("stopped by `sidecore down`"), "{out}");
 }
 
@@ -244,6 +272,7 @@ fn detached_up_ps_and_down_through_a_background_daemon() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("d.sock");
     let s = sock.to_str().unwrap();
+    let _daemon = DaemonGuard(sock.clone());
     let o = run(&["up", "-d", example().to_str().unwrap(), "--socket", s]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}");
