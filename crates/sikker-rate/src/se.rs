@@ -347,7 +347,13 @@ mod tests {
     #[test]
     fn fixed_allocation_never_asks() {
         let mut rng = ChaCha8Rng::seed_from_u64(1);
-        let mut s = SeSender::new(SeVariant::FixedAllocation, params(), 0.5, vec![1, 2, 3], 0.0);
+        let mut s = SeSender::new(
+            SeVariant::FixedAllocation,
+            params(),
+            0.5,
+            vec![1, 2, 3],
+            0.0,
+        );
         assert!(s.try_send(0.0, 450.0));
         assert!(s.maybe_ask(0.0, &mut rng).is_empty());
         assert!(!s.try_send(0.0, 82.0));

@@ -35,8 +35,15 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 enum Msg {
-    Req { from: usize, to: usize, req: Request },
-    Resp { to: usize, resp: Response },
+    Req {
+        from: usize,
+        to: usize,
+        req: Request,
+    },
+    Resp {
+        to: usize,
+        resp: Response,
+    },
 }
 
 fn variant() -> impl Strategy<Value = SeVariant> {
