@@ -13,7 +13,7 @@
 //! |---|---|
 //! | InfoMap: LocalIndex → {LocalService, LocalProcess, PermissionMap, OtpNextKey, OtpMap, PeerSet} | `info[LocalIndex]`, a direct-indexed array (LocalIndex is "a simple bit selection") |
 //! | PermissionMap: RemoteService → {ProcessMap, DomainSet, RateFSM} | one flat open-addressing map keyed by (resident service slot, RemoteService); shared by the co-resident processes of a service, which by §4.3 hold exactly the same permissions |
-//! | ProcessMap: RemoteProcess → Address | a 512-bit membership chunk (one cache line) plus a rank-indexed address array: `addrs[base + rank(RemoteProcess)]`, 4 bytes per permitted process |
+//! | ProcessMap: RemoteProcess → Address | membership: a 512-bit chunk (one cache line) per entry; Address: a host-wide translation block of 512 addresses per (RemoteService, RemoteProcess / 512), shared by every entry that permits processes of that service, since a process's address does not depend on who sends to it |
 //! | DomainSet | 512-bit membership chunks (one cache line for domains 0..511) |
 //! | IndexMap: (LocalService, LocalProcess) → LocalIndex | a flat open-addressing map |
 //! | OtpMap: OtpKey → OTP | one flat map per process, capped, with expiry |
@@ -21,8 +21,10 @@
 //!
 //! Chunks for identifiers of 512 and above live in a flat map keyed by (entry, chunk
 //! number); identifiers below 512 (the common, dense case) reach their chunk directly
-//! from the PermissionMap entry. A check therefore reads one 32-byte PermissionMap slot,
-//! one process chunk and one domain chunk (independent of each other) and one address.
+//! from the PermissionMap entry, as does the translation block. A check therefore reads
+//! one 32-byte PermissionMap slot and then, independently of one another (so the CPU
+//! overlaps them), one process chunk, one domain chunk and one address: two dependent
+//! memory accesses, whatever the size of the tables.
 //!
 //! ## Gap the dissertation leaves: unbounded OTP state (erratum 18)
 //!
@@ -245,7 +247,7 @@ struct Info {
 struct PermEntry {
     proc_chunk0: u32,
     dom_chunk0: u32,
-    addr_base: u32,
+    addr_block0: u32,
     rate_slot: u32,
     id: u32,
     flags: u32,
@@ -256,7 +258,7 @@ impl Default for PermEntry {
         PermEntry {
             proc_chunk0: NONE,
             dom_chunk0: NONE,
-            addr_base: 0,
+            addr_block0: NONE,
             rate_slot: NONE,
             id: NONE,
             flags: 0,
@@ -268,19 +270,15 @@ impl Default for PermEntry {
 #[repr(C, align(64))]
 struct Chunk([u64; 8]);
 
+/// Addresses of 512 consecutive process IDs of one service (2 KiB, line-aligned).
+#[derive(Clone, Copy, Debug)]
+#[repr(C, align(64))]
+struct Block([u32; 512]);
+
 impl Chunk {
     #[inline(always)]
     fn test(&self, bit: u32) -> bool {
         self.0[(bit >> 6) as usize] >> (bit & 63) & 1 == 1
-    }
-    #[inline(always)]
-    fn rank(&self, bit: u32) -> u32 {
-        let w = (bit >> 6) as usize;
-        let mut r = 0;
-        for i in 0..w {
-            r += self.0[i].count_ones();
-        }
-        r + (self.0[w] & ((1u64 << (bit & 63)) - 1)).count_ones()
     }
     fn ones(&self) -> u32 {
         self.0.iter().map(|w| w.count_ones()).sum()
@@ -332,9 +330,11 @@ pub struct NmuTables {
     perm: FlatMap<PermEntry>,
     next_perm_id: u32,
     chunks: Vec<Chunk>,
-    chunk_rank: Vec<u32>,
     chunk_map: FlatMap<u32>,
-    addrs: Vec<u32>,
+    blocks: Vec<Block>,
+    block_refs: Vec<u32>,
+    block_map: FlatMap<u32>,
+    free_blocks: Vec<u32>,
     garbage: usize,
 }
 
@@ -371,21 +371,23 @@ impl NmuTables {
             perm: FlatMap::default(),
             next_perm_id: 0,
             chunks: Vec::new(),
-            chunk_rank: Vec::new(),
             chunk_map: FlatMap::default(),
-            addrs: Vec::new(),
+            blocks: Vec::new(),
+            block_refs: Vec::new(),
+            block_map: FlatMap::default(),
+            free_blocks: Vec::new(),
             garbage: 0,
         }
     }
 
-    /// Empty tables sized for `sacl_entries` PermissionMap entries and `addrs`
-    /// permitted processes, so that bulk loading does not reallocate.
-    pub fn with_capacity(cfg: NmuConfig, sacl_entries: usize, addrs: usize) -> Self {
+    /// Empty tables sized for `sacl_entries` PermissionMap entries and `blocks`
+    /// translation blocks, so that bulk loading does not reallocate.
+    pub fn with_capacity(cfg: NmuConfig, sacl_entries: usize, blocks: usize) -> Self {
         let mut t = Self::new(cfg);
         t.perm = FlatMap::with_capacity(sacl_entries);
         t.chunks.reserve(sacl_entries * 2);
-        t.chunk_rank.reserve(sacl_entries * 2);
-        t.addrs.reserve(addrs);
+        t.blocks.reserve(blocks);
+        t.block_map = FlatMap::with_capacity(blocks);
         t
     }
 
@@ -533,7 +535,6 @@ impl NmuTables {
         let mut e = PermEntry {
             id,
             rate_slot: rate_slot.unwrap_or(NONE),
-            addr_base: self.addrs.len() as u32,
             ..Default::default()
         };
         // Processes: sort by id, group by chunk, lay addresses out in rank order.
@@ -547,22 +548,21 @@ impl NmuTables {
                 false
             }
         });
-        let mut rank = 0u32;
         let mut i = 0;
         while i < ps.len() {
             let c = ps[i].0 / CHUNK_BITS;
             let mut chunk = Chunk::default();
-            let start_rank = rank;
+            let blk = self.block_ref(dst, c);
             while i < ps.len() && ps[i].0 / CHUNK_BITS == c {
                 let b = ps[i].0 % CHUNK_BITS;
                 chunk.0[(b >> 6) as usize] |= 1 << (b & 63);
-                self.addrs.push(ps[i].1.0);
-                rank += 1;
+                self.blocks[blk as usize].0[b as usize] = ps[i].1.0;
                 i += 1;
             }
-            let ci = self.push_chunk(chunk, start_rank);
+            let ci = self.push_chunk(chunk);
             if c == 0 {
                 e.proc_chunk0 = ci;
+                e.addr_block0 = blk;
             } else {
                 e.flags |= FLAG_PROC_OVF;
                 self.chunk_map.insert(chunk_key(KIND_PROC, id, c), ci);
@@ -580,7 +580,7 @@ impl NmuTables {
                 chunk.0[(b >> 6) as usize] |= 1 << (b & 63);
                 i += 1;
             }
-            let ci = self.push_chunk(chunk, 0);
+            let ci = self.push_chunk(chunk);
             if c == 0 {
                 e.dom_chunk0 = ci;
             } else {
@@ -617,7 +617,7 @@ impl NmuTables {
     ) -> Option<(Vec<(ProcessId, Address)>, Vec<DomainId>, Option<u32>)> {
         let g = *self.group_of.get(src as u64)?;
         let e = *self.perm.get(perm_key(g, dst))?;
-        Some(self.expand(&e))
+        Some(self.expand(dst, &e))
     }
 
     /// Destination services `src` holds permissions to.
@@ -653,14 +653,59 @@ impl NmuTables {
         v
     }
 
-    fn push_chunk(&mut self, c: Chunk, rank: u32) -> u32 {
+    fn push_chunk(&mut self, c: Chunk) -> u32 {
         self.chunks.push(c);
-        self.chunk_rank.push(rank);
         self.chunks.len() as u32 - 1
     }
 
+    /// The translation block of (service, chunk), created if absent; one more
+    /// reference to it.
+    fn block_ref(&mut self, svc: ServiceId, c: u32) -> u32 {
+        let key = ((svc as u64) << 32) | c as u64;
+        let b = match self.block_map.get(key) {
+            Some(&b) => b,
+            None => {
+                let b = match self.free_blocks.pop() {
+                    Some(b) => b,
+                    None => {
+                        self.blocks.push(Block([NONE; 512]));
+                        self.block_refs.push(0);
+                        self.blocks.len() as u32 - 1
+                    }
+                };
+                self.block_map.insert(key, b);
+                b
+            }
+        };
+        self.block_refs[b as usize] += 1;
+        b
+    }
+
+    fn block_unref(&mut self, svc: ServiceId, c: u32) {
+        let key = ((svc as u64) << 32) | c as u64;
+        if let Some(&b) = self.block_map.get(key) {
+            self.block_refs[b as usize] -= 1;
+            if self.block_refs[b as usize] == 0 {
+                self.block_map.remove(key);
+                self.blocks[b as usize] = Block([NONE; 512]);
+                self.free_blocks.push(b);
+            }
+        }
+    }
+
+    fn block_of(&self, svc: ServiceId, c: u32) -> u32 {
+        self.block_map
+            .get(((svc as u64) << 32) | c as u64)
+            .copied()
+            .unwrap_or(NONE)
+    }
+
     #[allow(clippy::type_complexity)]
-    fn expand(&self, e: &PermEntry) -> (Vec<(ProcessId, Address)>, Vec<DomainId>, Option<u32>) {
+    fn expand(
+        &self,
+        dst: ServiceId,
+        e: &PermEntry,
+    ) -> (Vec<(ProcessId, Address)>, Vec<DomainId>, Option<u32>) {
         let mut procs = Vec::new();
         let mut doms = Vec::new();
         let chunks_of = |kind: u64, c0: u32, ovf: bool| -> Vec<(u32, u32)> {
@@ -680,10 +725,10 @@ impl NmuTables {
         };
         for (c, ci) in chunks_of(KIND_PROC, e.proc_chunk0, e.flags & FLAG_PROC_OVF != 0) {
             let ch = &self.chunks[ci as usize];
+            let blk = self.block_of(dst, c);
             for b in 0..CHUNK_BITS {
                 if ch.test(b) {
-                    let a = self.addrs
-                        [(e.addr_base + self.chunk_rank[ci as usize] + ch.rank(b)) as usize];
+                    let a = self.blocks[blk as usize].0[b as usize];
                     procs.push((c * CHUNK_BITS + b, Address(a)));
                 }
             }
@@ -701,53 +746,57 @@ impl NmuTables {
     }
 
     fn drop_entry(&mut self, key: u64) {
-        if let Some(e) = self.perm.remove(key) {
-            let mut n_chunks = 0;
-            let mut n_addrs = 0;
-            if e.proc_chunk0 != NONE {
-                n_chunks += 1;
-                n_addrs += self.chunks[e.proc_chunk0 as usize].ones() as usize;
-            }
-            if e.dom_chunk0 != NONE {
-                n_chunks += 1;
-            }
-            if e.flags & (FLAG_PROC_OVF | FLAG_DOM_OVF) != 0 {
-                let id = e.id;
-                let mut gone = Vec::new();
-                for (k, &ci) in self.chunk_map.iter() {
-                    if ((k >> 24) & 0xff_ffff) as u32 == id {
-                        gone.push(k);
-                        n_chunks += 1;
-                        if k & KIND_PROC != 0 {
-                            n_addrs += self.chunks[ci as usize].ones() as usize;
-                        }
-                    }
-                }
-                for k in gone {
-                    self.chunk_map.remove(k);
-                }
-            }
-            self.garbage += n_chunks * 68 + n_addrs * 4;
+        let Some(e) = self.perm.remove(key) else {
+            return;
+        };
+        let dst = key as u32;
+        let mut n_chunks = 0;
+        if e.proc_chunk0 != NONE {
+            n_chunks += 1;
+            self.block_unref(dst, 0);
         }
+        if e.dom_chunk0 != NONE {
+            n_chunks += 1;
+        }
+        if e.flags & (FLAG_PROC_OVF | FLAG_DOM_OVF) != 0 {
+            let gone: Vec<u64> = self
+                .chunk_map
+                .iter()
+                .filter(|(k, _)| ((k >> 24) & 0xff_ffff) as u32 == e.id)
+                .map(|(k, _)| k)
+                .collect();
+            for k in gone {
+                self.chunk_map.remove(k);
+                n_chunks += 1;
+                if k & KIND_PROC != 0 {
+                    self.block_unref(dst, (k & 0xff_ffff) as u32);
+                }
+            }
+        }
+        self.garbage += n_chunks;
     }
 
     fn maybe_compact(&mut self) {
-        let live = self.chunks.len() * 68 + self.addrs.len() * 4;
-        if self.garbage > 4096 && self.garbage * 2 > live {
+        if self.garbage > 64 && self.garbage * 2 > self.chunks.len() {
             self.compact();
         }
     }
 
-    /// Rewrites the chunk and address arrays without the space of replaced or removed
-    /// entries (off the critical path, like the NMU's allocator, §6.1.2).
+    /// Rewrites the chunk array without the chunks of replaced or removed entries
+    /// (off the critical path, like the NMU's allocator, §6.1.2).
     pub fn compact(&mut self) {
         let entries: Vec<(u64, PermEntry)> = self.perm.iter().map(|(k, e)| (k, *e)).collect();
-        let expanded: Vec<(u64, _)> = entries.iter().map(|(k, e)| (*k, self.expand(e))).collect();
+        let expanded: Vec<(u64, _)> = entries
+            .iter()
+            .map(|(k, e)| (*k, self.expand(*k as u32, e)))
+            .collect();
         self.perm = FlatMap::with_capacity(entries.len());
-        self.chunks = Vec::with_capacity(self.chunks.len());
-        self.chunk_rank = Vec::with_capacity(self.chunk_rank.len());
+        self.chunks = Vec::with_capacity(self.chunks.len() - self.garbage.min(self.chunks.len()));
         self.chunk_map = FlatMap::default();
-        self.addrs = Vec::with_capacity(self.addrs.len());
+        self.blocks.clear();
+        self.block_refs.clear();
+        self.block_map = FlatMap::default();
+        self.free_blocks.clear();
         self.garbage = 0;
         self.next_perm_id = 0;
         for (k, (procs, doms, rate)) in expanded {
@@ -765,7 +814,7 @@ impl NmuTables {
             sacl_entries: self.perm.len(),
             ..Default::default()
         };
-        for (_, e) in self.perm.iter() {
+        for (k, e) in self.perm.iter() {
             let (p, d, _) = if e.flags & (FLAG_PROC_OVF | FLAG_DOM_OVF) == 0 {
                 let p = if e.proc_chunk0 != NONE {
                     self.chunks[e.proc_chunk0 as usize].ones() as usize
@@ -779,17 +828,18 @@ impl NmuTables {
                 };
                 (p, d, ())
             } else {
-                let (p, d, _) = self.expand(e);
+                let (p, d, _) = self.expand(k as u32, e);
                 (p.len(), d.len(), ())
             };
             s.process_entries += p;
             s.domain_entries += d;
         }
         s.perm_bytes = self.perm.memory_bytes();
-        s.chunk_bytes = self.chunks.len() * std::mem::size_of::<Chunk>()
-            + self.chunk_rank.len() * 4
-            + self.chunk_map.memory_bytes();
-        s.addr_bytes = self.addrs.len() * 4;
+        s.chunk_bytes =
+            self.chunks.len() * std::mem::size_of::<Chunk>() + self.chunk_map.memory_bytes();
+        s.addr_bytes = self.blocks.len() * std::mem::size_of::<Block>()
+            + self.block_refs.len() * 4
+            + self.block_map.memory_bytes();
         s.other_bytes = self.index.memory_bytes()
             + self.group_of.memory_bytes()
             + self.groups.len() * std::mem::size_of::<SvcGroup>()
@@ -814,7 +864,10 @@ impl NmuTables {
                 self.chunks.as_ptr() as *const u8,
                 self.chunks.len() * std::mem::size_of::<Chunk>(),
             ),
-            (self.addrs.as_ptr() as *const u8, self.addrs.len() * 4),
+            (
+                self.blocks.as_ptr() as *const u8,
+                self.blocks.len() * std::mem::size_of::<Block>(),
+            ),
         ]
     }
 
@@ -845,6 +898,14 @@ impl NmuTables {
         let pc = self.chunk_index(e.proc_chunk0, e, KIND_PROC, FLAG_PROC_OVF, dst.proc);
         let dc = self.chunk_index(e.dom_chunk0, e, KIND_DOM, FLAG_DOM_OVF, dst.dom);
         let pb = dst.proc % CHUNK_BITS;
+        // The address load does not depend on the membership test: issue it first so
+        // that it overlaps with the two chunk loads.
+        let blk0 = e.addr_block0;
+        let early = if dst.proc < CHUNK_BITS && blk0 != NONE {
+            self.blocks[blk0 as usize].0[pb as usize]
+        } else {
+            NONE
+        };
         let proc_ok = pc != NONE && self.chunks[pc as usize].test(pb);
         let dom_ok = dc != NONE && self.chunks[dc as usize].test(dst.dom % CHUNK_BITS);
         if !proc_ok {
@@ -861,10 +922,14 @@ impl NmuTables {
                 dom: dst.dom,
             });
         }
-        let ch = &self.chunks[pc as usize];
-        let idx = e.addr_base + self.chunk_rank[pc as usize] + ch.rank(pb);
+        let addr = if dst.proc < CHUNK_BITS {
+            early
+        } else {
+            let blk = self.block_of(dst.svc, dst.proc / CHUNK_BITS);
+            self.blocks[blk as usize].0[pb as usize]
+        };
         let rate = (e.rate_slot != NONE).then_some(e.rate_slot);
-        Ok((Address(self.addrs[idx as usize]), rate))
+        Ok((Address(addr), rate))
     }
 
     #[inline(always)]
