@@ -207,6 +207,10 @@ pub enum Pattern {
     GR,
     /// Gaussian Repeated Random.
     GRR,
+    /// Control, not from the dissertation: UR checks cycling over only 1,000 distinct
+    /// checks, so that every table line they touch stays cached. Its tail is what this
+    /// machine adds to any check (interrupts, hypervisor, the other core's traffic).
+    Cached,
 }
 
 impl Pattern {
@@ -275,6 +279,10 @@ pub fn draw_checks(
     let mut out = Vec::with_capacity(count);
     let (mut src, mut dst, mut proc) = (0usize, 0usize, 0u32);
     for i in 0..count as u32 {
+        if p == Pattern::Cached && i >= 1000 {
+            out.push(out[i as usize % 1000]);
+            continue;
+        }
         if i % rs == 0 {
             src = pick(&mut rng, m.sources.len(), g, k.sigma_frac);
         }
@@ -307,6 +315,8 @@ pub struct LatencyResult {
     pub mean_ns: f64,
     /// 99th percentile.
     pub p99_ns: f64,
+    /// 99.9th percentile.
+    pub p999_ns: f64,
     /// 99.99th percentile.
     pub p9999_ns: f64,
     /// Max.
@@ -327,77 +337,98 @@ pub struct LatencyResult {
 /// checks, each bracketed by the fenced time-stamp counter (whose resolution on this
 /// VM is about 10 ns, too coarse for one check); the median cost of the same batch
 /// loop with an empty body, measured in the same run, is subtracted; the per-check
-/// latency of a batch (its time / `batch`) goes into the histogram. The whole chain is
-/// also timed at once, for a mean free of timer overhead.
+/// latency of a batch (its time / `batch`) goes into the histogram. Each slice's chain
+/// is also timed at once, for a mean free of timer overhead. The run is cut into slices
+/// of 131,072 checks separated by `pause` (under real-time scheduling, so that the
+/// kernel's RT throttling never stops the thread mid-slice), each preceded by an
+/// untimed warm-up on other checks of the same pattern.
 pub fn measure(
     tables: &NmuTables,
     p: Pattern,
     checks: &[(LocalIndex, Triple)],
     batch: usize,
     ns_per_tick: f64,
+    pause: Duration,
 ) -> LatencyResult {
+    const SLICE: usize = 1 << 17;
     let batch = batch.max(1);
     let zero = std::hint::black_box(0u32);
-    // Warm-up pass: steady state, as in a running NMU.
+    let slices: Vec<&[(LocalIndex, Triple)]> = checks.chunks(SLICE).collect();
     let mut dep = 0u32;
-    for &(li, t) in checks {
-        if let Ok((a, _)) = tables.check(li | (dep & zero), t) {
-            dep = a.0;
-        }
-    }
-    // Baseline: the same batch loop with an empty body.
-    let mut base = Histogram::<u64>::new(3).expect("histogram");
-    let mut base_raw = Vec::with_capacity(checks.len() / batch + 1);
-    for c in checks.chunks(batch) {
-        let t0 = timing::ticks();
+    let mut run = |c: &[(LocalIndex, Triple)], dep: &mut u32| {
         for &(li, t) in c {
-            std::hint::black_box((li | (dep & zero), t));
-        }
-        let t1 = timing::ticks();
-        let _ = base.record(t1 - t0);
-        base_raw.push(t1 - t0);
-    }
-    let base_ticks = base.value_at_quantile(0.5);
-    // The noise floor: the empty loop's own tail, in the same unit as the checks.
-    let mut noise = Histogram::<u64>::new(3).expect("histogram");
-    for (c, &t) in checks.chunks(batch).zip(&base_raw) {
-        let ps = t.saturating_sub(base_ticks) as f64 * ns_per_tick * 1000.0 / c.len() as f64;
-        let _ = noise.record(ps as u64);
-    }
-    // Histogram unit: picoseconds per check.
-    let mut h = Histogram::<u64>::new(3).expect("histogram");
-    let mut denied = 0usize;
-    let mut sum_ps: f64 = 0.0;
-    for c in checks.chunks(batch) {
-        let t0 = timing::ticks();
-        for &(li, t) in c {
-            match tables.check(li | (dep & zero), t) {
-                Ok((a, _)) => dep = a.0,
-                Err(_) => denied += 1,
+            if let Ok((a, _)) = tables.check(li | (*dep & zero), t) {
+                *dep = a.0;
             }
         }
-        let t1 = timing::ticks();
-        let ps = (t1 - t0).saturating_sub(base_ticks) as f64 * ns_per_tick * 1000.0 / c.len() as f64;
-        sum_ps += ps * c.len() as f64;
-        let _ = h.record(ps as u64);
-    }
-    // Chain timed as a whole.
-    let c0 = Instant::now();
-    for &(li, t) in checks {
-        if let Ok((a, _)) = tables.check(li | (dep & zero), t) {
-            dep = a.0;
+    };
+    // Whole warm-up pass: steady state, as in a running NMU.
+    run(checks, &mut dep);
+    let mut base_raw: Vec<(u64, usize)> = Vec::with_capacity(checks.len() / batch + 1);
+    let mut check_raw: Vec<(u64, usize)> = Vec::with_capacity(checks.len() / batch + 1);
+    let mut denied = 0usize;
+    let mut chain_ns = 0u128;
+    for (i, s) in slices.iter().enumerate() {
+        // Re-warm with *other* checks of the same pattern (the next slice), so that a
+        // pause or a preemption before this slice does not leave the caches cold, yet
+        // the timed checks are not replays of just-touched ones.
+        run(slices[(i + 1) % slices.len()], &mut dep);
+        // Baseline: the same batch loop with an empty body.
+        for c in s.chunks(batch) {
+            let t0 = timing::ticks();
+            for &(li, t) in c {
+                std::hint::black_box((li | (dep & zero), t));
+            }
+            let t1 = timing::ticks();
+            base_raw.push((t1 - t0, c.len()));
+        }
+        for c in s.chunks(batch) {
+            let t0 = timing::ticks();
+            for &(li, t) in c {
+                match tables.check(li | (dep & zero), t) {
+                    Ok((a, _)) => dep = a.0,
+                    Err(_) => denied += 1,
+                }
+            }
+            let t1 = timing::ticks();
+            check_raw.push((t1 - t0, c.len()));
+        }
+        // The slice's chain timed as a whole.
+        let c0 = Instant::now();
+        run(s, &mut dep);
+        chain_ns += c0.elapsed().as_nanos();
+        if !pause.is_zero() {
+            std::thread::sleep(pause);
         }
     }
-    let chain = c0.elapsed().as_nanos() as f64 / checks.len() as f64;
     std::hint::black_box(dep);
+    let mut base = Histogram::<u64>::new(3).expect("histogram");
+    for &(t, _) in &base_raw {
+        let _ = base.record(t);
+    }
+    let base_ticks = base.value_at_quantile(0.5);
+    let ps = |t: u64, n: usize| t.saturating_sub(base_ticks) as f64 * ns_per_tick * 1000.0 / n as f64;
+    // Histogram unit: picoseconds per check.
+    let mut noise = Histogram::<u64>::new(3).expect("histogram");
+    for &(t, n) in &base_raw {
+        let _ = noise.record(ps(t, n) as u64);
+    }
+    let mut h = Histogram::<u64>::new(3).expect("histogram");
+    let mut sum_ps = 0.0;
+    for &(t, n) in &check_raw {
+        let v = ps(t, n);
+        sum_ps += v * n as f64;
+        let _ = h.record(v as u64);
+    }
     let ns = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     LatencyResult {
         pattern: p,
         checks: checks.len(),
         batch,
-        chain_mean_ns: chain,
+        chain_mean_ns: chain_ns as f64 / checks.len() as f64,
         mean_ns: sum_ps / 1000.0 / checks.len() as f64,
         p99_ns: ns(0.99),
+        p999_ns: ns(0.999),
         p9999_ns: ns(0.9999),
         max_ns: h.max() as f64 / 1000.0,
         baseline_ns: base_ticks as f64 * ns_per_tick,
@@ -456,6 +487,10 @@ pub struct SikkerSimOptions {
     pub batch: usize,
     /// Measure under the real-time scheduler.
     pub realtime: bool,
+    /// Pause between slices of 131,072 checks.
+    pub pause: Duration,
+    /// Also run the [`Pattern::Cached`] control.
+    pub control: bool,
 }
 
 fn load_average() -> f64 {
@@ -480,10 +515,14 @@ pub fn run(o: &SikkerSimOptions) -> Vec<SikkerSimRow> {
         }
         let mut latency = Vec::new();
         let mut realtime = o.realtime;
-        for (i, &p) in o.patterns.iter().enumerate() {
+        let mut pats = o.patterns.clone();
+        if o.control {
+            pats.push(Pattern::Cached);
+        }
+        for (i, &p) in pats.iter().enumerate() {
             let checks = draw_checks(&m, p, &o.knobs, o.checks, o.seed ^ (i as u64 + 1) * 7919);
             let (r, rt) = timing::with_realtime(o.realtime, || {
-                measure(&m.tables, p, &checks, o.batch, npt)
+                measure(&m.tables, p, &checks, o.batch, npt, o.pause)
             });
             realtime &= rt;
             latency.push(r);
@@ -543,7 +582,7 @@ mod tests {
                 assert!(m.tables.check(*li, *t).is_ok(), "{pat:?} drew a denied check {t}");
             }
         }
-        let r = measure(&m.tables, Pattern::UR, &draw_checks(&m, Pattern::UR, &PatternKnobs::default(), 5000, 2), 16, 1.0);
+        let r = measure(&m.tables, Pattern::UR, &draw_checks(&m, Pattern::UR, &PatternKnobs::default(), 5000, 2), 16, 1.0, Duration::ZERO);
         assert_eq!(r.denied, 0);
         assert_eq!(r.checks, 5000);
     }

@@ -84,13 +84,29 @@ pub fn with_realtime<T>(enable: bool, f: impl FnOnce() -> T) -> (T, bool) {
     if enable {
         let p = libc::sched_param { sched_priority: 50 };
         // SAFETY: plain system calls on the calling thread (pid 0) with a valid,
-        // initialised `sched_param`.
-        let ok = unsafe { libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) } == 0;
+        // initialised `sched_param` and CPU set; pinning keeps the thread on one
+        // core's L1/L2 for the whole measurement.
+        let ok = unsafe {
+            let cpu = libc::sched_getcpu();
+            if cpu >= 0 {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                libc::CPU_SET(cpu as usize, &mut set);
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+            libc::sched_setscheduler(0, libc::SCHED_FIFO, &p) == 0
+        };
         let out = f();
         if ok {
             let n = libc::sched_param { sched_priority: 0 };
-            // SAFETY: as above.
-            unsafe { libc::sched_setscheduler(0, libc::SCHED_OTHER, &n) };
+            // SAFETY: as above; the full CPU set lifts the pinning.
+            unsafe {
+                libc::sched_setscheduler(0, libc::SCHED_OTHER, &n);
+                let mut all: libc::cpu_set_t = std::mem::zeroed();
+                for c in 0..libc::CPU_SETSIZE as usize {
+                    libc::CPU_SET(c, &mut all);
+                }
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &all);
+            }
         }
         return (out, ok);
     }
