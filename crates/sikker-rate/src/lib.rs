@@ -121,6 +121,9 @@ impl std::fmt::Display for Algorithm {
     }
 }
 
+/// Rounding tolerance of token comparisons, in tokens.
+pub const EPSILON: f64 = 1e-7;
+
 /// A plain token bucket (Fig. 5.1): size `S_b`, fill rate `R_t`, overflow discarded.
 ///
 /// Tokens are `f64` so that fractional fill rates (e.g. `R_a/N_src = 0.5` phit per
@@ -164,11 +167,13 @@ impl TokenBucket {
         }
     }
 
-    /// Takes `n` tokens if the bucket holds them.
+    /// Takes `n` tokens if the bucket holds them (to within [`EPSILON`], so that a
+    /// wake-up computed by [`TokenBucket::ready_at`] always succeeds despite rounding;
+    /// the level never goes below zero).
     pub fn try_take(&mut self, now: f64, n: f64) -> bool {
         self.refill(now);
-        if self.tokens >= n {
-            self.tokens -= n;
+        if self.tokens + EPSILON >= n {
+            self.tokens = (self.tokens - n).max(0.0);
             true
         } else {
             false
@@ -179,7 +184,7 @@ impl TokenBucket {
     /// or `None` if it never will (rate zero, or `n` larger than the bucket).
     pub fn ready_at(&self, now: f64, n: f64) -> Option<f64> {
         let have = (self.tokens + self.rate * (now - self.t_last).max(0.0)).min(self.size);
-        if have >= n {
+        if have + EPSILON >= n {
             Some(now)
         } else if self.rate <= 0.0 || n > self.size {
             None

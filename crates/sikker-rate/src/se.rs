@@ -205,8 +205,13 @@ impl SeSender {
 
     /// Consumes `size` tokens for a packet if the bucket covers it.
     pub fn try_send(&mut self, now: f64, size: f64) -> bool {
+        let before = {
+            self.bucket.refill(now);
+            self.bucket.tokens
+        };
         if self.bucket.try_take(now, size) {
-            self.acct.consumed += size;
+            // Within EPSILON of empty, the bucket gives what it has.
+            self.acct.consumed += before - self.bucket.tokens;
             true
         } else {
             false

@@ -355,7 +355,7 @@ pub fn measure(
     let zero = std::hint::black_box(0u32);
     let slices: Vec<&[(LocalIndex, Triple)]> = checks.chunks(SLICE).collect();
     let mut dep = 0u32;
-    let mut run = |c: &[(LocalIndex, Triple)], dep: &mut u32| {
+    let run = |c: &[(LocalIndex, Triple)], dep: &mut u32| {
         for &(li, t) in c {
             if let Ok((a, _)) = tables.check(li | (*dep & zero), t) {
                 *dep = a.0;
