@@ -22,7 +22,11 @@ pub enum SimWhich {
 #[derive(Args, Debug, Clone)]
 pub struct SikkerArgs {
     /// Host counts of the connectivity model (Table 4.1), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "1024,4096,16384,32768,131072")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "1024,4096,16384,32768,131072"
+    )]
     pub hosts: Vec<u32>,
     /// Permission checks timed per pattern and host count.
     #[arg(long, default_value_t = 2_000_000)]
@@ -62,7 +66,9 @@ pub fn run(cmd: SimCommand) -> anyhow::Result<()> {
 fn run_sikker(a: SikkerArgs) -> anyhow::Result<()> {
     for &h in &a.hosts {
         if h < 32 || !h.is_power_of_two() {
-            anyhow::bail!("--hosts: {h} is not a power of two of at least 32 (Table 4.1 needs whole services of 512 processes at 16 per host)");
+            anyhow::bail!(
+                "--hosts: {h} is not a power of two of at least 32 (Table 4.1 needs whole services of 512 processes at 16 per host)"
+            );
         }
     }
     if a.batch == 0 || a.batch > a.checks.max(1) {
@@ -79,7 +85,10 @@ fn run_sikker(a: SikkerArgs) -> anyhow::Result<()> {
         checks: a.checks,
         seed: a.seed,
         patterns: Pattern::ALL.to_vec(),
-        knobs: PatternKnobs { sigma_frac: a.sigma, ..Default::default() },
+        knobs: PatternKnobs {
+            sigma_frac: a.sigma,
+            ..Default::default()
+        },
         huge_pages: !a.no_huge_pages,
         batch: a.batch,
         realtime: a.realtime,
@@ -92,29 +101,65 @@ fn run_sikker(a: SikkerArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     println!("SikkerSim — one host's NMU tables (Table 4.1 model, Eq. 4.5)");
-    println!("{:>8} {:>6} {:>5} {:>4} {:>4} {:>12} {:>12} {:>12} {:>12} {:>9}", "hosts", "s_t", "s_a", "p_a", "d_a", "Eq4.5 entr", "Eq4.5 MB", "held entr", "real MB", "huge MB");
+    println!(
+        "{:>8} {:>6} {:>5} {:>4} {:>4} {:>12} {:>12} {:>12} {:>12} {:>9}",
+        "hosts",
+        "s_t",
+        "s_a",
+        "p_a",
+        "d_a",
+        "Eq4.5 entr",
+        "Eq4.5 MB",
+        "held entr",
+        "real MB",
+        "huge MB"
+    );
     for r in &rows {
         println!(
             "{:>8} {:>6} {:>5} {:>4} {:>4} {:>12} {:>12.2} {:>12} {:>12.2} {:>9.1}",
-            r.params.hosts, r.s_t, r.s_a, r.p_a, r.d_a, r.formula_entries, r.formula_bytes as f64 / 1e6,
-            r.tables.process_entries + r.tables.domain_entries, r.tables.total_bytes as f64 / 1e6, r.huge_page_bytes as f64 / 1e6
+            r.params.hosts,
+            r.s_t,
+            r.s_a,
+            r.p_a,
+            r.d_a,
+            r.formula_entries,
+            r.formula_bytes as f64 / 1e6,
+            r.tables.process_entries + r.tables.domain_entries,
+            r.tables.total_bytes as f64 / 1e6,
+            r.huge_page_bytes as f64 / 1e6
         );
     }
     println!();
     println!("Permission-check latency, software, this machine (ns; timer baseline subtracted)");
-    println!("{:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}", "hosts", "pat", "mean", "chain", "p99", "p99.9", "p99.99", "timer", "noise p9999");
+    println!(
+        "{:>8} {:>6} {:>9} {:>9} {:>9} {:>9} {:>9} {:>9} {:>11}",
+        "hosts", "pat", "mean", "chain", "p99", "p99.9", "p99.99", "timer", "noise p9999"
+    );
     for r in &rows {
         for l in &r.latency {
             println!(
                 "{:>8} {:>6} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>9.1} {:>11.1}",
-                r.params.hosts, format!("{:?}", l.pattern), l.mean_ns, l.chain_mean_ns, l.p99_ns, l.p999_ns, l.p9999_ns, l.baseline_ns, l.noise_p9999_ns
+                r.params.hosts,
+                format!("{:?}", l.pattern),
+                l.mean_ns,
+                l.chain_mean_ns,
+                l.p99_ns,
+                l.p999_ns,
+                l.p9999_ns,
+                l.baseline_ns,
+                l.noise_p9999_ns
             );
         }
     }
     println!();
     if let Some(r) = rows.last() {
-        println!("realtime scheduling: {}; load average after the run: {:.2}", r.realtime, r.load_average);
+        println!(
+            "realtime scheduling: {}; load average after the run: {:.2}",
+            r.realtime, r.load_average
+        );
     }
-    println!("Dissertation (simulated hardware NMU, 131,072 hosts): GRR mean 41 ns; UR p99.99 91 ns; 20.8 MB per host.");
+    println!(
+        "Dissertation (simulated hardware NMU, 131,072 hosts): GRR mean 41 ns; UR p99.99 91 ns; 20.8 MB per host."
+    );
     Ok(())
 }

@@ -759,7 +759,11 @@ mod tests {
         let r = simulate(&small(), AlgoConfig::tuned(Algorithm::Ne, 2000.0));
         assert_eq!(r.latency_p9999_ns, 500.0);
         assert_eq!(r.overhead_gbps, 0.0);
-        assert!(r.periods.iter().all(|p| p.packets > 1000 && p.undelivered == 0));
+        assert!(
+            r.periods
+                .iter()
+                .all(|p| p.packets > 1000 && p.undelivered == 0)
+        );
     }
 
     #[test]
@@ -790,7 +794,11 @@ mod tests {
     fn exchange_algorithms_stay_within_the_limit_and_cost_bandwidth() {
         for alg in [Algorithm::SeTe, Algorithm::SeRe, Algorithm::SeTre] {
             let r = simulate(&small(), AlgoConfig::tuned(alg, 2000.0));
-            assert!(r.max_rate_sum <= 20.0 + 1e-6, "{alg}: Σ R_t {}", r.max_rate_sum);
+            assert!(
+                r.max_rate_sum <= 20.0 + 1e-6,
+                "{alg}: Σ R_t {}",
+                r.max_rate_sum
+            );
             assert!(r.periods[0].overhead > 0.0, "{alg} exchanged nothing");
             // The limit holds: data sent in any bin never exceeds R_a by more than the
             // buckets' content (Eq. 8.1) spread over the bin.
@@ -892,8 +900,10 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
 /// deterministic, so the outcome does not depend on the thread count).
 pub fn run_many(cfg: &RateSimConfig, configs: &[AlgoConfig], threads: usize) -> Vec<RateSimResult> {
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let out: Vec<std::sync::Mutex<Option<RateSimResult>>> =
-        configs.iter().map(|_| std::sync::Mutex::new(None)).collect();
+    let out: Vec<std::sync::Mutex<Option<RateSimResult>>> = configs
+        .iter()
+        .map(|_| std::sync::Mutex::new(None))
+        .collect();
     std::thread::scope(|s| {
         for _ in 0..threads.max(1) {
             s.spawn(|| {

@@ -154,7 +154,13 @@ pub fn build_host(params: ModelParams, host: u32, seed: u64) -> HostModel {
         let mut r = sub_rng(seed, 1, svc as u64);
         let mut dsts: Vec<u32> = sample(&mut r, s_t as usize - 1, s_a as usize)
             .into_iter()
-            .map(|i| if (i as u32) >= svc { i as u32 + 1 } else { i as u32 })
+            .map(|i| {
+                if (i as u32) >= svc {
+                    i as u32 + 1
+                } else {
+                    i as u32
+                }
+            })
             .collect();
         dsts.sort_unstable();
         let mut perms = Vec::with_capacity(dsts.len());
@@ -407,7 +413,8 @@ pub fn measure(
         let _ = base.record(t);
     }
     let base_ticks = base.value_at_quantile(0.5);
-    let ps = |t: u64, n: usize| t.saturating_sub(base_ticks) as f64 * ns_per_tick * 1000.0 / n as f64;
+    let ps =
+        |t: u64, n: usize| t.saturating_sub(base_ticks) as f64 * ns_per_tick * 1000.0 / n as f64;
     // Histogram unit: picoseconds per check.
     let mut noise = Histogram::<u64>::new(3).expect("histogram");
     for &(t, n) in &base_raw {
@@ -574,15 +581,28 @@ mod tests {
         assert_eq!(s.processes, 16);
         // Distinct resident services hold one entry each; the formula counts per process.
         let per_service = (p.s_a() * (p.p_a() + p.d_a())) as usize;
-        assert_eq!(s.process_entries + s.domain_entries, s.services * per_service);
+        assert_eq!(
+            s.process_entries + s.domain_entries,
+            s.services * per_service
+        );
         assert!(s.services <= 16);
         for pat in Pattern::ALL {
             let checks = draw_checks(&m, pat, &PatternKnobs::default(), 2000, 1);
             for (li, t) in &checks {
-                assert!(m.tables.check(*li, *t).is_ok(), "{pat:?} drew a denied check {t}");
+                assert!(
+                    m.tables.check(*li, *t).is_ok(),
+                    "{pat:?} drew a denied check {t}"
+                );
             }
         }
-        let r = measure(&m.tables, Pattern::UR, &draw_checks(&m, Pattern::UR, &PatternKnobs::default(), 5000, 2), 16, 1.0, Duration::ZERO);
+        let r = measure(
+            &m.tables,
+            Pattern::UR,
+            &draw_checks(&m, Pattern::UR, &PatternKnobs::default(), 5000, 2),
+            16,
+            1.0,
+            Duration::ZERO,
+        );
         assert_eq!(r.denied, 0);
         assert_eq!(r.checks, 5000);
     }
@@ -596,7 +616,10 @@ mod tests {
             assert!(w.iter().all(|x| x.0 == w[0].0));
         }
         for w in c.chunks(k.repeat_process as usize) {
-            assert!(w.iter().all(|x| x.1.svc == w[0].1.svc && x.1.proc == w[0].1.proc));
+            assert!(
+                w.iter()
+                    .all(|x| x.1.svc == w[0].1.svc && x.1.proc == w[0].1.proc)
+            );
         }
     }
 }

@@ -55,11 +55,7 @@ pub fn advise_huge_pages(ptr: *const u8, len: usize) -> usize {
         // MADV_HUGEPAGE and MADV_COLLAPSE only change how the kernel backs it, never
         // its contents.
         unsafe {
-            libc::madvise(
-                start as *mut libc::c_void,
-                end - start,
-                libc::MADV_HUGEPAGE,
-            );
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_HUGEPAGE);
             if libc::madvise(start as *mut libc::c_void, end - start, MADV_COLLAPSE) == 0 {
                 end - start
             } else {
