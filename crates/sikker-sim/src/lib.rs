@@ -5,6 +5,7 @@
 //! discrete-event network. [`SimCommand`] and [`run`] are the `sidecore sim` command.
 
 mod cli;
+pub mod plot;
 pub mod ratesim;
 pub mod sikkersim;
 pub mod timing;

@@ -837,9 +837,9 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
             }
         }
         Algorithm::SeTe => {
-            for th_low in [0.5, 0.7, 0.8, 0.9, 0.95] {
+            for th_low in [0.6, 0.75, 0.9] {
                 for n_peers in [1, 2, 3, 4] {
-                    for f_t in [1.0, 1.5, 2.0] {
+                    for f_t in [1.0, 2.0] {
                         for th_t in [0.2, 0.35, 0.5] {
                             let mut a = base;
                             a.se.th_low = th_low * s_b;
@@ -853,11 +853,11 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
             }
         }
         Algorithm::SeRe => {
-            for th_low in [0.5, 0.7, 0.8, 0.9, 0.95] {
-                for n_peers in [1, 2, 4, 8] {
-                    for f_r in [0.5, 1.0, 2.0] {
-                        for th_r in [0.75, 0.9, 0.95] {
-                            for f_mr in [0.1, 0.25, 0.5, 0.75] {
+            for th_low in [0.6, 0.75, 0.9] {
+                for n_peers in [2, 4, 8] {
+                    for f_r in [1.0, 2.0] {
+                        for th_r in [0.75, 0.9] {
+                            for f_mr in [0.25, 0.5, 0.75] {
                                 let mut a = base;
                                 a.se.th_low = th_low * s_b;
                                 a.se.n_peers = n_peers;
@@ -872,11 +872,11 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
             }
         }
         Algorithm::SeTre => {
-            for th_low in [0.5, 0.6, 0.7, 0.8, 0.9, 0.95] {
-                for n_peers in [1, 2, 3, 4] {
-                    for f_t in [1.0, 1.5, 2.0, 3.0] {
-                        for f_r in [0.5, 1.0, 2.0] {
-                            for f_mr in [0.1, 0.25, 0.5, 0.75] {
+            for th_low in [0.6, 0.75, 0.9] {
+                for n_peers in [1, 2, 3] {
+                    for f_t in [1.0, 2.0] {
+                        for f_r in [0.5, 1.0] {
+                            for f_mr in [0.1, 0.25, 0.5] {
                                 let mut a = base;
                                 a.se.th_low = th_low * s_b;
                                 a.se.n_peers = n_peers;
