@@ -35,7 +35,11 @@ pub struct RateArgs {
     #[arg(long)]
     pub sweep: bool,
     /// Algorithms to run (ne, re, se-fa, se-te, se-re, se-tre), comma-separated.
-    #[arg(long, value_delimiter = ',', default_value = "ne,re,se-fa,se-te,se-re,se-tre")]
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "ne,re,se-fa,se-te,se-re,se-tre"
+    )]
     pub algorithms: Vec<String>,
     /// Bucket sizes of Table 8.2 (SE-TRE), comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1500,2000,2500")]
@@ -230,7 +234,11 @@ const PAPER_8_2: [(f64, f64, f64, f64); 3] = [
 ];
 
 fn ns(v: f64) -> String {
-    if v.is_infinite() { "∞".into() } else { format!("{v:.0}") }
+    if v.is_infinite() {
+        "∞".into()
+    } else {
+        format!("{v:.0}")
+    }
 }
 
 #[derive(serde::Serialize)]
@@ -247,7 +255,9 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
     for s in &a.algorithms {
         match Algorithm::parse(s) {
             Some(x) => algs.push(x),
-            None => anyhow::bail!("--algorithms: unknown algorithm `{s}` (one of ne, re, se-fa, se-te, se-re, se-tre)"),
+            None => anyhow::bail!(
+                "--algorithms: unknown algorithm `{s}` (one of ne, re, se-fa, se-te, se-re, se-tre)"
+            ),
         }
     }
     let arrivals = match a.arrivals.as_str() {
@@ -256,14 +266,22 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
         x => anyhow::bail!("--arrivals: `{x}` is neither `paced` nor `poisson`"),
     };
     if !(a.interval.is_finite() && a.interval >= 1000.0) {
-        anyhow::bail!("--interval must be at least 1000 cycles, got {}", a.interval);
+        anyhow::bail!(
+            "--interval must be at least 1000 cycles, got {}",
+            a.interval
+        );
     }
     for &b in &a.buckets {
         if !(b.is_finite() && b >= 82.0) {
             anyhow::bail!("--buckets: {b} cannot hold the largest packet (82 phits)");
         }
     }
-    let cfg = RateSimConfig { interval: a.interval, arrivals, seed: a.seed, ..Default::default() };
+    let cfg = RateSimConfig {
+        interval: a.interval,
+        arrivals,
+        seed: a.seed,
+        ..Default::default()
+    };
     let mut best: Vec<AlgoConfig> = algs.iter().map(|&x| AlgoConfig::tuned(x, 2000.0)).collect();
     let mut sweep_out = Vec::new();
     if a.sweep {
@@ -293,44 +311,105 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
     }
     let mut one_ms = Vec::new();
     if !a.no_1ms {
-        let slow = RateSimConfig { interval: 1_000_000.0, ..cfg.clone() };
-        let picks: Vec<AlgoConfig> = best.iter().filter(|c| matches!(c.alg, Algorithm::SeTe | Algorithm::SeTre)).copied().collect();
+        let slow = RateSimConfig {
+            interval: 1_000_000.0,
+            ..cfg.clone()
+        };
+        let picks: Vec<AlgoConfig> = best
+            .iter()
+            .filter(|c| matches!(c.alg, Algorithm::SeTe | Algorithm::SeTre))
+            .copied()
+            .collect();
         one_ms = ratesim::run_many(&slow, &picks, a.threads);
     }
     if let Some(dir) = &a.plots {
-        std::fs::create_dir_all(dir).map_err(|e| anyhow::anyhow!("--plots {}: {e}", dir.display()))?;
-        let named: Vec<(String, &RateSimResult)> = t81.iter().map(|r| (r.algo.alg.name().to_string(), r)).collect();
+        std::fs::create_dir_all(dir)
+            .map_err(|e| anyhow::anyhow!("--plots {}: {e}", dir.display()))?;
+        let named: Vec<(String, &RateSimResult)> = t81
+            .iter()
+            .map(|r| (r.algo.alg.name().to_string(), r))
+            .collect();
         let err = |e: Box<dyn std::error::Error>| anyhow::anyhow!("plotting: {e}");
         plot::bandwidth(&dir.join("rate-bandwidth.svg"), &named, cfg.r_a).map_err(err)?;
         plot::overhead(&dir.join("rate-overhead.svg"), &named).map_err(err)?;
-        plot::percentiles(&dir.join("rate-latency-percentiles.svg"), &named, "Worst-period latency percentiles (Fig. 8.4)").map_err(err)?;
+        plot::percentiles(
+            &dir.join("rate-latency-percentiles.svg"),
+            &named,
+            "Worst-period latency percentiles (Fig. 8.4)",
+        )
+        .map_err(err)?;
         if !t82.is_empty() {
-            let nb: Vec<(String, &RateSimResult)> = t82.iter().map(|r| (format!("SE-TRE S_b={}", r.algo.se.bucket_size), r)).collect();
-            plot::percentiles(&dir.join("rate-setre-buckets.svg"), &nb, "SE-TRE by bucket size (Fig. 8.6)").map_err(err)?;
+            let nb: Vec<(String, &RateSimResult)> = t82
+                .iter()
+                .map(|r| (format!("SE-TRE S_b={}", r.algo.se.bucket_size), r))
+                .collect();
+            plot::percentiles(
+                &dir.join("rate-setre-buckets.svg"),
+                &nb,
+                "SE-TRE by bucket size (Fig. 8.6)",
+            )
+            .map_err(err)?;
             plot::overhead(&dir.join("rate-setre-buckets-overhead.svg"), &nb).map_err(err)?;
         }
         eprintln!("plots written to {}", dir.display());
     }
     if a.json {
-        let mut rep = RateReport { config: cfg, sweep: sweep_out, table_8_1: t81, table_8_2: t82, one_ms };
-        for r in rep.table_8_1.iter_mut().chain(rep.table_8_2.iter_mut()).chain(rep.one_ms.iter_mut()) {
+        let mut rep = RateReport {
+            config: cfg,
+            sweep: sweep_out,
+            table_8_1: t81,
+            table_8_2: t82,
+            one_ms,
+        };
+        for r in rep
+            .table_8_1
+            .iter_mut()
+            .chain(rep.table_8_2.iter_mut())
+            .chain(rep.one_ms.iter_mut())
+        {
             r.series.clear();
         }
         println!("{}", serde_json::to_string_pretty(&rep)?);
         return Ok(());
     }
     for (name, n, top) in &sweep_out {
-        println!("Sweep {name}: {n} configurations; best five by penalty = L + 75·max(B1, B2, 2·B3)");
+        println!(
+            "Sweep {name}: {n} configurations; best five by penalty = L + 75·max(B1, B2, 2·B3)"
+        );
         for r in top {
             let p = &r.algo.se;
             println!(
                 "  penalty {:>9.1}  L {:>6} ns  B {:>8.1} Gbps  Th_low {:.0} N_peers {} F_t {} Th_t {:.0} F_r {} Th_r {:.0} F_mr {} N_o {:?}",
-                r.penalty, ns(r.latency_p9999_ns), r.overhead_gbps, p.th_low, p.n_peers, p.f_t, p.th_t, p.f_r, p.th_r, p.f_mr, r.algo.credits
+                r.penalty,
+                ns(r.latency_p9999_ns),
+                r.overhead_gbps,
+                p.th_low,
+                p.n_peers,
+                p.f_t,
+                p.th_t,
+                p.f_r,
+                p.th_r,
+                p.f_mr,
+                r.algo.credits
             );
         }
     }
-    println!("Table 8.1 — rate control, S_b = 2000, {:.0} kHz changes (sidecore | dissertation)", 1e6 / cfg.interval);
-    println!("{:<7} {:<7} {:>12} {:>8} {:>14} {:>8} {:>9}  {:<24} {}", "alg", "correct", "99.99th ns", "paper", "overhead Gbps", "paper", "penalty", "99.99th per period", "overhead per period (Gbps)");
+    println!(
+        "Table 8.1 — rate control, S_b = 2000, {:.0} kHz changes (sidecore | dissertation)",
+        1e6 / cfg.interval
+    );
+    println!(
+        "{:<7} {:<7} {:>12} {:>8} {:>14} {:>8} {:>9}  {:<24} {}",
+        "alg",
+        "correct",
+        "99.99th ns",
+        "paper",
+        "overhead Gbps",
+        "paper",
+        "penalty",
+        "99.99th per period",
+        "overhead per period (Gbps)"
+    );
     for r in &t81 {
         let (pl, pb) = paper_8_1(r.algo.alg);
         println!(
@@ -342,14 +421,25 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
             r.overhead_gbps,
             pb,
             r.penalty,
-            r.periods.iter().map(|p| ns(p.p9999_ns)).collect::<Vec<_>>().join("/"),
-            r.periods.iter().map(|p| format!("{:.0}", p.overhead * 100.0)).collect::<Vec<_>>().join("/"),
+            r.periods
+                .iter()
+                .map(|p| ns(p.p9999_ns))
+                .collect::<Vec<_>>()
+                .join("/"),
+            r.periods
+                .iter()
+                .map(|p| format!("{:.0}", p.overhead * 100.0))
+                .collect::<Vec<_>>()
+                .join("/"),
         );
     }
     if !t82.is_empty() {
         println!();
         println!("Table 8.2 — SE-TRE by bucket size (sidecore | dissertation)");
-        println!("{:>6} {:>12} {:>8} {:>14} {:>8} {:>12} {:>8}", "S_b", "99.99th ns", "paper", "overhead Gbps", "paper", "burst MB", "paper");
+        println!(
+            "{:>6} {:>12} {:>8} {:>14} {:>8} {:>12} {:>8}",
+            "S_b", "99.99th ns", "paper", "overhead Gbps", "paper", "burst MB", "paper"
+        );
         for r in &t82 {
             let paper = PAPER_8_2.iter().find(|p| p.0 == r.algo.se.bucket_size);
             println!(
@@ -368,8 +458,17 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
         println!();
         println!("1 ms change interval (1 kHz) (sidecore | dissertation)");
         for r in &one_ms {
-            let paper = if r.algo.alg == Algorithm::SeTe { "262" } else { "≈6" };
-            println!("{:<7} overhead {:>8.1} Gbps | {paper:>4}   99.99th {} ns", r.algo.alg.name(), r.overhead_gbps, ns(r.latency_p9999_ns));
+            let paper = if r.algo.alg == Algorithm::SeTe {
+                "262"
+            } else {
+                "≈6"
+            };
+            println!(
+                "{:<7} overhead {:>8.1} Gbps | {paper:>4}   99.99th {} ns",
+                r.algo.alg.name(),
+                r.overhead_gbps,
+                ns(r.latency_p9999_ns)
+            );
         }
     }
     Ok(())

@@ -119,7 +119,10 @@ pub fn percentiles(path: &Path, runs: &[(String, &RateSimResult)], title: &str) 
         .margin(10)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d(0f64..(PERCENTILES.len() - 1) as f64, (300f64..top).log_scale())?;
+        .build_cartesian_2d(
+            0f64..(PERCENTILES.len() - 1) as f64,
+            (300f64..top).log_scale(),
+        )?;
     c.configure_mesh()
         .x_labels(PERCENTILES.len())
         .x_label_formatter(&|x| {
@@ -154,9 +157,12 @@ pub fn percentiles(path: &Path, runs: &[(String, &RateSimResult)], title: &str) 
             .enumerate()
             .map(|(i, p)| (i as f64, if p.1.is_finite() { p.1.max(300.0) } else { top }))
             .collect();
-        c.draw_series(LineSeries::new(pts.clone(), ShapeStyle::from(&col).stroke_width(2)))?
-            .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], col));
+        c.draw_series(LineSeries::new(
+            pts.clone(),
+            ShapeStyle::from(&col).stroke_width(2),
+        ))?
+        .label(name.clone())
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 15, y)], col));
         c.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, col.filled())))?;
     }
     c.configure_series_labels()
