@@ -48,6 +48,10 @@ pub type LocalIndex = u32;
 /// A one-time-permission key, local to the process that received the OTP.
 pub type OtpKey = u32;
 
+/// A SACL entry as the NMU holds it: permitted (process, address) pairs, permitted
+/// domains, and the rate slot.
+pub type PermissionView = (Vec<(ProcessId, Address)>, Vec<DomainId>, Option<u32>);
+
 /// The service ID reserved for the Network OS (§6.1.4); no policy may use it.
 pub const NOS_SERVICE: ServiceId = u32::MAX;
 
@@ -609,12 +613,7 @@ impl NmuTables {
 
     /// The SACL entry `src → dst` as held: permitted (process, address) pairs, domains
     /// and rate slot.
-    #[allow(clippy::type_complexity)]
-    pub fn permission(
-        &self,
-        src: ServiceId,
-        dst: ServiceId,
-    ) -> Option<(Vec<(ProcessId, Address)>, Vec<DomainId>, Option<u32>)> {
+    pub fn permission(&self, src: ServiceId, dst: ServiceId) -> Option<PermissionView> {
         let g = *self.group_of.get(src as u64)?;
         let e = *self.perm.get(perm_key(g, dst))?;
         Some(self.expand(dst, &e))
@@ -700,12 +699,7 @@ impl NmuTables {
             .unwrap_or(NONE)
     }
 
-    #[allow(clippy::type_complexity)]
-    fn expand(
-        &self,
-        dst: ServiceId,
-        e: &PermEntry,
-    ) -> (Vec<(ProcessId, Address)>, Vec<DomainId>, Option<u32>) {
+    fn expand(&self, dst: ServiceId, e: &PermEntry) -> PermissionView {
         let mut procs = Vec::new();
         let mut doms = Vec::new();
         let chunks_of = |kind: u64, c0: u32, ovf: bool| -> Vec<(u32, u32)> {

@@ -10,10 +10,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use sidecore_sikker_nmu::{
-    Address, DomainId, LocalIndex, NmuConfig, NmuError, NmuTables, ProcessId, ServiceId,
+    Address, DomainId, LocalIndex, NmuConfig, NmuError, NmuTables, PermissionView, ProcessId,
+    ServiceId,
 };
 
-use crate::model::{Grant, Policy, ProcessDef, Sacl, Selection};
+use crate::model::{Grant, Policy, Sacl, Selection};
 
 /// Which processes run on which host, in host order.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -157,11 +158,7 @@ impl Nos {
         Some((h.clone(), *a, li))
     }
 
-    fn nmu_entry(
-        &self,
-        src: ServiceId,
-        dst: ServiceId,
-    ) -> Option<(Vec<(ProcessId, Address)>, Vec<DomainId>, Option<u32>)> {
+    fn nmu_entry(&self, src: ServiceId, dst: ServiceId) -> Option<PermissionView> {
         let e = self.sacl.get(&(src, dst))?;
         let procs: Vec<(ProcessId, Address)> = e
             .processes
@@ -303,7 +300,7 @@ impl Nos {
             .expect("checked")
             .processes
             .entry(p)
-            .or_insert_with(ProcessDef::default);
+            .or_default();
         let mut d = self.apply(&BTreeSet::from([s]))?;
         if newly_resident {
             let more = self.install_all(host, s)?;

@@ -10,7 +10,11 @@ use sidecore_sikker_policy::model::{ProcessDef, Selection};
 use sidecore_sikker_policy::{Grant, GrantTarget, Nos, Placement, Policy, Service};
 
 fn sel(all: bool, set: BTreeSet<u32>) -> Selection<u32> {
-    if all { Selection::All } else { Selection::Only(set) }
+    if all {
+        Selection::All
+    } else {
+        Selection::Only(set)
+    }
 }
 
 prop_compose! {
@@ -47,7 +51,9 @@ fn check_all(n: &Nos) -> Result<(), TestCaseError> {
     let sacl = n.sacl();
     for (&s, svc) in &n.policy().services {
         for &p in svc.processes.keys() {
-            let Some((h, _, li)) = n.locate(s, p) else { continue };
+            let Some((h, _, li)) = n.locate(s, p) else {
+                continue;
+            };
             let t = n.tables(&h).unwrap();
             for (&d, dsvc) in &n.policy().services {
                 for dp in 0..6u32 {
@@ -55,7 +61,18 @@ fn check_all(n: &Nos) -> Result<(), TestCaseError> {
                         let want = sacl.get(&(s, d)).map(|e| e.allows(dp, dd)).unwrap_or(false)
                             && n.locate(d, dp).is_some();
                         let got = t.check(li, Triple::new(d, dp, dd));
-                        prop_assert_eq!(got.is_ok(), want, "{}:{} -> ({},{},{}) {:?} ({})", s, p, d, dp, dd, got, dsvc.name);
+                        prop_assert_eq!(
+                            got.is_ok(),
+                            want,
+                            "{}:{} -> ({},{},{}) {:?} ({})",
+                            s,
+                            p,
+                            d,
+                            dp,
+                            dd,
+                            got,
+                            dsvc.name
+                        );
                         if let Ok((a, _)) = got {
                             prop_assert_eq!(Some(a), n.locate(d, dp).map(|x| x.1));
                         }

@@ -399,7 +399,7 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
         1e6 / cfg.interval
     );
     println!(
-        "{:<7} {:<7} {:>12} {:>8} {:>14} {:>8} {:>9}  {:<24} {}",
+        "{:<7} {:<7} {:>12} {:>8} {:>14} {:>8} {:>9}  {:<24} overhead per period (Gbps)",
         "alg",
         "correct",
         "99.99th ns",
@@ -408,7 +408,6 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
         "paper",
         "penalty",
         "99.99th per period",
-        "overhead per period (Gbps)"
     );
     for r in &t81 {
         let (pl, pb) = paper_8_1(r.algo.alg);

@@ -103,24 +103,12 @@ impl RateSimConfig {
     /// The sending rate of sender `i` at time `t` (Fig. 8.1).
     pub fn rate(&self, i: usize, t: f64) -> f64 {
         let first_half = i < self.senders / 2;
-        match self.period_at(t) {
-            Some(0) => {
-                if first_half {
-                    0.8
-                } else {
-                    0.0
-                }
-            }
-            Some(1) => {
-                if first_half {
-                    0.0
-                } else {
-                    0.8
-                }
-            }
-            Some(_) => 0.4,
-            None if t < self.warmup => 0.4,
-            None => 0.0,
+        match (self.period_at(t), first_half) {
+            (Some(0), true) | (Some(1), false) => 0.8,
+            (Some(0), false) | (Some(1), true) => 0.0,
+            (Some(_), _) => 0.4,
+            (None, _) if t < self.warmup => 0.4,
+            (None, _) => 0.0,
         }
     }
 
@@ -765,107 +753,6 @@ pub fn simulate(cfg: &RateSimConfig, algo: AlgoConfig) -> RateSimResult {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn small() -> RateSimConfig {
-        RateSimConfig {
-            senders: 40,
-            receivers: 30,
-            r_a: 20.0,
-            warmup: 2_000.0,
-            interval: 8_000.0,
-            drain: 5_000.0,
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn traffic_periods_follow_fig_8_1() {
-        let c = RateSimConfig::default();
-        assert_eq!(c.rate(0, 5_000.0), 0.4);
-        assert_eq!(c.rate(0, 10_000.0), 0.8);
-        assert_eq!(c.rate(999, 10_000.0), 0.0);
-        assert_eq!(c.rate(0, 50_000.0), 0.0);
-        assert_eq!(c.rate(999, 50_000.0), 0.8);
-        assert_eq!(c.rate(500, 90_000.0), 0.4);
-        assert_eq!(c.rate(0, 130_000.0), 0.0);
-        assert_eq!(c.period_at(9_999.0), None);
-        assert_eq!(c.period_at(89_999.0), Some(1));
-        assert_eq!(c.period_at(129_999.0), Some(2));
-    }
-
-    #[test]
-    fn ne_paced_has_no_queueing() {
-        let r = simulate(&small(), AlgoConfig::tuned(Algorithm::Ne, 2000.0));
-        assert_eq!(r.latency_p9999_ns, 500.0);
-        assert_eq!(r.overhead_gbps, 0.0);
-        assert!(
-            r.periods
-                .iter()
-                .all(|p| p.packets > 1000 && p.undelivered == 0 && !p.unbounded)
-        );
-    }
-
-    #[test]
-    fn se_fa_starves_non_uniform_senders() {
-        // 80 % demand against a fixed 50 % share: the bucket (2000) empties after
-        // 6,667 cycles, then the queue grows by 0.3 phit per cycle.
-        let mut c = small();
-        c.interval = 20_000.0;
-        let r = simulate(&c, AlgoConfig::tuned(Algorithm::SeFa, 2000.0));
-        assert!(r.latency_p9999_ns.is_infinite());
-        let p1 = &r.periods[0];
-        assert!(p1.unbounded && p1.measured_p9999_ns > 5_000.0, "{p1:?}");
-        // 20 senders × (0.8 − 0.5) phit per cycle of unserved demand.
-        assert!((p1.backlog_growth - 6.0).abs() < 1.0, "{p1:?}");
-        // Before the first change nothing waits: the warm-up fits the share.
-        assert!(r.worst_percentiles[0].1 < r.latency_p9999_ns);
-        assert_eq!(r.overhead_gbps, 0.0);
-    }
-
-    #[test]
-    fn re_doubles_traffic_and_has_min_1000ns() {
-        let mut c = small();
-        c.r_a = 20.0;
-        let r = simulate(&c, AlgoConfig::tuned(Algorithm::Re, 2000.0));
-        assert!(r.worst_percentiles[0].1 >= 1000.0);
-        // ≈ 40 % of 40 senders = 16 phits/cycle of data through relays, plus credits.
-        let o = r.periods[2].overhead;
-        assert!(o > 16.0 && o < 19.0, "RE overhead {o}");
-    }
-
-    #[test]
-    fn exchange_algorithms_stay_within_the_limit_and_cost_bandwidth() {
-        for alg in [Algorithm::SeTe, Algorithm::SeRe, Algorithm::SeTre] {
-            let r = simulate(&small(), AlgoConfig::tuned(alg, 2000.0));
-            assert!(
-                r.max_rate_sum <= 20.0 + 1e-6,
-                "{alg}: Σ R_t {}",
-                r.max_rate_sum
-            );
-            assert!(r.periods[0].overhead > 0.0, "{alg} exchanged nothing");
-            // The limit holds: data sent in any bin never exceeds R_a by more than the
-            // buckets' content (Eq. 8.1) spread over the bin.
-            let burst = 40.0 * 2000.0 / c_bin();
-            assert!(r.series.iter().all(|b| b.sent <= 20.0 + burst));
-        }
-    }
-
-    fn c_bin() -> f64 {
-        RateSimConfig::default().bin
-    }
-
-    #[test]
-    fn deterministic_for_a_seed() {
-        let a = simulate(&small(), AlgoConfig::tuned(Algorithm::SeTre, 2000.0));
-        let b = simulate(&small(), AlgoConfig::tuned(Algorithm::SeTre, 2000.0));
-        assert_eq!(a.penalty, b.penalty);
-        assert_eq!(a.events, b.events);
-    }
-}
-
 /// The parameter grid of the sweep for `alg` (§8.1: "nearly all practical settings";
 /// the dissertation publishes only `Th_t = 35 %` and `Th_r = 90 %` of `S_b` for
 /// SE-TRE, which the SE-TRE grid keeps fixed).
@@ -968,4 +855,105 @@ pub fn run_many(cfg: &RateSimConfig, configs: &[AlgoConfig], threads: usize) -> 
     out.into_iter()
         .map(|m| m.into_inner().expect("lock").expect("every run finished"))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn small() -> RateSimConfig {
+        RateSimConfig {
+            senders: 40,
+            receivers: 30,
+            r_a: 20.0,
+            warmup: 2_000.0,
+            interval: 8_000.0,
+            drain: 5_000.0,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn traffic_periods_follow_fig_8_1() {
+        let c = RateSimConfig::default();
+        assert_eq!(c.rate(0, 5_000.0), 0.4);
+        assert_eq!(c.rate(0, 10_000.0), 0.8);
+        assert_eq!(c.rate(999, 10_000.0), 0.0);
+        assert_eq!(c.rate(0, 50_000.0), 0.0);
+        assert_eq!(c.rate(999, 50_000.0), 0.8);
+        assert_eq!(c.rate(500, 90_000.0), 0.4);
+        assert_eq!(c.rate(0, 130_000.0), 0.0);
+        assert_eq!(c.period_at(9_999.0), None);
+        assert_eq!(c.period_at(89_999.0), Some(1));
+        assert_eq!(c.period_at(129_999.0), Some(2));
+    }
+
+    #[test]
+    fn ne_paced_has_no_queueing() {
+        let r = simulate(&small(), AlgoConfig::tuned(Algorithm::Ne, 2000.0));
+        assert_eq!(r.latency_p9999_ns, 500.0);
+        assert_eq!(r.overhead_gbps, 0.0);
+        assert!(
+            r.periods
+                .iter()
+                .all(|p| p.packets > 1000 && p.undelivered == 0 && !p.unbounded)
+        );
+    }
+
+    #[test]
+    fn se_fa_starves_non_uniform_senders() {
+        // 80 % demand against a fixed 50 % share: the bucket (2000) empties after
+        // 6,667 cycles, then the queue grows by 0.3 phit per cycle.
+        let mut c = small();
+        c.interval = 20_000.0;
+        let r = simulate(&c, AlgoConfig::tuned(Algorithm::SeFa, 2000.0));
+        assert!(r.latency_p9999_ns.is_infinite());
+        let p1 = &r.periods[0];
+        assert!(p1.unbounded && p1.measured_p9999_ns > 5_000.0, "{p1:?}");
+        // 20 senders × (0.8 − 0.5) phit per cycle of unserved demand.
+        assert!((p1.backlog_growth - 6.0).abs() < 1.0, "{p1:?}");
+        // Before the first change nothing waits: the warm-up fits the share.
+        assert!(r.worst_percentiles[0].1 < r.latency_p9999_ns);
+        assert_eq!(r.overhead_gbps, 0.0);
+    }
+
+    #[test]
+    fn re_doubles_traffic_and_has_min_1000ns() {
+        let mut c = small();
+        c.r_a = 20.0;
+        let r = simulate(&c, AlgoConfig::tuned(Algorithm::Re, 2000.0));
+        assert!(r.worst_percentiles[0].1 >= 1000.0);
+        // ≈ 40 % of 40 senders = 16 phits/cycle of data through relays, plus credits.
+        let o = r.periods[2].overhead;
+        assert!(o > 16.0 && o < 19.0, "RE overhead {o}");
+    }
+
+    #[test]
+    fn exchange_algorithms_stay_within_the_limit_and_cost_bandwidth() {
+        for alg in [Algorithm::SeTe, Algorithm::SeRe, Algorithm::SeTre] {
+            let r = simulate(&small(), AlgoConfig::tuned(alg, 2000.0));
+            assert!(
+                r.max_rate_sum <= 20.0 + 1e-6,
+                "{alg}: Σ R_t {}",
+                r.max_rate_sum
+            );
+            assert!(r.periods[0].overhead > 0.0, "{alg} exchanged nothing");
+            // The limit holds: data sent in any bin never exceeds R_a by more than the
+            // buckets' content (Eq. 8.1) spread over the bin.
+            let burst = 40.0 * 2000.0 / c_bin();
+            assert!(r.series.iter().all(|b| b.sent <= 20.0 + burst));
+        }
+    }
+
+    fn c_bin() -> f64 {
+        RateSimConfig::default().bin
+    }
+
+    #[test]
+    fn deterministic_for_a_seed() {
+        let a = simulate(&small(), AlgoConfig::tuned(Algorithm::SeTre, 2000.0));
+        let b = simulate(&small(), AlgoConfig::tuned(Algorithm::SeTre, 2000.0));
+        assert_eq!(a.penalty, b.penalty);
+        assert_eq!(a.events, b.events);
+    }
 }

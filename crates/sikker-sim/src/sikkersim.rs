@@ -527,7 +527,7 @@ pub fn run(o: &SikkerSimOptions) -> Vec<SikkerSimRow> {
             pats.push(Pattern::Cached);
         }
         for (i, &p) in pats.iter().enumerate() {
-            let checks = draw_checks(&m, p, &o.knobs, o.checks, o.seed ^ (i as u64 + 1) * 7919);
+            let checks = draw_checks(&m, p, &o.knobs, o.checks, o.seed ^ ((i as u64 + 1) * 7919));
             let (r, rt) = timing::with_realtime(o.realtime, || {
                 measure(&m.tables, p, &checks, o.batch, npt, o.pause)
             });

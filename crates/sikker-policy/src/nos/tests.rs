@@ -260,7 +260,12 @@ fn update_errors() {
 #[test]
 fn the_shipped_kvs_example_compiles_and_enforces_fig_4_3() {
     let p = parse_policy("kvs.toml", include_str!("../../examples/kvs.toml")).unwrap();
-    let pl = parse_placement("kvs-placement.toml", include_str!("../../examples/kvs-placement.toml"), &p).unwrap();
+    let pl = parse_placement(
+        "kvs-placement.toml",
+        include_str!("../../examples/kvs-placement.toml"),
+        &p,
+    )
+    .unwrap();
     let kvs = p.service_by_name("kvs").unwrap().id;
     let bill = p.service_by_name("bill").unwrap().id;
     let john = p.service_by_name("john").unwrap().id;
@@ -268,6 +273,9 @@ fn the_shipped_kvs_example_compiles_and_enforces_fig_4_3() {
     let n = Nos::compile(p, &pl).unwrap();
     // Bill #101 sets pet=cat in Mammals: allowed; John #72 is stopped at the sender.
     assert!(send(&n, bill, 101, Triple::new(kvs, 3, mammals_set)).is_ok());
-    assert!(matches!(send(&n, john, 72, Triple::new(kvs, 3, mammals_set)), Err(NmuError::ServiceDenied { .. })));
+    assert!(matches!(
+        send(&n, john, 72, Triple::new(kvs, 3, mammals_set)),
+        Err(NmuError::ServiceDenied { .. })
+    ));
     assert_eq!(n.tables("h1").unwrap().config().otp_cap, 256);
 }
