@@ -12,6 +12,9 @@
 //! | SE-RE (§5.5) | [`SeSender`] with [`SeVariant::RateExchange`] | buckets ask peers for rate (Eq. 5.5, 5.6) |
 //! | SE-TRE (§5.6) | [`SeSender`] with [`SeVariant::TokenAndRateExchange`] | both, in the same messages |
 //!
+//! [`RateFsm`] wraps all six behind one set of calls (`on_send`, `on_request`,
+//! `on_response`, `on_credit`), the per-destination `RateFSM` of §6.2.6.
+//!
 //! Nothing here owns a thread, a clock or a socket: every entry point takes the current
 //! time `now` (any monotonic unit; RateSim uses cycles of 1 ns) and returns the messages
 //! to send. Units follow the dissertation: one token is one phit, rates are normalised
@@ -23,9 +26,11 @@
 //! **[A]** in the documentation of the item that makes it, and nothing else is assumed.
 
 pub mod formulas;
+mod fsm;
 pub mod relay;
 mod se;
 
+pub use fsm::{Decision, RateFsm};
 pub use se::{Request, Response, SeAccounting, SeParams, SeSender, SeVariant};
 
 /// The six rate-control algorithms of chapter 5.
