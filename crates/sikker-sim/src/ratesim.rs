@@ -770,7 +770,7 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
             }
         }
         Algorithm::SeTe => {
-            for th_low in [0.5, 0.6, 0.75, 0.9] {
+            for th_low in [0.4, 0.5, 0.6, 0.75] {
                 for n_peers in [2, 3, 4] {
                     for f_t in [0.75, 1.0] {
                         for th_t in [0.35, 0.5, 0.75] {
@@ -787,7 +787,7 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
         }
         Algorithm::SeRe => {
             for th_low in [0.6, 0.75, 0.9] {
-                for n_peers in [2, 4, 8] {
+                for n_peers in [4, 8, 12, 16] {
                     for f_r in [1.0, 2.0] {
                         for th_r in [0.75, 0.9] {
                             for f_mr in [0.25, 0.5, 0.75] {
@@ -805,11 +805,11 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
             }
         }
         Algorithm::SeTre => {
-            for th_low in [0.5, 0.6, 0.75] {
-                for n_peers in [2, 3, 4] {
+            for th_low in [0.6, 0.75, 0.85] {
+                for n_peers in [3, 4, 5, 6] {
                     for f_t in [0.75, 1.0] {
-                        for f_r in [0.25, 0.5, 1.0] {
-                            for f_mr in [0.05, 0.1, 0.25, 0.5] {
+                        for f_r in [0.5, 0.75, 1.0] {
+                            for f_mr in [0.25, 0.5, 0.75, 0.9] {
                                 let mut a = base;
                                 a.se.th_low = th_low * s_b;
                                 a.se.n_peers = n_peers;
