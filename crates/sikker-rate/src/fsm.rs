@@ -173,7 +173,7 @@ mod tests {
         assert!(out.is_empty(), "SE-FA never asks");
         let mut tre = RateFsm::new(Algorithm::SeTre, se, re(), 4, vec![1, 2, 3], 0.0);
         assert_eq!(tre.on_send(0.0, 90.0, &mut rng, &mut out), Decision::Send);
-        assert_eq!(out.len(), 2, "below Th_low: asks N_peers = 2 peers");
+        assert_eq!(out.len(), 3, "below Th_low: asks N_peers = 4, capped by the 3 peers");
         let resp = Response {
             id: out[0].1.id,
             tokens: 30.0,

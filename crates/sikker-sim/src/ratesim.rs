@@ -135,17 +135,23 @@ pub struct AlgoConfig {
 }
 
 impl AlgoConfig {
-    /// Defaults for `alg` with bucket `s_b` (the tuned values of BENCHMARKS.md).
+    /// Defaults for `alg` with bucket `s_b`: the configurations with the lowest
+    /// penalty in sidecore's sweep ([`sweep_grid`], seed 1; BENCHMARKS.md), with
+    /// thresholds scaled with `s_b`.
     pub fn tuned(alg: Algorithm, s_b: f64) -> Self {
         let mut se = SeParams::tuned(s_b);
         match alg {
             Algorithm::SeTe => {
-                se.n_peers = 2;
-                se.th_low = 0.75 * s_b;
+                se.th_low = 0.5 * s_b;
+                se.n_peers = 3;
+                se.f_t = 1.0;
+                se.th_t = 0.5 * s_b;
             }
             Algorithm::SeRe => {
-                se.n_peers = 4;
-                se.th_low = 0.9 * s_b;
+                se.th_low = 0.6 * s_b;
+                se.n_peers = 12;
+                se.f_r = 1.0;
+                se.th_r = 0.9 * s_b;
                 se.f_mr = 0.5;
             }
             _ => {}
