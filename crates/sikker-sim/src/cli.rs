@@ -56,6 +56,10 @@ pub struct RateArgs {
     /// Seed.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Size of a control message (exchange request/response, RE credit), phits; the
+    /// dissertation does not give it (2 is inferred from RE's published overhead).
+    #[arg(long, default_value_t = 2.0)]
+    pub ctrl_phits: f64,
     /// Worker threads for the sweep.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -276,10 +280,17 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
             anyhow::bail!("--buckets: {b} cannot hold the largest packet (82 phits)");
         }
     }
+    if !(a.ctrl_phits.is_finite() && a.ctrl_phits > 0.0) {
+        anyhow::bail!(
+            "--ctrl-phits must be a positive number, got {}",
+            a.ctrl_phits
+        );
+    }
     let cfg = RateSimConfig {
         interval: a.interval,
         arrivals,
         seed: a.seed,
+        ctrl_size: a.ctrl_phits,
         ..Default::default()
     };
     let mut best: Vec<AlgoConfig> = algs.iter().map(|&x| AlgoConfig::tuned(x, 2000.0)).collect();

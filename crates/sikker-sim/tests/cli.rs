@@ -57,4 +57,5 @@ fn bad_options_say_what_is_wrong() {
     assert!(e(&["rate", "--interval", "10"]).contains("--interval must be at least 1000"));
     assert!(e(&["rate", "--buckets", "50"]).contains("cannot hold the largest packet"));
     assert!(e(&["rate", "--bogus"]).contains("--bogus"));
+    assert!(e(&["rate", "--ctrl-phits", "0"]).contains("--ctrl-phits must be a positive number"));
 }
