@@ -78,7 +78,7 @@ pub struct SikkerArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "1024,4096,16384,32768,131072"
+        default_value = "1024,2048,4096,8192,16384,32768,65536,131072"
     )]
     pub hosts: Vec<u32>,
     /// Permission checks timed per pattern and host count.
