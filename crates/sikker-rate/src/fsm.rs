@@ -30,8 +30,8 @@ pub enum RateFsm {
         /// Credits towards them.
         credits: Credits,
     },
-    /// SE-FA, SE-TE, SE-RE, SE-TRE.
-    Se(SeSender),
+    /// SE-FA, SE-TE, SE-RE, SE-TRE (boxed: far larger than the other two).
+    Se(Box<SeSender>),
 }
 
 impl RateFsm {
@@ -53,13 +53,8 @@ impl RateFsm {
             },
             _ => {
                 let v = alg.se_variant().expect("SE algorithm");
-                RateFsm::Se(SeSender::new(
-                    v,
-                    se,
-                    re.r_a / n_src.max(1) as f64,
-                    peers,
-                    now,
-                ))
+                let rate = re.r_a / n_src.max(1) as f64;
+                RateFsm::Se(Box::new(SeSender::new(v, se, rate, peers, now)))
             }
         }
     }
@@ -173,7 +168,11 @@ mod tests {
         assert!(out.is_empty(), "SE-FA never asks");
         let mut tre = RateFsm::new(Algorithm::SeTre, se, re(), 4, vec![1, 2, 3], 0.0);
         assert_eq!(tre.on_send(0.0, 90.0, &mut rng, &mut out), Decision::Send);
-        assert_eq!(out.len(), 3, "below Th_low: asks N_peers = 4, capped by the 3 peers");
+        assert_eq!(
+            out.len(),
+            3,
+            "below Th_low: asks N_peers = 4, capped by the 3 peers"
+        );
         let resp = Response {
             id: out[0].1.id,
             tokens: 30.0,
