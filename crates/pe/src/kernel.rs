@@ -25,7 +25,8 @@ pub struct KernelInfo {
     pub btf: bool,
     /// Ok if an XDP program could be attached to `lo` (and was detached again).
     pub xdp_attach: Result<(), String>,
-    /// RLIMIT_MEMLOCK, if finite (older kernels charge BPF memory to it).
+    /// RLIMIT_MEMLOCK, if finite and this kernel still charges BPF memory to
+    /// it (before 5.11; later kernels use the memory cgroup).
     pub memlock: Option<u64>,
 }
 
@@ -52,7 +53,16 @@ impl KernelInfo {
 fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
     let o = off.to_le_bytes();
     let i = imm.to_le_bytes();
-    [code, (src << 4) | (dst & 0xf), o[0], o[1], i[0], i[1], i[2], i[3]]
+    [
+        code,
+        (src << 4) | (dst & 0xf),
+        o[0],
+        o[1],
+        i[0],
+        i[1],
+        i[2],
+        i[3],
+    ]
 }
 
 fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> Result<OwnedFd, std::io::Error> {
@@ -124,14 +134,22 @@ pub fn probe() -> Result<KernelInfo, String> {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    let rel = release();
+    let mut nums = rel
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|s| s.parse::<u32>().ok());
+    let charges_memlock = (nums.next().unwrap_or(0), nums.next().unwrap_or(0)) < (5, 11);
     // SAFETY: getrlimit writes into the struct we pass.
-    let memlock = if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0 && lim.rlim_cur != libc::RLIM_INFINITY {
+    let memlock = if charges_memlock
+        && unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0
+        && lim.rlim_cur != libc::RLIM_INFINITY
+    {
         Some(lim.rlim_cur)
     } else {
         None
     };
     Ok(KernelInfo {
-        release: release(),
+        release: rel,
         jit,
         btf: std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
         xdp_attach,
