@@ -8,6 +8,7 @@
 //! | `up MANIFEST` | deploys in the foreground (or `-d`: into a background daemon) |
 //! | `daemon` | runs the daemon in the foreground |
 //! | `ps` / `down` / `events` | inspect and stop what a daemon runs |
+//! | `sim sikker` / `sim rate` | the Sikker dissertation's simulators, rebuilt on sidecore's code |
 
 mod check;
 mod ctl;
@@ -109,6 +110,8 @@ enum Command {
         #[command(flatten)]
         socket: SocketArgs,
     },
+    /// Run the Sikker simulators: SikkerSim (permission checks) and RateSim (rate control).
+    Sim(sidecore_sikker_sim::SimCommand),
 }
 
 /// The offcode library this binary ships.
@@ -150,6 +153,7 @@ fn main() -> ExitCode {
             socket,
         } => ctl::down(&socket, app, daemon),
         Command::Events { app, socket } => ctl::events(&socket, app),
+        Command::Sim(cmd) => sidecore_sikker_sim::run(cmd).map(|()| ExitCode::SUCCESS),
     };
     match r {
         Ok(code) => code,
