@@ -25,8 +25,12 @@ const MSG: usize = 64;
 const BATCH: usize = 32;
 type Msg = [u8; MSG];
 
+/// The CPUs this process may use, read once before any thread is pinned
+/// (a pinned thread's affinity would hide the others from its children).
+static CPUS: std::sync::OnceLock<Vec<core_affinity::CoreId>> = std::sync::OnceLock::new();
+
 fn pin(core: usize) {
-    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    let ids = CPUS.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default());
     if let Some(id) = ids.get(core % ids.len().max(1)) {
         core_affinity::set_for_current(*id);
     }
@@ -91,11 +95,19 @@ fn ring_throughput(n: u64, batched: bool) -> f64 {
             let mut sum = 0u64;
             let mut got = 0;
             while got < n {
-                match c.try_recv() {
-                    Ok(m) => {
+                let r = if batched {
+                    c.recv_batch(BATCH * 2, |m| {
                         sum = sum.wrapping_add(u64::from_le_bytes(m[..8].try_into().unwrap()));
-                        got += 1;
-                    }
+                        true
+                    })
+                } else {
+                    c.try_recv().map(|m| {
+                        sum = sum.wrapping_add(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                        1
+                    })
+                };
+                match r {
+                    Ok(k) => got += k as u64,
                     Err(Recv::Empty) => std::hint::spin_loop(),
                     Err(Recv::Closed) => break,
                 }
@@ -347,6 +359,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 
 fn main() {
     // `cargo bench` passes `--bench`; ignore arguments.
+    let cpus = CPUS.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default());
+    assert!(
+        cpus.len() >= 2,
+        "the ring benchmark needs two CPUs, this process may use {}",
+        cpus.len()
+    );
     let n = env("RING_BENCH_MSGS", 4_000_000) / BATCH as u64 * BATCH as u64;
     let rounds = env("RING_BENCH_RTT", 200_000);
     let reps = env("RING_BENCH_REPS", 3) as usize;

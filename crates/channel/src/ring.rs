@@ -141,41 +141,22 @@ pub struct RingStats {
     pub full_waits: AtomicU64,
 }
 
-/// The memory and indices shared by the producer and the consumers.
-struct Shared {
+/// Where the slots are: copied into every endpoint so the hot path reads only
+/// its own cache lines and the slots themselves.
+#[derive(Clone, Copy)]
+struct Geometry {
     buf: NonNull<u8>,
-    layout: Layout,
     mask: u64,
     slot_size: usize,
-    /// Position up to which the producer has published (exclusive).
-    tail: CachePadded<AtomicU64>,
-    /// Per consumer: position up to which it has released slots (exclusive).
-    heads: Box<[CachePadded<AtomicU64>]>,
-    /// Consumers still attached.
-    consumers_alive: AtomicUsize,
-    producer_closed: AtomicBool,
-    stats: RingStats,
 }
 
-// SAFETY: `Shared` owns its buffer; all cross-thread access to slot memory is
-// ordered by the stamp protocol (release store of the stamp after the payload is
-// written, acquire load before it is read) and by the head indices (a slot is
-// rewritten only after every consumer has released it with a release store that
-// the producer reads with acquire). The indices themselves are atomics.
-unsafe impl Send for Shared {}
-// SAFETY: see the `Send` impl; no method hands out unsynchronised `&mut` to
-// memory that another thread may access at the same time.
-unsafe impl Sync for Shared {}
+// SAFETY: a Geometry points into the buffer owned by `Shared`; every endpoint
+// that carries one also holds the `Arc<Shared>`, so the memory lives as long
+// as the endpoint, on whatever thread it moves to. Access is synchronised by
+// the stamp and head protocol described on `Shared`.
+unsafe impl Send for Geometry {}
 
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // SAFETY: `buf` was allocated in `Ring::new` with exactly `layout`, and
-        // `Shared` is dropped once, when the last `Arc` goes away.
-        unsafe { alloc::dealloc(self.buf.as_ptr(), self.layout) }
-    }
-}
-
-impl Shared {
+impl Geometry {
     #[inline(always)]
     fn slot_ptr(&self, pos: u64) -> *mut u8 {
         let idx = (pos & self.mask) as usize;
@@ -184,11 +165,11 @@ impl Shared {
     }
 
     #[inline(always)]
-    fn stamp(&self, pos: u64) -> &AtomicU64 {
+    fn stamp<'a>(&self, pos: u64) -> &'a AtomicU64 {
         // SAFETY: every slot begins with an 8-byte, 16-byte-aligned stamp word
         // (the buffer is 128-byte aligned and slot_size is a multiple of 16);
-        // AtomicU64 has the same layout as u64, and the memory lives as long as
-        // `self`.
+        // AtomicU64 has the same layout as u64. The memory outlives every
+        // endpoint, each of which holds the `Arc<Shared>` that owns it.
         unsafe { &*(self.slot_ptr(pos) as *const AtomicU64) }
     }
 
@@ -203,7 +184,42 @@ impl Shared {
         // SAFETY: the payload starts after the header, inside the slot.
         unsafe { self.slot_ptr(pos).add(SLOT_HEADER) }
     }
+}
 
+/// The memory and indices shared by the producer and the consumers. Every
+/// field that one side writes sits on its own cache line.
+struct Shared {
+    geo: Geometry,
+    layout: Layout,
+    /// Position up to which the producer has published (exclusive).
+    tail: CachePadded<AtomicU64>,
+    /// Per consumer: position up to which it has released slots (exclusive).
+    heads: Box<[CachePadded<AtomicU64>]>,
+    /// Consumers still attached.
+    consumers_alive: CachePadded<AtomicUsize>,
+    producer_closed: CachePadded<AtomicBool>,
+    stats: CachePadded<RingStats>,
+}
+
+// SAFETY: `Shared` owns its buffer; all cross-thread access to slot memory is
+// ordered by the stamp protocol (release store of the stamp after the payload is
+// written, acquire load before it is read) and by the head indices (a slot is
+// rewritten only after every consumer has released it with a release store that
+// the producer reads with acquire). The indices themselves are atomics.
+unsafe impl Send for Shared {}
+// SAFETY: see the `Send` impl; no method hands out unsynchronised `&mut` to
+// memory that another thread may access at the same time.
+unsafe impl Sync for Shared {}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: `buf` was allocated in `Ring::create` with exactly `layout`,
+        // and `Shared` is dropped once, when the last `Arc` goes away.
+        unsafe { alloc::dealloc(self.geo.buf.as_ptr(), self.layout) }
+    }
+}
+
+impl Shared {
     fn min_head(&self) -> u64 {
         self.heads
             .iter()
@@ -235,18 +251,22 @@ impl Ring {
             .map(|_| CachePadded::new(AtomicU64::new(0)))
             .collect::<Vec<_>>()
             .into_boxed_slice();
-        let shared = Arc::new(Shared {
+        let geo = Geometry {
             buf,
-            layout,
             mask: (config.slots - 1) as u64,
             slot_size: config.slot_size,
+        };
+        let shared = Arc::new(Shared {
+            geo,
+            layout,
             tail: CachePadded::new(AtomicU64::new(0)),
             heads,
-            consumers_alive: AtomicUsize::new(config.consumers),
-            producer_closed: AtomicBool::new(false),
-            stats: RingStats::default(),
+            consumers_alive: CachePadded::new(AtomicUsize::new(config.consumers)),
+            producer_closed: CachePadded::new(AtomicBool::new(false)),
+            stats: CachePadded::new(RingStats::default()),
         });
         let producer = Producer {
+            geo,
             shared: Arc::clone(&shared),
             capacity: config.slots as u64,
             payload_cap: config.payload_capacity(),
@@ -258,6 +278,7 @@ impl Ring {
         };
         let consumers = (0..config.consumers)
             .map(|i| Consumer {
+                geo,
                 shared: Arc::clone(&shared),
                 index: i,
                 head: 0,
@@ -272,6 +293,7 @@ impl Ring {
 
 /// The producing end. Not `Sync`: exactly one thread produces.
 pub struct Producer {
+    geo: Geometry,
     shared: Arc<Shared>,
     capacity: u64,
     payload_cap: usize,
@@ -364,13 +386,14 @@ impl Producer {
             return;
         }
         for pos in self.published..self.next {
-            self.shared.stamp(pos).store(pos + 1, Ordering::Release);
+            self.geo.stamp(pos).store(pos + 1, Ordering::Release);
         }
         self.shared.tail.store(self.next, Ordering::Release);
+        // Only the producer writes this counter: a plain store, no RMW.
         self.shared
             .stats
             .published
-            .fetch_add(self.next - self.published, Ordering::Relaxed);
+            .store(self.next, Ordering::Relaxed);
         self.published = self.next;
     }
 
@@ -388,7 +411,7 @@ impl Producer {
         debug_assert!(len <= self.payload_cap);
         // SAFETY: the slot at `next` is reserved for us (free_slots() > 0 was
         // checked by try_reserve and no consumer reads it until its stamp is set).
-        unsafe { self.shared.len_ptr(self.next).write(len as u32) };
+        unsafe { self.geo.len_ptr(self.next).write(len as u32) };
         self.next += 1;
         if self.next - self.published >= self.publish_batch {
             self.publish();
@@ -432,7 +455,7 @@ impl Deref for SlotMut<'_> {
         // SAFETY: the slot at `next` belongs to the producer until it is
         // published; its payload spans `payload_cap` bytes inside the buffer.
         unsafe {
-            std::slice::from_raw_parts(self.producer.shared.payload_ptr(self.producer.next), cap)
+            std::slice::from_raw_parts(self.producer.geo.payload_ptr(self.producer.next), cap)
         }
     }
 }
@@ -443,10 +466,7 @@ impl DerefMut for SlotMut<'_> {
         // SAFETY: as in `deref`; we hold `&mut Producer`, so this is the only
         // live reference to the slot's payload.
         unsafe {
-            std::slice::from_raw_parts_mut(
-                self.producer.shared.payload_ptr(self.producer.next),
-                cap,
-            )
+            std::slice::from_raw_parts_mut(self.producer.geo.payload_ptr(self.producer.next), cap)
         }
     }
 }
@@ -461,6 +481,7 @@ pub struct MessageTooLarge {
 
 /// A consuming end. Not `Sync`: exactly one thread consumes from it.
 pub struct Consumer {
+    geo: Geometry,
     shared: Arc<Shared>,
     index: usize,
     /// Next position to read.
@@ -500,12 +521,12 @@ impl Consumer {
     /// Reads the next message in place.
     #[inline]
     pub fn try_recv(&mut self) -> Result<SlotRef<'_>, Recv> {
-        let stamp = self.shared.stamp(self.head).load(Ordering::Acquire);
+        let stamp = self.geo.stamp(self.head).load(Ordering::Acquire);
         if stamp != self.head + 1 {
             // Empty: hand back what we hold so a waiting producer can go on.
             self.release();
             if self.shared.producer_closed.load(Ordering::Acquire)
-                && self.shared.stamp(self.head).load(Ordering::Acquire) != self.head + 1
+                && self.geo.stamp(self.head).load(Ordering::Acquire) != self.head + 1
             {
                 return Err(Recv::Closed);
             }
@@ -513,12 +534,54 @@ impl Consumer {
         }
         // SAFETY: the acquire load of the stamp synchronises with the producer's
         // release store, which followed its write of the length.
-        let len = unsafe { self.shared.len_ptr(self.head).read() } as usize;
-        let len = len.min(self.shared.slot_size - SLOT_HEADER);
+        let len = unsafe { self.geo.len_ptr(self.head).read() } as usize;
+        let len = len.min(self.geo.slot_size - SLOT_HEADER);
         Ok(SlotRef {
             consumer: self,
             len,
         })
+    }
+
+    /// Reads up to `max` messages in place, handing each to `f`, and returns how
+    /// many were read. `f` returns `false` to stop after the current message.
+    ///
+    /// The batched path: one read of the published tail tells how many slots
+    /// are ready, and their payloads are then read without a stamp check each,
+    /// so the loads of consecutive slots overlap. When the tail shows nothing
+    /// (a publish may be in flight) it falls back to the per-slot stamp.
+    #[inline]
+    pub fn recv_batch(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(&[u8]) -> bool,
+    ) -> Result<usize, Recv> {
+        let tail = self.shared.tail.load(Ordering::Acquire);
+        let ready = tail.saturating_sub(self.head).min(max as u64);
+        if ready == 0 {
+            return match self.try_recv() {
+                Ok(m) => {
+                    f(&m);
+                    Ok(1)
+                }
+                Err(e) => Err(e),
+            };
+        }
+        let cap = self.geo.slot_size - SLOT_HEADER;
+        for n in 1..=ready {
+            // SAFETY: positions below the published tail are written and
+            // published (the acquire load of `tail` synchronises with the
+            // producer's release store after the stamps), and cannot be
+            // rewritten before this consumer releases them.
+            let len = (unsafe { self.geo.len_ptr(self.head).read() } as usize).min(cap);
+            // SAFETY: as above; the payload spans `len <= cap` bytes of the slot.
+            let msg = unsafe { std::slice::from_raw_parts(self.geo.payload_ptr(self.head), len) };
+            let go_on = f(msg);
+            self.advance();
+            if !go_on {
+                return Ok(n as usize);
+            }
+        }
+        Ok(ready as usize)
     }
 
     /// Number of messages ready to read, as far as the published tail says.
@@ -581,10 +644,7 @@ impl Deref for SlotRef<'_> {
         // try_recv) and cannot be rewritten until this consumer releases it,
         // which happens only after this SlotRef is dropped.
         unsafe {
-            std::slice::from_raw_parts(
-                self.consumer.shared.payload_ptr(self.consumer.head),
-                self.len,
-            )
+            std::slice::from_raw_parts(self.consumer.geo.payload_ptr(self.consumer.head), self.len)
         }
     }
 }
@@ -752,6 +812,42 @@ mod tests {
         let e = p.try_push(&big).unwrap_err();
         assert_eq!(e.capacity, DEFAULT_SLOT_SIZE - SLOT_HEADER);
         assert!(e.to_string().contains("200 bytes"));
+    }
+
+    #[test]
+    fn batch_reads_everything_published_in_order() {
+        let (mut p, mut cs) = Ring::create(RingConfig {
+            slots: 8,
+            publish_batch: 3,
+            release_batch: 2,
+            ..RingConfig::default()
+        })
+        .unwrap();
+        let mut got = Vec::new();
+        for round in 0..50u8 {
+            for i in 0..5u8 {
+                while !p.try_push(&[round, i]).unwrap() {
+                    while let Ok(n) = cs[0].recv_batch(4, |m| {
+                        got.push((m[0], m[1]));
+                        true
+                    }) {
+                        assert!(n <= 4);
+                    }
+                }
+            }
+            p.publish();
+        }
+        while cs[0]
+            .recv_batch(8, |m| {
+                got.push((m[0], m[1]));
+                true
+            })
+            .is_ok()
+        {}
+        let want: Vec<(u8, u8)> = (0..50u8)
+            .flat_map(|r| (0..5u8).map(move |i| (r, i)))
+            .collect();
+        assert_eq!(got, want);
     }
 
     #[test]

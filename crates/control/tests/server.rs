@@ -39,20 +39,44 @@ fn answers_requests_and_explains_bad_ones() {
     // A line that is not a request gets an error naming the problem, and the
     // connection keeps working.
     let mut s = UnixStream::connect(&path).unwrap();
-    s.write_all(b"{\"op\":\"launch\"}\n{\"op\":\"ping\"}\n").unwrap();
+    s.write_all(b"{\"op\":\"launch\"}\n{\"op\":\"ping\"}\n")
+        .unwrap();
     s.shutdown(std::net::Shutdown::Write).unwrap();
     let lines: Vec<String> = BufReader::new(s).lines().map(Result::unwrap).collect();
     assert_eq!(lines.len(), 2);
-    assert!(lines[0].contains("bad control request") && lines[0].contains("unknown variant `launch`"), "{}", lines[0]);
+    assert!(
+        lines[0].contains("bad control request") && lines[0].contains("unknown variant `launch`"),
+        "{}",
+        lines[0]
+    );
     assert!(lines[1].contains("pong"));
     // Stopping an app that does not exist.
-    match request(&path, &Request::Down { app: Some("ghost".into()) }, Duration::from_secs(5)).unwrap() {
+    match request(
+        &path,
+        &Request::Down {
+            app: Some("ghost".into()),
+        },
+        Duration::from_secs(5),
+    )
+    .unwrap()
+    {
         Response::Error { error } => assert!(error.contains("no app named `ghost`"), "{error}"),
         r => panic!("{r:?}"),
     }
     // A manifest that does not exist.
-    match request(&path, &Request::Up { manifest: "/nonexistent.toml".into() }, Duration::from_secs(5)).unwrap() {
-        Response::Error { error } => assert!(error.contains("cannot read manifest `/nonexistent.toml`"), "{error}"),
+    match request(
+        &path,
+        &Request::Up {
+            manifest: "/nonexistent.toml".into(),
+        },
+        Duration::from_secs(5),
+    )
+    .unwrap()
+    {
+        Response::Error { error } => assert!(
+            error.contains("cannot read manifest `/nonexistent.toml`"),
+            "{error}"
+        ),
         r => panic!("{r:?}"),
     }
     server.stop();

@@ -137,18 +137,26 @@ impl Inlet {
         let mut d = Drained::default();
         match self {
             Inlet::Ring(c) => {
-                while d.messages < max {
-                    match c.try_recv() {
-                        Ok(m) => {
-                            d.messages += 1;
-                            f(&m)?;
+                let mut err = None;
+                while d.messages < max && err.is_none() {
+                    let r = c.recv_batch(max - d.messages, |m| match f(m) {
+                        Ok(()) => true,
+                        Err(e) => {
+                            err = Some(e);
+                            false
                         }
+                    });
+                    match r {
+                        Ok(n) => d.messages += n,
                         Err(Recv::Empty) => break,
                         Err(Recv::Closed) => {
                             d.closed = true;
                             break;
                         }
                     }
+                }
+                if let Some(e) = err {
+                    return Err(e);
                 }
                 if d.messages < max {
                     c.release();
