@@ -430,3 +430,22 @@ fn bad_abi_exports_are_reported_at_load() {
     let _ = Policy::default();
 }
 
+
+#[test]
+fn entry_checked_declared_bound_is_exact() {
+    // checksum declares PACKET_LEN_MAX/2+1 body starts; with PACKET_LEN_MAX = 100 that is
+    // 51: a 100-byte input needs exactly 51 (50 iterations + the start that exits), a
+    // 102-byte one needs 52 and must trap before the loop runs.
+    let mut cfg = lenient();
+    cfg.policy.symbols.insert("PACKET_LEN_MAX".into(), 100);
+    let e = engine(ExecMode::Hybrid);
+    let mut x = load(&e, &corpus("benign/checksum.wat"), &cfg);
+    assert!(x.admission.loops[0].checked_at_entry, "{}", x.admission.report);
+    assert_eq!(x.admission.loops[0].iterations, 51);
+    let o = x.invoke(0, &[7u8; 100]).unwrap();
+    assert_eq!(o.trap, None);
+    assert_eq!(x.emitted().len(), 1);
+    let o = x.invoke(0, &[7u8; 102]).unwrap();
+    assert!(o.bound_exceeded, "{o:?}");
+    assert!(o.unloaded);
+}

@@ -130,7 +130,10 @@ pub fn analyse_function(
 ) -> FuncCost {
     let body = m.body(fidx).expect("analysed function has a body");
     let mut stack: Vec<CFrame> = vec![CFrame::new(0)];
-    let mut cur: Option<PV> = Some(PV { cost: 0.0, path: None });
+    // wasmtime charges one fuel unit per function activation beyond its operators
+    // (measured on wasmtime 48); cycles for the call itself are in the caller's `call`.
+    let entry = if model.fuel { 1.0 } else { 0.0 };
+    let mut cur: Option<PV> = Some(PV { cost: entry, path: None });
     let mut result: Option<PV> = None;
     let mut loop_costs = Vec::new();
     let ops = &body.ops;
@@ -215,8 +218,9 @@ pub fn analyse_function(
                     p
                 });
                 f.lcfg = lcfg;
+                let reachable = f.entry.is_some();
                 stack.push(f);
-                cur = f_entry_rel(&stack);
+                cur = reachable.then_some(PV { cost: 0.0, path: None });
             }
             Operator::If { .. } => {
                 let mut f = CFrame::new(st.opened[i].unwrap_or(0));
@@ -331,10 +335,6 @@ pub fn analyse_function(
     }
     let r = result.unwrap_or(PV { cost: 0.0, path: None });
     FuncCost { bound: r.cost, path: r.path, loops: loop_costs }
-}
-
-fn f_entry_rel(_stack: &[CFrame]) -> Option<PV> {
-    Some(PV { cost: 0.0, path: None })
 }
 
 impl CFrame {

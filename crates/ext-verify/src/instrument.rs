@@ -27,6 +27,8 @@ use crate::abi;
 #[derive(Debug, Clone, Default)]
 pub struct Plan {
     pub declared: BTreeMap<(u32, u32), u64>,
+    /// Declared loops enforced by one check at entry instead of a per-iteration counter.
+    pub entry_checks: BTreeMap<(u32, u32), crate::loops::Counted>,
     pub polls: BTreeMap<(u32, u32), u64>,
     pub n_imported: u32,
 }
@@ -153,7 +155,7 @@ impl Reencode for Rewriter<'_> {
             while !rd.eof() {
                 if let wasmparser::Operator::Loop { .. } = rd.read()? {
                     let key = (fidx, ord);
-                    let d = if self.plan.declared.contains_key(&key) {
+                    let d = if self.plan.declared.contains_key(&key) && !self.plan.entry_checks.contains_key(&key) {
                         next_local += 1;
                         Some(next_local - 1)
                     } else {
@@ -165,7 +167,7 @@ impl Reencode for Rewriter<'_> {
                     } else {
                         None
                     };
-                    if d.is_some() || p.is_some() {
+                    if d.is_some() || p.is_some() || self.plan.entry_checks.contains_key(&key) {
                         counters.insert(ord, (d, p));
                     }
                     ord += 1;
@@ -193,6 +195,11 @@ impl Reencode for Rewriter<'_> {
                 f.instruction(&inst);
                 continue;
             };
+            if let Some(c) = self.plan.entry_checks.get(&key) {
+                let b = self.plan.declared[&key];
+                let id = self.plan.declared_id(key).unwrap_or(0);
+                entry_check(&mut f, c, b, id, self.bound_idx());
+            }
             if let Some(d) = d {
                 let b = self.plan.declared[&key];
                 f.instruction(&Instruction::I32Const(b as i32));
@@ -234,6 +241,61 @@ impl Reencode for Rewriter<'_> {
         code.function(&f);
         Ok(())
     }
+}
+
+/// Emits, before a counted loop (`local + delta` stepping by `step` while `< m` or
+/// `!= m`), a check that traps through `sidecore.bound_exceeded(id)` unless the loop's
+/// own exit test allows at most `bound` body starts:
+/// `(m > v0 && m - v0 > (bound-1)·step) || m >u 2^bits - step` (`<`), or
+/// `(m - v0) & (step-1) != 0 || m - v0 > (bound-1)·step` (`!=`), with `v0 = local + delta`.
+fn entry_check(f: &mut Function, c: &crate::loops::Counted, bound: u64, id: u32, bound_idx: u32) {
+    let lim = (bound.saturating_sub(1) as i128 * c.step as i128) as i64;
+    let (add, sub, gtu, and, ne) = if c.wide {
+        (Instruction::I64Add, Instruction::I64Sub, Instruction::I64GtU, Instruction::I64And, Instruction::I64Ne)
+    } else {
+        (Instruction::I32Add, Instruction::I32Sub, Instruction::I32GtU, Instruction::I32And, Instruction::I32Ne)
+    };
+    let k = |v: i64| if c.wide { Instruction::I64Const(v) } else { Instruction::I32Const(v as i32) };
+    let v0 = |f: &mut Function| {
+        f.instruction(&Instruction::LocalGet(c.local));
+        f.instruction(&k(c.delta));
+        f.instruction(&add);
+    };
+    // diff = m - v0
+    let diff = |f: &mut Function| {
+        f.instruction(&Instruction::LocalGet(c.m));
+        v0(f);
+        f.instruction(&sub);
+    };
+    if c.ne {
+        diff(f);
+        f.instruction(&k(c.step - 1));
+        f.instruction(&and);
+        f.instruction(&k(0));
+        f.instruction(&ne);
+        diff(f);
+        f.instruction(&k(lim));
+        f.instruction(&gtu);
+        f.instruction(&Instruction::I32Or);
+    } else {
+        diff(f);
+        f.instruction(&k(lim));
+        f.instruction(&gtu);
+        f.instruction(&Instruction::LocalGet(c.m));
+        v0(f);
+        f.instruction(&gtu);
+        f.instruction(&Instruction::I32And);
+        // v < m, so v + step wraps only if m >u 2^bits - step (i.e. `-step` unsigned)
+        f.instruction(&Instruction::LocalGet(c.m));
+        f.instruction(&k(-c.step));
+        f.instruction(&gtu);
+        f.instruction(&Instruction::I32Or);
+    }
+    f.instruction(&Instruction::If(BlockType::Empty));
+    f.instruction(&Instruction::I32Const(id as i32));
+    f.instruction(&Instruction::Call(bound_idx));
+    f.instruction(&Instruction::Unreachable);
+    f.instruction(&Instruction::End);
 }
 
 /// Rewrites `bytes` according to `plan`.

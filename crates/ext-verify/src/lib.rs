@@ -88,6 +88,9 @@ pub struct Policy {
     /// Largest worst-case Wasm stack depth accepted, bytes.
     pub max_stack_bytes: u64,
     pub caps: RegionCaps,
+    /// Whether the host-ABI exports (`memory`, `sc_input_ptr`, `sc_input_cap`, a
+    /// handler) are required. Only analysis tools and fuzzing turn this off.
+    pub require_abi: bool,
 }
 
 impl Default for Policy {
@@ -105,6 +108,7 @@ impl Default for Policy {
             max_declared_bound: 1 << 20,
             max_stack_bytes: 256 << 10,
             caps,
+            require_abi: true,
         }
     }
 }
@@ -129,6 +133,9 @@ pub struct LoopReport {
     pub total_cycles: f64,
     /// Poll every this many iterations (placed poll point), if any.
     pub poll_every: Option<u64>,
+    /// A declared bound enforced by one check at loop entry (counted loop with an
+    /// invariant limit) rather than a per-iteration counter.
+    pub checked_at_entry: bool,
 }
 
 /// One entry point's result.
@@ -199,6 +206,11 @@ pub fn host_costs(cal: &Calibration, caps: &RegionCaps) -> BTreeMap<String, Host
 const OPS_DECLARED_ITER: [OpClass; 7] = [
     OpClass::Move, OpClass::Alu, OpClass::Branch, OpClass::Move, OpClass::Move, OpClass::Alu, OpClass::Move,
 ];
+const OPS_ENTRY_CHECK: [OpClass; 20] = [
+    OpClass::Move, OpClass::Move, OpClass::Move, OpClass::Alu, OpClass::Alu, OpClass::Move, OpClass::Alu,
+    OpClass::Move, OpClass::Move, OpClass::Move, OpClass::Alu, OpClass::Alu, OpClass::Alu, OpClass::Move,
+    OpClass::Move, OpClass::Alu, OpClass::Alu, OpClass::Move, OpClass::Alu, OpClass::Branch,
+];
 const OPS_POLL_ITER: [OpClass; 6] =
     [OpClass::Move, OpClass::Move, OpClass::Alu, OpClass::Move, OpClass::Alu, OpClass::Branch];
 
@@ -208,7 +220,9 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     let m = module::parse(bytes).map_err(|r| reject(vec![r]))?;
     let mut reasons = m.problems.clone();
 
-    check_exports(&m, &mut reasons);
+    if policy.require_abi {
+        check_exports(&m, &mut reasons);
+    }
     if let Some((initial, _)) = m.memory {
         if initial > policy.caps.memory_bytes {
             reasons.push(Reason::MemoryTooLarge { bytes: initial, cap: policy.caps.memory_bytes });
@@ -326,6 +340,8 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     let mut loop_cfgs: BTreeMap<u32, BTreeMap<u32, LoopCfg>> = BTreeMap::new();
     let mut sources: BTreeMap<(u32, u32), BoundSource> = BTreeMap::new();
     let mut declared_loops: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+    // Declared loops whose limit is known at entry: checked once there, not per iteration.
+    let mut entry_checks: BTreeMap<(u32, u32), loops::Counted> = BTreeMap::new();
     for b in &m.bodies {
         let st = &structures[&b.index];
         let cfgs = loop_cfgs.entry(b.index).or_default();
@@ -345,10 +361,17 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                         _ => (iterations, BoundSource::Proven(how)),
                     }
                 }
-                (LoopProof::NotProven(why), _) => {
+                (LoopProof::NotProven(why, counted), _) => {
                     match decl.or_else(|| declared.get(&(b.index, None))) {
                         Some((v, e)) => {
                             declared_loops.insert((b.index, ord), *v);
+                            if let Some(c) = counted {
+                                let limit = (v.saturating_sub(1) as i128) * c.step as i128;
+                                let max = if c.wide { i64::MAX as i128 } else { i32::MAX as i128 };
+                                if limit <= max {
+                                    entry_checks.insert((b.index, ord), c);
+                                }
+                            }
                             (*v, BoundSource::Declared(e.clone()))
                         }
                         None => {
@@ -398,7 +421,9 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
         };
         for (f, ls) in out.iter_mut() {
             for (o, cfg) in ls.iter_mut() {
-                if declared_loops.contains_key(&(*f, *o)) {
+                if entry_checks.contains_key(&(*f, *o)) {
+                    cfg.extra_entry += OPS_ENTRY_CHECK.iter().map(|k| c(*k)).sum::<f64>();
+                } else if declared_loops.contains_key(&(*f, *o)) {
                     cfg.extra_iter += OPS_DECLARED_ITER.iter().map(|k| c(*k)).sum::<f64>();
                     cfg.extra_entry += 2.0 * c(OpClass::Move);
                 }
@@ -552,6 +577,7 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                 per_iter_cycles: l.per_iter,
                 total_cycles: l.total,
                 poll_every: polls.get(&(*f, l.ordinal)).copied(),
+                checked_at_entry: entry_checks.contains_key(&(*f, l.ordinal)),
             });
         }
     }
@@ -573,6 +599,7 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     // Instrument declared-bound loops and poll points.
     let plan = instrument::Plan {
         declared: declared_loops.clone(),
+        entry_checks: entry_checks.clone(),
         polls: polls.clone(),
         n_imported: m.n_imported(),
     };
@@ -674,7 +701,10 @@ fn render_report(a: &Admission, p: &Policy, cal: &Calibration) -> String {
         for l in &a.loops {
             let src = match &l.source {
                 BoundSource::Proven(h) => format!("proven: {h}"),
-                BoundSource::Declared(e) => format!("declared {e}, enforced"),
+                BoundSource::Declared(e) if l.checked_at_entry => {
+                    format!("declared {e}, enforced by one check at loop entry")
+                }
+                BoundSource::Declared(e) => format!("declared {e}, enforced per iteration"),
             };
             let _ = writeln!(
                 s,

@@ -139,6 +139,23 @@ enum Sym {
     /// Head-of-iteration value of the local plus `delta`.
     Ind { local: u32, delta: i64 },
     Cmp { rel: Rel, local: u32, delta: i64, n: i64, wide: bool },
+    /// A local never written in the loop body (loop-invariant).
+    Inv(u32),
+    /// `local + delta REL m` with `m` loop-invariant.
+    CmpV { rel: Rel, local: u32, delta: i64, m: u32, wide: bool },
+}
+
+/// A counted loop whose limit is a loop-invariant local: `local` (stepping by `step`)
+/// continues while `local + delta < m` (`ne`: `!= m`). Its iteration count is known at
+/// loop entry, so a declared bound can be enforced by one check there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counted {
+    pub local: u32,
+    pub delta: i64,
+    pub step: i64,
+    pub m: u32,
+    pub ne: bool,
+    pub wide: bool,
 }
 
 /// Relation of `local + delta` to the constant.
@@ -194,7 +211,7 @@ impl Rel {
 pub enum LoopProof {
     /// The loop body starts at most this many times per entry.
     Proven { iterations: u64, how: String },
-    NotProven(String),
+    NotProven(String, Option<Counted>),
 }
 
 /// Tries to prove a bound for loop frame `lf` of `body`.
@@ -226,6 +243,7 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
     if candidates.is_empty() {
         return LoopProof::NotProven(
             "no induction variable (no local is written exactly once at the loop's top level)".into(),
+            None,
         );
     }
     // Symbolic pass.
@@ -245,6 +263,7 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
                         Some(&s) => Sym::Ind { local: l, delta: s },
                         None => Sym::Unknown,
                     },
+                    None if !writes.contains_key(&l) => Sym::Inv(l),
                     None => Sym::Unknown,
                 };
                 stack.push(v);
@@ -292,6 +311,9 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
                     Sym::Cmp { rel, local, delta, n, wide } => {
                         Sym::Cmp { rel: rel.negate(), local, delta, n, wide }
                     }
+                    Sym::CmpV { rel, local, delta, m, wide } => {
+                        Sym::CmpV { rel: rel.negate(), local, delta, m, wide }
+                    }
                     Sym::Ind { local, delta } => Sym::Cmp { rel: Rel::Eq, local, delta, n: 0, wide },
                     _ => Sym::Unknown,
                 });
@@ -306,6 +328,10 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
                         }
                         (Sym::Const(n), Sym::Ind { local, delta }) => {
                             Sym::Cmp { rel: rel.swap(), local, delta, n, wide }
+                        }
+                        (Sym::Ind { local, delta }, Sym::Inv(m)) => Sym::CmpV { rel, local, delta, m, wide },
+                        (Sym::Inv(m), Sym::Ind { local, delta }) => {
+                            Sym::CmpV { rel: rel.swap(), local, delta, m, wide }
                         }
                         _ => Sym::Unknown,
                     };
@@ -365,6 +391,9 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
         .map(|(i, c)| (*i, negate(*c)))
         .collect();
     let mut best_overall: Option<(u64, String)> = None;
+    let mut counted: Option<Counted> = None;
+    let mut all_counted = true;
+    let mut unproven: Option<String> = None;
     for &b in &back_edges {
         let mut options: Vec<Sym> = Vec::new();
         if let Operator::BrIf { .. } = body.ops[b].1 {
@@ -378,22 +407,42 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
             }
         }
         let mut best: Option<(u64, String)> = None;
+        let mut this_counted: Option<Counted> = None;
         for c in options {
             if let Some(r) = count(c, &steps, &init) {
                 if best.as_ref().is_none_or(|x| r.0 < x.0) {
                     best = Some(r);
                 }
             }
+            if let Sym::CmpV { rel, local, delta, m, wide } = c {
+                if let Some(&step) = steps.get(&local) {
+                    let ok = step > 0
+                        && (rel == Rel::LtU || (rel == Rel::Ne && (step as u64).is_power_of_two()));
+                    if ok && this_counted.is_none() {
+                        this_counted = Some(Counted { local, delta, step, m, ne: rel == Rel::Ne, wide });
+                    }
+                }
+            }
+        }
+        match (&counted, this_counted) {
+            (_, None) => all_counted = false,
+            (None, Some(c)) => counted = Some(c),
+            (Some(a), Some(c)) if *a == c => {}
+            _ => all_counted = false,
         }
         let Some(best) = best else {
-            return LoopProof::NotProven(format!(
+            unproven.get_or_insert(format!(
                 "back edge at offset {:#x} is not guarded by a comparison of a counter against a constant",
                 body.ops[b].0
             ));
+            continue;
         };
         if best_overall.as_ref().is_none_or(|x| best.0 > x.0) {
             best_overall = Some(best);
         }
+    }
+    if let Some(why) = unproven {
+        return LoopProof::NotProven(why, if all_counted { counted } else { None });
     }
     let (back, how) = best_overall.unwrap_or((0, String::new()));
     LoopProof::Proven { iterations: back.saturating_add(1), how }
@@ -402,6 +451,7 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
 fn negate(s: Sym) -> Sym {
     match s {
         Sym::Cmp { rel, local, delta, n, wide } => Sym::Cmp { rel: rel.negate(), local, delta, n, wide },
+        Sym::CmpV { rel, local, delta, m, wide } => Sym::CmpV { rel: rel.negate(), local, delta, m, wide },
         Sym::Ind { local, delta } => Sym::Cmp { rel: Rel::Eq, local, delta, n: 0, wide: false },
         _ => Sym::Unknown,
     }

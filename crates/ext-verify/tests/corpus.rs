@@ -52,7 +52,7 @@ fn proven_and_declared_loops_are_reported() {
     assert_eq!(blocks.iterations, 2048 / 64 + 1);
     assert!(matches!(&blocks.source, BoundSource::Declared(e) if e == "PACKET_LEN_MAX/64+1"));
     assert!(a.instrumented);
-    assert!(a.report.contains("declared PACKET_LEN_MAX/64+1, enforced"), "{}", a.report);
+    assert!(a.report.contains("declared PACKET_LEN_MAX/64+1, enforced by one check at loop entry"), "{}", a.report);
 }
 
 #[test]
