@@ -149,6 +149,7 @@ impl Bench {
         host::link(&mut linker).expect("link");
         let mut store = self.store();
         let inst = linker.instantiate(&mut store, &module).expect("instantiate kernel");
+        store.data_mut().memory = inst.get_memory(&mut store, "memory");
         let k = inst.get_typed_func::<i32, i32>(&mut store, "k").expect("k");
         // Size the run.
         let mut n = 16i32;

@@ -222,6 +222,7 @@ impl WasmExtension {
         let memory = instance
             .get_memory(&mut store, "memory")
             .ok_or_else(|| LoadError::Abi("no exported memory `memory`".into()))?;
+        store.data_mut().memory = Some(memory);
         let get_i32 = |store: &mut Store<HostState>, name: &str| -> Result<i32, LoadError> {
             let f = instance
                 .get_typed_func::<(), i32>(&mut *store, name)

@@ -54,6 +54,8 @@ pub struct HostState {
     pub drain: Option<DrainHook>,
     /// Descriptions of declared loops, by id (for the trap message).
     pub declared_loops: Vec<String>,
+    /// The instance's exported `memory`, once instantiated.
+    pub memory: Option<wasmtime::Memory>,
 }
 
 impl HostState {
@@ -77,6 +79,7 @@ impl HostState {
             drains: 0,
             drain: None,
             declared_loops: Vec::new(),
+            memory: None,
         }
     }
 
@@ -94,7 +97,13 @@ impl HostState {
     }
 }
 
+/// The instance's exported memory: cached in the store after instantiation (a lookup by
+/// name on every host call would cost more than the call itself).
+#[inline]
 fn memory(caller: &mut Caller<'_, HostState>) -> Option<wasmtime::Memory> {
+    if let Some(m) = caller.data().memory {
+        return Some(m);
+    }
     match caller.get_export("memory") {
         Some(Extern::Memory(m)) => Some(m),
         _ => None,
