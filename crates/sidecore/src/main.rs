@@ -1,13 +1,170 @@
 //! The `sidecore` command: both the command-line interface and the daemon.
+//!
+//! | command | what it does |
+//! |---|---|
+//! | `check MANIFEST` | validates a manifest (and the parameters of built-in offcodes) |
+//! | `devices` | lists the processing elements this machine offers |
+//! | `layout MANIFEST` | solves the layout and prints each placement with its reason |
+//! | `up MANIFEST` | deploys in the foreground (or `-d`: into a background daemon) |
+//! | `daemon` | runs the daemon in the foreground |
+//! | `ps` / `down` / `events` | inspect and stop what a daemon runs |
 
-use clap::Parser;
+mod check;
+mod ctl;
+mod devices;
+mod layout;
+mod up;
 
-/// sidecore offloads functionality onto processing elements that would otherwise sit idle.
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use sidecore_offcode::Registry;
+
+/// sidecore offloads functionality onto processing elements that would
+/// otherwise sit idle: dedicated cores, the kernel's eBPF engine, WebAssembly
+/// sandboxes and peer machines.
 #[derive(Parser, Debug)]
-#[command(name = "sidecore", version, about)]
-struct Cli {}
+#[command(name = "sidecore", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
 
-fn main() -> anyhow::Result<()> {
-    let _cli = Cli::parse();
-    Ok(())
+/// Options shared by the commands that look at this machine's PEs.
+#[derive(clap::Args, Debug, Clone)]
+pub struct PeArgs {
+    /// TOML file listing peer nodes (`[[node]] name, addr`).
+    #[arg(long, env = "SIDECORE_NODES")]
+    nodes: Option<PathBuf>,
+    /// CPUs never to dedicate (kept for the host), e.g. `0` or `0,2`.
+    #[arg(long, value_delimiter = ',')]
+    housekeeping: Option<Vec<u32>>,
+}
+
+/// Where the daemon's control socket is.
+#[derive(clap::Args, Debug, Clone)]
+pub struct SocketArgs {
+    /// Control socket path [default: $SIDECORE_SOCKET, /run/sidecore/sidecore.sock as root].
+    #[arg(long)]
+    socket: Option<PathBuf>,
+}
+
+impl SocketArgs {
+    fn path(&self) -> PathBuf {
+        self.socket.clone().unwrap_or_else(sidecore_control::default_socket)
+    }
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Validate a manifest and everything it imports.
+    Check {
+        manifest: PathBuf,
+        /// Print a JSON summary instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// List the processing elements this machine offers.
+    Devices {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        pe: PeArgs,
+    },
+    /// Solve the layout of a manifest and explain each placement.
+    Layout {
+        manifest: PathBuf,
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        pe: PeArgs,
+    },
+    /// Deploy a manifest: in the foreground, or into a background daemon with -d.
+    Up(up::UpArgs),
+    /// Run the daemon in the foreground (serves `ps`, `down`, `up -d`).
+    Daemon(ctl::DaemonArgs),
+    /// List the apps and offcodes a daemon runs.
+    Ps {
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+    /// Stop an app (by name or id), every app, or the daemon itself.
+    Down {
+        /// App name or id; all apps when omitted.
+        app: Option<String>,
+        /// Also stop the daemon.
+        #[arg(long)]
+        daemon: bool,
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+    /// Print a daemon's event log.
+    Events {
+        app: Option<String>,
+        #[command(flatten)]
+        socket: SocketArgs,
+    },
+}
+
+/// The offcode library this binary ships.
+pub fn registry() -> Registry {
+    let mut r = Registry::new();
+    sidecore_builtins::register(&mut r);
+    r
+}
+
+/// Discovery options from the command line.
+pub fn discover_options(pe: &PeArgs) -> anyhow::Result<sidecore_pe::DiscoverOptions> {
+    let mut o = sidecore_pe::DiscoverOptions::default();
+    if let Some(path) = &pe.nodes {
+        o.nodes = sidecore_pe::node::load_nodes(path).map_err(anyhow::Error::msg)?;
+    }
+    o.housekeeping = pe.housekeeping.clone();
+    Ok(o)
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SIDECORE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let r = match cli.command {
+        Command::Check { manifest, json } => check::run(&manifest, json),
+        Command::Devices { json, pe } => devices::run(&pe, json),
+        Command::Layout { manifest, json, pe } => layout::run(&manifest, &pe, json),
+        Command::Up(args) => up::run(args),
+        Command::Daemon(args) => ctl::daemon(args),
+        Command::Ps { json, socket } => ctl::ps(&socket, json),
+        Command::Down { app, daemon, socket } => ctl::down(&socket, app, daemon),
+        Command::Events { app, socket } => ctl::events(&socket, app),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Whether stderr is a terminal (for coloured diagnostics).
+pub fn stderr_is_tty() -> bool {
+    use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
+}
+
+/// Human-readable bytes.
+pub fn bytes(b: u64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b as f64;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
 }

@@ -167,6 +167,25 @@ impl Default for ChannelProps {
     }
 }
 
+/// A property of a PE, or a requirement on one (`require = { isolated = true }`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum PropValue {
+    Bool(bool),
+    Int(i64),
+    Str(String),
+}
+
+impl fmt::Display for PropValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PropValue::Bool(b) => write!(f, "{b}"),
+            PropValue::Int(i) => write!(f, "{i}"),
+            PropValue::Str(s) => write!(f, "{s:?}"),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

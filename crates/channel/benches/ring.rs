@@ -1,0 +1,392 @@
+//! Benchmark of the shared-memory ring against crossbeam-channel (bounded),
+//! std::sync::mpsc (sync_channel) and a Unix socket pair, all side by side in one
+//! run, with 64-byte messages between two pinned cores.
+//!
+//! Throughput: messages per second, unbatched (one message per operation) and
+//! batched (32 messages per operation: one publish for the ring, one array of 32
+//! messages per send for the channels, one 2 KiB write for the socket).
+//! Latency: round trip (p50, p99) of a 64-byte message bounced between the
+//! cores, beside a bare cache-line ping-pong measured the same way.
+//!
+//! Run: `cargo bench -p sidecore-channel --bench ring` (set `RING_BENCH_MSGS` to
+//! change the message count, default 4,000,000; `RING_BENCH_RTT`, default 200,000).
+
+use std::hint::black_box;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use sidecore_channel::{Recv, Ring, RingConfig};
+
+const MSG: usize = 64;
+const BATCH: usize = 32;
+type Msg = [u8; MSG];
+
+fn pin(core: usize) {
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    if let Some(id) = ids.get(core % ids.len().max(1)) {
+        core_affinity::set_for_current(*id);
+    }
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+/// Runs `producer` on core 0 and `consumer` on core 1; returns msgs/s.
+fn run_pair(n: u64, producer: impl FnOnce(u64) + Send + 'static, consumer: impl FnOnce(u64) + Send + 'static) -> f64 {
+    let start_gate = Arc::new(std::sync::Barrier::new(2));
+    let g = Arc::clone(&start_gate);
+    let c = std::thread::spawn(move || {
+        pin(1);
+        g.wait();
+        consumer(n);
+    });
+    pin(0);
+    start_gate.wait();
+    let t = Instant::now();
+    producer(n);
+    c.join().unwrap();
+    n as f64 / t.elapsed().as_secs_f64()
+}
+
+fn ring_throughput(n: u64, batched: bool) -> f64 {
+    let b = if batched { BATCH } else { 1 };
+    let (mut p, mut cs) = Ring::new(RingConfig {
+        slots: 4096,
+        slot_size: 128,
+        consumers: 1,
+        publish_batch: b,
+        release_batch: if batched { 64 } else { 1 },
+    })
+    .unwrap();
+    let mut c = cs.pop().unwrap();
+    run_pair(
+        n,
+        move |n| {
+            for i in 0..n {
+                loop {
+                    if let Some(mut s) = p.try_reserve() {
+                        s[..8].copy_from_slice(&i.to_le_bytes());
+                        s[8..MSG].fill(7);
+                        s.commit(MSG);
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+            p.publish();
+        },
+        move |n| {
+            let mut sum = 0u64;
+            let mut got = 0;
+            while got < n {
+                match c.try_recv() {
+                    Ok(m) => {
+                        sum = sum.wrapping_add(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                        got += 1;
+                    }
+                    Err(Recv::Empty) => std::hint::spin_loop(),
+                    Err(Recv::Closed) => break,
+                }
+            }
+            assert_eq!(got, n);
+            black_box(sum);
+        },
+    )
+}
+
+fn crossbeam_throughput(n: u64, batched: bool) -> f64 {
+    if batched {
+        let (tx, rx) = crossbeam_channel::bounded::<[Msg; BATCH]>(4096 / BATCH);
+        run_pair(
+            n,
+            move |n| {
+                for i in 0..n / BATCH as u64 {
+                    let mut b = [[7u8; MSG]; BATCH];
+                    b[0][..8].copy_from_slice(&i.to_le_bytes());
+                    tx.send(b).unwrap();
+                }
+            },
+            move |n| {
+                for _ in 0..n / BATCH as u64 {
+                    black_box(rx.recv().unwrap());
+                }
+            },
+        )
+    } else {
+        let (tx, rx) = crossbeam_channel::bounded::<Msg>(4096);
+        run_pair(
+            n,
+            move |n| {
+                for i in 0..n {
+                    let mut m = [7u8; MSG];
+                    m[..8].copy_from_slice(&i.to_le_bytes());
+                    tx.send(m).unwrap();
+                }
+            },
+            move |n| {
+                for _ in 0..n {
+                    black_box(rx.recv().unwrap());
+                }
+            },
+        )
+    }
+}
+
+fn mpsc_throughput(n: u64, batched: bool) -> f64 {
+    if batched {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<[Msg; BATCH]>(4096 / BATCH);
+        run_pair(
+            n,
+            move |n| {
+                for i in 0..n / BATCH as u64 {
+                    let mut b = [[7u8; MSG]; BATCH];
+                    b[0][..8].copy_from_slice(&i.to_le_bytes());
+                    tx.send(b).unwrap();
+                }
+            },
+            move |n| {
+                for _ in 0..n / BATCH as u64 {
+                    black_box(rx.recv().unwrap());
+                }
+            },
+        )
+    } else {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Msg>(4096);
+        run_pair(
+            n,
+            move |n| {
+                for i in 0..n {
+                    let mut m = [7u8; MSG];
+                    m[..8].copy_from_slice(&i.to_le_bytes());
+                    tx.send(m).unwrap();
+                }
+            },
+            move |n| {
+                for _ in 0..n {
+                    black_box(rx.recv().unwrap());
+                }
+            },
+        )
+    }
+}
+
+fn socket_throughput(n: u64, batched: bool) -> f64 {
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    let per_write = if batched { BATCH } else { 1 };
+    run_pair(
+        n,
+        move |n| {
+            let buf = vec![7u8; MSG * per_write];
+            for _ in 0..n / per_write as u64 {
+                a.write_all(&buf).unwrap();
+            }
+        },
+        move |n| {
+            let mut buf = vec![0u8; MSG * BATCH];
+            let mut left = n as usize * MSG;
+            while left > 0 {
+                let want = left.min(buf.len());
+                let got = b.read(&mut buf[..want]).unwrap();
+                assert!(got > 0);
+                left -= got;
+            }
+        },
+    )
+}
+
+/// Round trips on core 0 against an echo on core 1; returns a histogram in ns.
+fn rtt(rounds: u64, mut round: impl FnMut(u64) + Send, echo: impl FnOnce(u64) + Send + 'static) -> Histogram<u64> {
+    let echo = std::thread::spawn(move || {
+        pin(1);
+        echo(rounds + 1000);
+    });
+    pin(0);
+    let mut h = Histogram::<u64>::new_with_bounds(1, 10_000_000, 3).unwrap();
+    for i in 0..1000 {
+        round(i); // warm-up
+    }
+    for i in 1000..rounds + 1000 {
+        let t = Instant::now();
+        round(i);
+        h.record(t.elapsed().as_nanos().max(1) as u64).ok();
+    }
+    echo.join().unwrap();
+    h
+}
+
+fn bare_pingpong(rounds: u64) -> Histogram<u64> {
+    let ping = Arc::new(crossbeam_utils::CachePadded::new(AtomicU64::new(0)));
+    let pong = Arc::new(crossbeam_utils::CachePadded::new(AtomicU64::new(0)));
+    let (pi, po) = (Arc::clone(&ping), Arc::clone(&pong));
+    rtt(
+        rounds,
+        move |i| {
+            ping.store(i + 1, Ordering::Release);
+            while pong.load(Ordering::Acquire) != i + 1 {
+                std::hint::spin_loop();
+            }
+        },
+        move |n| {
+            for i in 0..n {
+                while pi.load(Ordering::Acquire) != i + 1 {
+                    std::hint::spin_loop();
+                }
+                po.store(i + 1, Ordering::Release);
+            }
+        },
+    )
+}
+
+fn ring_rtt(rounds: u64) -> Histogram<u64> {
+    let cfg = RingConfig {
+        slots: 64,
+        slot_size: 128,
+        consumers: 1,
+        publish_batch: 1,
+        release_batch: 16,
+    };
+    let (mut p1, mut c1) = Ring::new(cfg).unwrap();
+    let (mut p2, mut c2) = Ring::new(cfg).unwrap();
+    let mut c1 = c1.pop().unwrap();
+    let mut c2 = c2.pop().unwrap();
+    rtt(
+        rounds,
+        move |i| {
+            loop {
+                if let Some(mut s) = p1.try_reserve() {
+                    s[..8].copy_from_slice(&i.to_le_bytes());
+                    s.commit(MSG);
+                    break;
+                }
+            }
+            loop {
+                if let Ok(m) = c2.try_recv() {
+                    debug_assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), i);
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        },
+        move |n| {
+            for _ in 0..n {
+                loop {
+                    if let Ok(m) = c1.try_recv() {
+                        let mut s = loop {
+                            if let Some(s) = p2.try_reserve() {
+                                break s;
+                            }
+                        };
+                        s[..MSG].copy_from_slice(&m[..MSG]);
+                        s.commit(MSG);
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        },
+    )
+}
+
+fn crossbeam_rtt(rounds: u64) -> Histogram<u64> {
+    let (tx1, rx1) = crossbeam_channel::bounded::<Msg>(64);
+    let (tx2, rx2) = crossbeam_channel::bounded::<Msg>(64);
+    rtt(
+        rounds,
+        move |_| {
+            tx1.send([1; MSG]).unwrap();
+            black_box(rx2.recv().unwrap());
+        },
+        move |n| {
+            for _ in 0..n {
+                let m = rx1.recv().unwrap();
+                tx2.send(m).unwrap();
+            }
+        },
+    )
+}
+
+fn socket_rtt(rounds: u64) -> Histogram<u64> {
+    let (mut a, mut b) = UnixStream::pair().unwrap();
+    rtt(
+        rounds,
+        move |_| {
+            a.write_all(&[1; MSG]).unwrap();
+            let mut m = [0; MSG];
+            a.read_exact(&mut m).unwrap();
+        },
+        move |n| {
+            let mut m = [0; MSG];
+            for _ in 0..n {
+                b.read_exact(&mut m).unwrap();
+                b.write_all(&m).unwrap();
+            }
+        },
+    )
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.partial_cmp(b).unwrap());
+    v[v.len() / 2]
+}
+
+fn main() {
+    // `cargo bench` passes `--bench`; ignore arguments.
+    let n = env("RING_BENCH_MSGS", 4_000_000) / BATCH as u64 * BATCH as u64;
+    let rounds = env("RING_BENCH_RTT", 200_000);
+    let reps = env("RING_BENCH_REPS", 3) as usize;
+    println!("# sidecore ring benchmark: {n} messages of {MSG} B, {rounds} round trips, median of {reps} runs");
+    println!("# cores: producer/ping on 0, consumer/echo on 1");
+
+    type Bench = fn(u64, bool) -> f64;
+    let cases: [(&str, Bench); 4] = [
+        ("sidecore ring", ring_throughput),
+        ("crossbeam bounded", crossbeam_throughput),
+        ("std mpsc sync_channel", mpsc_throughput),
+        ("unix socketpair", socket_throughput),
+    ];
+    let mut results = Vec::new();
+    for (name, f) in cases {
+        for batched in [false, true] {
+            let r = median((0..reps).map(|_| f(n, batched)).collect());
+            results.push((name, batched, r));
+        }
+    }
+    let get = |name: &str, batched: bool| results.iter().find(|r| r.0 == name && r.1 == batched).unwrap().2;
+    println!("\n| transport | unbatched Mmsg/s | batched Mmsg/s | ring ÷ this (unbatched) | ring ÷ this (batched) |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, _) in cases {
+        let (u, b) = (get(name, false), get(name, true));
+        println!(
+            "| {name} | {:.1} | {:.1} | {:.2}× | {:.2}× |",
+            u / 1e6,
+            b / 1e6,
+            get("sidecore ring", false) / u,
+            get("sidecore ring", true) / b
+        );
+    }
+
+    let hs = [
+        ("bare cache-line ping-pong", bare_pingpong(rounds)),
+        ("sidecore ring (64 B)", ring_rtt(rounds)),
+        ("crossbeam bounded", crossbeam_rtt(rounds)),
+        ("unix socketpair", socket_rtt(rounds / 4)),
+    ];
+    let bare = &hs[0].1;
+    println!("\n| round trip | p50 ns | p99 ns | p50 ÷ bare | p99 ÷ bare |");
+    println!("|---|---:|---:|---:|---:|");
+    for (name, h) in &hs {
+        println!(
+            "| {name} | {} | {} | {:.2}× | {:.2}× |",
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99),
+            h.value_at_quantile(0.5) as f64 / bare.value_at_quantile(0.5) as f64,
+            h.value_at_quantile(0.99) as f64 / bare.value_at_quantile(0.99) as f64
+        );
+    }
+    let _ = Duration::ZERO;
+}

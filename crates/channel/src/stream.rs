@@ -1,0 +1,550 @@
+//! The stream channel to a peer node over TCP.
+//!
+//! A connection opens with a hello (`SCCHAN` magic, protocol version, channel
+//! name), then carries length-prefixed frames (`u32` little-endian length, then
+//! the bytes). Reliability follows the channel's delivery property: a reliable
+//! sender buffers and writes everything (TCP applies the back-pressure); an
+//! unreliable sender never waits: when the kernel send buffer and a bounded
+//! local buffer are both full it drops the message and counts it.
+//!
+//! The wire parsing ([`parse_hello`], [`FrameDecoder`]) is sans-IO so it can be
+//! fuzzed; errors name the peer and what was wrong.
+
+use std::io::{self, ErrorKind, Read, Write};
+use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::time::{Duration, Instant};
+
+use sidecore_types::Delivery;
+
+use crate::sender::SendOutcome;
+
+/// First bytes of every stream connection.
+pub const MAGIC: &[u8; 6] = b"SCCHAN";
+/// Version of the stream protocol.
+pub const VERSION: u16 = 1;
+/// Default largest frame a receiver accepts.
+pub const DEFAULT_MAX_FRAME: usize = 1 << 20;
+/// Longest channel name in a hello.
+pub const MAX_NAME: usize = 255;
+
+/// What went wrong on a stream channel, with the peer it concerns.
+#[derive(Debug, thiserror::Error)]
+pub enum StreamError {
+    #[error("peer {peer}: {source}")]
+    Io {
+        peer: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("peer {peer}: {problem}")]
+    Protocol { peer: String, problem: WireError },
+    #[error("peer {peer} closed the channel")]
+    Closed { peer: String },
+    #[error("peer {peer}: message of {len} bytes exceeds the {max}-byte frame limit")]
+    TooLarge { peer: String, len: usize, max: usize },
+}
+
+/// A malformed wire header, independent of any socket.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum WireError {
+    #[error("not a sidecore channel (expected magic {expected:?}, got {got:?})")]
+    BadMagic { expected: String, got: String },
+    #[error("unsupported stream protocol version {got} (this side speaks {VERSION})")]
+    Version { got: u16 },
+    #[error("hello names a channel of {len} bytes (at most {MAX_NAME})")]
+    NameTooLong { len: usize },
+    #[error("channel name is not UTF-8")]
+    NameNotUtf8,
+    #[error("frame of {len} bytes exceeds the {max}-byte limit")]
+    FrameTooLarge { len: usize, max: usize },
+    #[error("expected channel `{expected}`, peer opened `{got}`")]
+    WrongChannel { expected: String, got: String },
+}
+
+/// Encodes a hello for `channel`.
+pub fn encode_hello(channel: &str) -> Vec<u8> {
+    let name = channel.as_bytes();
+    let name = &name[..name.len().min(MAX_NAME)];
+    let mut out = Vec::with_capacity(9 + name.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&VERSION.to_le_bytes());
+    out.push(name.len() as u8);
+    out.extend_from_slice(name);
+    out
+}
+
+/// Parses a hello from the start of `buf`: `Ok(None)` if more bytes are needed,
+/// otherwise the channel name and the number of bytes consumed.
+pub fn parse_hello(buf: &[u8]) -> Result<Option<(String, usize)>, WireError> {
+    let have = buf.len().min(MAGIC.len());
+    if buf[..have] != MAGIC[..have] {
+        return Err(WireError::BadMagic {
+            expected: String::from_utf8_lossy(MAGIC).into_owned(),
+            got: String::from_utf8_lossy(&buf[..have]).into_owned(),
+        });
+    }
+    if buf.len() < 9 {
+        return Ok(None);
+    }
+    let version = u16::from_le_bytes([buf[6], buf[7]]);
+    if version != VERSION {
+        return Err(WireError::Version { got: version });
+    }
+    let len = buf[8] as usize;
+    if buf.len() < 9 + len {
+        return Ok(None);
+    }
+    let name = std::str::from_utf8(&buf[9..9 + len]).map_err(|_| WireError::NameNotUtf8)?;
+    Ok(Some((name.to_string(), 9 + len)))
+}
+
+/// Splits a byte stream into frames. Sans-IO: feed bytes, take frames.
+#[derive(Debug)]
+pub struct FrameDecoder {
+    buf: Vec<u8>,
+    start: usize,
+    max_frame: usize,
+}
+
+impl FrameDecoder {
+    /// A decoder refusing frames over `max_frame` bytes.
+    pub fn new(max_frame: usize) -> Self {
+        FrameDecoder {
+            buf: Vec::with_capacity(64 * 1024),
+            start: 0,
+            max_frame,
+        }
+    }
+
+    /// Appends received bytes.
+    pub fn feed(&mut self, bytes: &[u8]) {
+        self.compact();
+        self.buf.extend_from_slice(bytes);
+    }
+
+    /// Space to read into directly: returns a slice to fill; call
+    /// [`commit`](Self::commit) with how much was filled.
+    pub fn spare(&mut self, want: usize) -> &mut [u8] {
+        self.compact();
+        let len = self.buf.len();
+        self.buf.resize(len + want, 0);
+        &mut self.buf[len..]
+    }
+
+    /// Keeps `filled` bytes of the last [`spare`](Self::spare) slice.
+    pub fn commit(&mut self, want: usize, filled: usize) {
+        let len = self.buf.len();
+        self.buf.truncate(len - want + filled.min(want));
+    }
+
+    fn compact(&mut self) {
+        if self.start > 0 && self.start == self.buf.len() {
+            self.buf.clear();
+            self.start = 0;
+        } else if self.start > 32 * 1024 {
+            self.buf.drain(..self.start);
+            self.start = 0;
+        }
+    }
+
+    /// The next complete frame, if one is buffered.
+    pub fn next_frame(&mut self) -> Result<Option<&[u8]>, WireError> {
+        let avail = &self.buf[self.start..];
+        if avail.len() < 4 {
+            return Ok(None);
+        }
+        let len = u32::from_le_bytes(avail[..4].try_into().expect("4 bytes")) as usize;
+        if len > self.max_frame {
+            return Err(WireError::FrameTooLarge {
+                len,
+                max: self.max_frame,
+            });
+        }
+        if avail.len() < 4 + len {
+            return Ok(None);
+        }
+        let from = self.start + 4;
+        self.start = from + len;
+        Ok(Some(&self.buf[from..from + len]))
+    }
+
+    /// Bytes buffered but not yet returned as frames.
+    pub fn buffered(&self) -> usize {
+        self.buf.len() - self.start
+    }
+}
+
+/// The sending end of a stream channel.
+pub struct StreamSender {
+    sock: TcpStream,
+    peer: String,
+    delivery: Delivery,
+    out: Vec<u8>,
+    written: usize,
+    max_buffer: usize,
+    max_frame: usize,
+    sent: u64,
+    dropped: u64,
+}
+
+impl StreamSender {
+    /// Connects to a peer's stream listener and opens `channel`.
+    pub fn connect(
+        addr: impl ToSocketAddrs,
+        channel: &str,
+        delivery: Delivery,
+        timeout: Duration,
+    ) -> Result<Self, StreamError> {
+        let addrs: Vec<SocketAddr> = addr
+            .to_socket_addrs()
+            .map_err(|e| StreamError::Io {
+                peer: "?".into(),
+                source: e,
+            })?
+            .collect();
+        let mut last = None;
+        for a in &addrs {
+            match TcpStream::connect_timeout(a, timeout) {
+                Ok(sock) => return Self::over(sock, channel, delivery),
+                Err(e) => last = Some((a.to_string(), e)),
+            }
+        }
+        let (peer, source) = last.unwrap_or_else(|| ("?".into(), io::Error::new(ErrorKind::NotFound, "no address")));
+        Err(StreamError::Io { peer, source })
+    }
+
+    /// Opens `channel` over an already connected socket.
+    pub fn over(sock: TcpStream, channel: &str, delivery: Delivery) -> Result<Self, StreamError> {
+        let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        let io_err = |source| StreamError::Io {
+            peer: peer.clone(),
+            source,
+        };
+        sock.set_nodelay(true).map_err(io_err)?;
+        let mut s = StreamSender {
+            sock,
+            peer: peer.clone(),
+            delivery,
+            out: Vec::with_capacity(64 * 1024),
+            written: 0,
+            max_buffer: 4 << 20,
+            max_frame: DEFAULT_MAX_FRAME,
+            sent: 0,
+            dropped: 0,
+        };
+        s.out.extend_from_slice(&encode_hello(channel));
+        s.flush_blocking()?;
+        if delivery == Delivery::Unreliable {
+            s.sock.set_nonblocking(true).map_err(io_err)?;
+        }
+        Ok(s)
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Messages accepted and messages dropped so far.
+    pub fn counts(&self) -> (u64, u64) {
+        (self.sent, self.dropped)
+    }
+
+    /// Queues a message; it goes out on the next [`publish`](Self::publish) (or
+    /// when the local buffer fills).
+    pub fn send(&mut self, msg: &[u8]) -> Result<SendOutcome, StreamError> {
+        if msg.len() > self.max_frame {
+            return Err(StreamError::TooLarge {
+                peer: self.peer.clone(),
+                len: msg.len(),
+                max: self.max_frame,
+            });
+        }
+        if self.out.len() - self.written + 4 + msg.len() > self.max_buffer {
+            match self.delivery {
+                Delivery::Reliable => self.flush_blocking()?,
+                Delivery::Unreliable => {
+                    self.try_flush()?;
+                    if self.out.len() - self.written + 4 + msg.len() > self.max_buffer {
+                        self.dropped += 1;
+                        return Ok(SendOutcome::Dropped);
+                    }
+                }
+            }
+        }
+        self.out.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+        self.out.extend_from_slice(msg);
+        self.sent += 1;
+        Ok(SendOutcome::Sent)
+    }
+
+    /// Writes out what is queued: all of it for a reliable channel, as much as
+    /// the socket takes without waiting for an unreliable one.
+    pub fn publish(&mut self) -> Result<(), StreamError> {
+        match self.delivery {
+            Delivery::Reliable => self.flush_blocking(),
+            Delivery::Unreliable => self.try_flush(),
+        }
+    }
+
+    fn flush_blocking(&mut self) -> Result<(), StreamError> {
+        while self.written < self.out.len() {
+            match self.sock.write(&self.out[self.written..]) {
+                Ok(0) => return Err(StreamError::Closed { peer: self.peer.clone() }),
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
+                Err(e) => return Err(self.io(e)),
+            }
+        }
+        self.out.clear();
+        self.written = 0;
+        Ok(())
+    }
+
+    fn try_flush(&mut self) -> Result<(), StreamError> {
+        while self.written < self.out.len() {
+            match self.sock.write(&self.out[self.written..]) {
+                Ok(0) => return Err(StreamError::Closed { peer: self.peer.clone() }),
+                Ok(n) => self.written += n,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => return Err(self.io(e)),
+            }
+        }
+        if self.written == self.out.len() {
+            self.out.clear();
+            self.written = 0;
+        } else if self.written > self.max_buffer / 2 {
+            self.out.drain(..self.written);
+            self.written = 0;
+        }
+        Ok(())
+    }
+
+    fn io(&self, source: io::Error) -> StreamError {
+        if matches!(source.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) {
+            return StreamError::Closed { peer: self.peer.clone() };
+        }
+        StreamError::Io {
+            peer: self.peer.clone(),
+            source,
+        }
+    }
+}
+
+/// Accepts stream channels from peers.
+pub struct StreamListener {
+    listener: TcpListener,
+}
+
+impl StreamListener {
+    /// Listens on `addr` (use port 0 for an ephemeral port).
+    pub fn bind(addr: impl ToSocketAddrs) -> io::Result<Self> {
+        Ok(StreamListener {
+            listener: TcpListener::bind(addr)?,
+        })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Accepts one connection and reads its hello (within `timeout`).
+    pub fn accept(&self, timeout: Duration) -> Result<StreamReceiver, StreamError> {
+        let (sock, addr) = self.listener.accept().map_err(|e| StreamError::Io {
+            peer: "listener".into(),
+            source: e,
+        })?;
+        StreamReceiver::handshake(sock, addr.to_string(), timeout)
+    }
+}
+
+/// The receiving end of a stream channel.
+pub struct StreamReceiver {
+    sock: TcpStream,
+    peer: String,
+    channel: String,
+    decoder: FrameDecoder,
+    eof: bool,
+}
+
+impl StreamReceiver {
+    fn handshake(sock: TcpStream, peer: String, timeout: Duration) -> Result<Self, StreamError> {
+        let io_err = |source| StreamError::Io {
+            peer: peer.clone(),
+            source,
+        };
+        sock.set_read_timeout(Some(timeout)).map_err(io_err)?;
+        let deadline = Instant::now() + timeout;
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 512];
+        let mut s = sock;
+        let (channel, used) = loop {
+            match parse_hello(&buf) {
+                Ok(Some(done)) => break done,
+                Ok(None) => {}
+                Err(problem) => return Err(StreamError::Protocol { peer, problem }),
+            }
+            if Instant::now() > deadline {
+                return Err(io_err(io::Error::new(ErrorKind::TimedOut, "no hello before the deadline")));
+            }
+            match s.read(&mut chunk) {
+                Ok(0) => return Err(StreamError::Closed { peer }),
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Err(io_err(e)),
+            }
+        };
+        s.set_read_timeout(None).map_err(io_err)?;
+        s.set_nonblocking(true).map_err(io_err)?;
+        let mut decoder = FrameDecoder::new(DEFAULT_MAX_FRAME);
+        decoder.feed(&buf[used..]);
+        Ok(StreamReceiver {
+            sock: s,
+            peer,
+            channel,
+            decoder,
+            eof: false,
+        })
+    }
+
+    /// The channel name the peer opened.
+    pub fn channel(&self) -> &str {
+        &self.channel
+    }
+
+    /// The peer's address.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Checks that the peer opened the channel we expect.
+    pub fn expect_channel(&self, name: &str) -> Result<(), StreamError> {
+        if self.channel != name {
+            return Err(StreamError::Protocol {
+                peer: self.peer.clone(),
+                problem: WireError::WrongChannel {
+                    expected: name.to_string(),
+                    got: self.channel.clone(),
+                },
+            });
+        }
+        Ok(())
+    }
+
+    /// The next message without waiting: `Ok(None)` if none has arrived,
+    /// `Err(Closed)` once the peer has closed and everything is read.
+    pub fn try_recv(&mut self) -> Result<Option<&[u8]>, StreamError> {
+        if self.decoder.buffered() < 4 || !self.has_full_frame() {
+            self.fill()?;
+        }
+        let peer = &self.peer;
+        match self.decoder.next_frame() {
+            Ok(Some(f)) => Ok(Some(f)),
+            Ok(None) if self.eof => Err(StreamError::Closed { peer: peer.clone() }),
+            Ok(None) => Ok(None),
+            Err(problem) => Err(StreamError::Protocol {
+                peer: peer.clone(),
+                problem,
+            }),
+        }
+    }
+
+    /// Waits up to `timeout` for the next message, copying it out.
+    pub fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Vec<u8>>, StreamError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(m) = self.try_recv()? {
+                return Ok(Some(m.to_vec()));
+            }
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+
+    fn has_full_frame(&self) -> bool {
+        let b = &self.decoder.buf[self.decoder.start..];
+        b.len() >= 4 && b.len() >= 4 + u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize
+    }
+
+    fn fill(&mut self) -> Result<(), StreamError> {
+        if self.eof {
+            return Ok(());
+        }
+        const WANT: usize = 64 * 1024;
+        let spare = self.decoder.spare(WANT);
+        let r = self.sock.read(spare);
+        match r {
+            Ok(0) => {
+                self.decoder.commit(WANT, 0);
+                self.eof = true;
+                Ok(())
+            }
+            Ok(n) => {
+                self.decoder.commit(WANT, n);
+                Ok(())
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
+                self.decoder.commit(WANT, 0);
+                Ok(())
+            }
+            Err(e) => {
+                self.decoder.commit(WANT, 0);
+                Err(StreamError::Io {
+                    peer: self.peer.clone(),
+                    source: e,
+                })
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hello_round_trips_and_bad_ones_are_named() {
+        let h = encode_hello("records");
+        assert_eq!(parse_hello(&h).unwrap(), Some(("records".to_string(), h.len())));
+        assert_eq!(parse_hello(&h[..4]).unwrap(), None);
+        let e = parse_hello(b"GET / HTTP/1.1").unwrap_err();
+        assert!(e.to_string().contains("not a sidecore channel"), "{e}");
+        let mut v = h.clone();
+        v[6] = 9;
+        assert_eq!(parse_hello(&v).unwrap_err(), WireError::Version { got: 9 });
+        let mut u = h;
+        u[9] = 0xff;
+        assert_eq!(parse_hello(&u).unwrap_err(), WireError::NameNotUtf8);
+    }
+
+    #[test]
+    fn decoder_splits_frames_across_arbitrary_chunks() {
+        let mut wire = Vec::new();
+        let msgs: Vec<Vec<u8>> = (0..50u8).map(|i| vec![i; i as usize]).collect();
+        for m in &msgs {
+            wire.extend_from_slice(&(m.len() as u32).to_le_bytes());
+            wire.extend_from_slice(m);
+        }
+        let mut d = FrameDecoder::new(1024);
+        let mut got = Vec::new();
+        for chunk in wire.chunks(7) {
+            d.feed(chunk);
+            while let Some(f) = d.next_frame().unwrap() {
+                got.push(f.to_vec());
+            }
+        }
+        assert_eq!(got, msgs);
+    }
+
+    #[test]
+    fn oversized_frame_is_refused() {
+        let mut d = FrameDecoder::new(16);
+        d.feed(&100u32.to_le_bytes());
+        assert_eq!(d.next_frame().unwrap_err(), WireError::FrameTooLarge { len: 100, max: 16 });
+    }
+}

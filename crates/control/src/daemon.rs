@@ -1,0 +1,208 @@
+//! The daemon: one runtime, the offcode library and this machine's PEs.
+//! `up` loads a manifest, plans it against the PEs minus what running apps
+//! already hold, and deploys it; `ps` and `down` report and stop apps.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+use sidecore_layout::SolveOptions;
+use sidecore_offcode::Registry;
+use sidecore_pe::{DiscoverOptions, Inventory};
+use sidecore_runtime::{AppId, AppStatus, Plan, Runtime, RuntimeConfig};
+
+use crate::protocol::{Request, Response, to_wire};
+
+/// How the daemon discovers, solves and runs.
+#[derive(Debug, Clone, Default)]
+pub struct DaemonOptions {
+    pub discover: DiscoverOptions,
+    pub solve: SolveOptions,
+    pub runtime: RuntimeConfig,
+}
+
+/// What `up` did.
+#[derive(Debug, Clone)]
+pub struct UpReport {
+    pub id: AppId,
+    pub app: String,
+    /// (offcode, PE, reason) in manifest order.
+    pub placements: Vec<(String, String, String)>,
+}
+
+/// The daemon.
+pub struct Daemon {
+    rt: Arc<Runtime>,
+    registry: Registry,
+    opts: DaemonOptions,
+    inventory: Mutex<Option<Inventory>>,
+    /// What each running app holds: PE id → (cpu, memory).
+    held: Mutex<BTreeMap<AppId, Vec<(String, f64, u64)>>>,
+    shutdown: (Mutex<bool>, Condvar),
+}
+
+impl Daemon {
+    /// A daemon with its own runtime.
+    pub fn new(registry: Registry, opts: DaemonOptions) -> Arc<Daemon> {
+        Arc::new(Daemon {
+            rt: Runtime::new(opts.runtime.clone()),
+            registry,
+            opts,
+            inventory: Mutex::new(None),
+            held: Mutex::new(BTreeMap::new()),
+            shutdown: (Mutex::new(false), Condvar::new()),
+        })
+    }
+
+    /// The runtime.
+    pub fn runtime(&self) -> &Arc<Runtime> {
+        &self.rt
+    }
+
+    /// The offcode library.
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// The machine's PEs (probed once).
+    pub fn inventory(&self) -> Inventory {
+        let mut inv = self.inventory.lock().unwrap_or_else(|p| p.into_inner());
+        inv.get_or_insert_with(|| sidecore_pe::discover(&self.opts.discover)).clone()
+    }
+
+    /// The PEs with what running apps hold subtracted.
+    fn free_inventory(&self) -> Inventory {
+        let mut inv = self.inventory();
+        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        for (pe, cpu, mem) in held.values().flatten() {
+            if let Some(p) = inv.pes.iter_mut().find(|p| &p.id == pe) {
+                p.capacity.cpu = (p.capacity.cpu - cpu).max(0.0);
+                p.capacity.memory = p.capacity.memory.saturating_sub(*mem);
+            }
+        }
+        inv
+    }
+
+    /// Loads, plans and deploys a manifest.
+    pub fn up(&self, path: &Path) -> Result<UpReport, String> {
+        let manifest = sidecore_manifest::load(path).map_err(|e| e.render(false))?;
+        let plan = self.plan(&manifest)?;
+        self.deploy(&manifest, &plan)
+    }
+
+    /// Plans a loaded manifest against the free PEs.
+    pub fn plan(&self, manifest: &sidecore_manifest::Manifest) -> Result<Plan, String> {
+        sidecore_runtime::plan(manifest, &self.free_inventory(), &self.registry, &self.opts.solve).map_err(|e| e.to_string())
+    }
+
+    /// Deploys a plan made from `manifest`.
+    pub fn deploy(&self, manifest: &sidecore_manifest::Manifest, plan: &Plan) -> Result<UpReport, String> {
+        let id = self.rt.deploy(plan, &self.registry).map_err(|e| e.to_string())?;
+        let holds = plan
+            .offcodes
+            .iter()
+            .zip(&manifest.offcodes)
+            .map(|(p, m)| {
+                let t = m.target(p.pe_kind);
+                (p.pe.clone(), t.and_then(|t| t.cpu).unwrap_or(m.cpu), t.and_then(|t| t.memory).unwrap_or(m.memory))
+            })
+            .collect();
+        self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(id, holds);
+        Ok(UpReport {
+            id,
+            app: plan.app.clone(),
+            placements: plan.offcodes.iter().map(|o| (o.name.clone(), o.pe.clone(), o.reason.clone())).collect(),
+        })
+    }
+
+    /// Status of every app.
+    pub fn ps(&self) -> Vec<AppStatus> {
+        self.rt.status()
+    }
+
+    /// Stops one app, or all. Returns the names stopped.
+    pub fn down(&self, app: Option<&str>) -> Result<Vec<String>, String> {
+        let targets: Vec<(AppId, String)> = match app {
+            Some(which) => {
+                let id = self.rt.find(which).ok_or_else(|| format!("no app named `{which}` (see `sidecore ps`)"))?;
+                let name = self.rt.status().into_iter().find(|a| a.id == id).map(|a| a.name).unwrap_or_default();
+                vec![(id, name)]
+            }
+            None => self.rt.status().into_iter().map(|a| (a.id, a.name)).collect(),
+        };
+        let mut out = Vec::new();
+        for (id, name) in targets {
+            self.rt.stop_app(id);
+            self.held.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            out.push(name);
+        }
+        Ok(out)
+    }
+
+    /// Answers one control request.
+    pub fn handle(&self, req: Request) -> Response {
+        match req {
+            Request::Ping => Response::ok("pong"),
+            Request::Up { manifest } => match self.up(Path::new(&manifest)) {
+                Ok(r) => Response::Ok {
+                    message: Some(format!("deployed {} (id {})", r.app, r.id)),
+                    apps: to_wire(&self.ps().into_iter().filter(|a| a.id == r.id).collect::<Vec<_>>()),
+                    lines: r.placements.iter().map(|(o, pe, why)| format!("{o} → {pe}: {why}")).collect(),
+                },
+                Err(e) => Response::error(e),
+            },
+            Request::Ps => Response::Ok {
+                message: None,
+                apps: to_wire(&self.ps()),
+                lines: Vec::new(),
+            },
+            Request::Down { app } => match self.down(app.as_deref()) {
+                Ok(v) if v.is_empty() => Response::ok("no apps were running"),
+                Ok(v) => Response::ok(format!("stopped {}", v.join(", "))),
+                Err(e) => Response::error(e),
+            },
+            Request::Events { app } => {
+                let evs = match &app {
+                    Some(a) => self.rt.events().of_app(a),
+                    None => self.rt.events().snapshot(),
+                };
+                Response::Ok {
+                    message: None,
+                    apps: Vec::new(),
+                    lines: evs.iter().map(|e| e.to_string()).collect(),
+                }
+            }
+            Request::Shutdown => {
+                self.request_shutdown();
+                Response::ok("shutting down")
+            }
+        }
+    }
+
+    /// Asks whoever waits in [`wait_shutdown`](Self::wait_shutdown) to stop.
+    pub fn request_shutdown(&self) {
+        let (m, c) = &self.shutdown;
+        *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        c.notify_all();
+    }
+
+    /// True once shutdown was requested.
+    pub fn shutting_down(&self) -> bool {
+        *self.shutdown.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Waits for a shutdown request; true if one came within `timeout`.
+    pub fn wait_shutdown(&self, timeout: Duration) -> bool {
+        let (m, c) = &self.shutdown;
+        let g = m.lock().unwrap_or_else(|p| p.into_inner());
+        let (g, _) = c.wait_timeout_while(g, timeout, |s| !*s).unwrap_or_else(|p| p.into_inner());
+        *g
+    }
+
+    /// Stops every app and the runtime.
+    pub fn stop_all(&self) {
+        let _ = self.down(None);
+        self.rt.shutdown();
+    }
+}

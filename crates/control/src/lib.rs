@@ -1,0 +1,20 @@
+//! sidecore's control plane.
+//!
+//! * [`Daemon`] — one runtime plus the offcode library and the PE inventory:
+//!   `up` (load, plan, deploy), `ps`, `down`.
+//! * [`server`] — the Unix control socket: one JSON request per line, one JSON
+//!   response per line ([`Request`], [`Response`]), and its client.
+//! * [`node`] — the TCP node listener that answers peers' hellos.
+//!
+//! Control traffic is a handful of short requests, so the servers use a thread
+//! per connection rather than an async runtime: simpler, and the daemon's
+//! thread count stays predictable (no threads are left behind on shutdown).
+
+pub mod daemon;
+pub mod node;
+pub mod protocol;
+pub mod server;
+
+pub use daemon::{Daemon, DaemonOptions, UpReport};
+pub use protocol::{Request, Response};
+pub use server::{ControlServer, default_socket, request};

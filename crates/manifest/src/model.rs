@@ -1,0 +1,178 @@
+//! The resolved manifest: what the layout solver and the runtime consume. Every
+//! reference is an index, every keyword an enum, every size a number, and every
+//! item remembers where it was declared.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use sidecore_types::PropValue;
+use sidecore_types::{ChannelProps, ConstraintKind, Guid, PeKind, Priority};
+
+use crate::diag::{Origin, Sources};
+
+/// A whole application: the root manifest plus everything it imports.
+#[derive(Debug, Clone)]
+pub struct Manifest {
+    /// Application name (from `[app] name`, else the root file's stem).
+    pub app: String,
+    pub description: Option<String>,
+    /// The root manifest file.
+    pub root: PathBuf,
+    /// Offcode library directories, resolved against the declaring file.
+    pub library: Vec<PathBuf>,
+    pub offcodes: Vec<Offcode>,
+    pub constraints: Vec<Constraint>,
+    pub channels: Vec<Channel>,
+    /// The source files, for later diagnostics.
+    pub sources: Sources,
+}
+
+impl Manifest {
+    /// The index of the offcode named `name`.
+    pub fn offcode_index(&self, name: &str) -> Option<usize> {
+        self.offcodes.iter().position(|o| o.name == name)
+    }
+}
+
+/// One offcode (HYDRA §4.1): a unit of offloaded functionality.
+#[derive(Debug, Clone)]
+pub struct Offcode {
+    /// Binding name, unique in the application.
+    pub name: String,
+    /// 128-bit GUID.
+    pub id: Guid,
+    /// Implementation name looked up in the offcode library (defaults to `name`).
+    pub implementation: String,
+    pub description: Option<String>,
+    pub priority: Priority,
+    /// HYDRA's `WATCHDOG_TIME`: the offcode must make progress at least this often.
+    pub watchdog: Option<Duration>,
+    /// HYDRA's `OBSOLETE_TIME`: lifetime counted from deployment.
+    pub obsolete: Option<Duration>,
+    /// CPU share of one core it needs (0, 1].
+    pub cpu: f64,
+    /// Memory it needs, in bytes.
+    pub memory: u64,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+    /// Free-form parameters handed to the implementation.
+    pub params: toml::Table,
+    pub params_origin: Option<Origin>,
+    pub interfaces: Vec<Interface>,
+    /// Where it may run, in order of preference.
+    pub targets: Vec<Target>,
+    /// The file that declared it.
+    pub file: PathBuf,
+    pub origin: Origin,
+}
+
+impl Offcode {
+    /// The target entry for a PE kind, if the offcode can run there.
+    pub fn target(&self, kind: PeKind) -> Option<&Target> {
+        self.targets.iter().find(|t| t.kind == kind)
+    }
+}
+
+/// A typed interface (HYDRA's IID + WSDL).
+#[derive(Debug, Clone)]
+pub struct Interface {
+    pub name: String,
+    pub id: Guid,
+    pub methods: Vec<Method>,
+}
+
+/// A method of an interface.
+#[derive(Debug, Clone)]
+pub struct Method {
+    pub name: String,
+    /// Method id used in call headers.
+    pub id: u16,
+    pub params: Vec<ValueType>,
+    pub returns: Option<ValueType>,
+}
+
+/// Types a method may take and return (HYDRA's PARAM_* codes, plus bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueType {
+    Bool,
+    U8,
+    U16,
+    U32,
+    U64,
+    I8,
+    I16,
+    I32,
+    I64,
+    F32,
+    F64,
+    String,
+    Bytes,
+}
+
+impl ValueType {
+    pub const KEYWORDS: &'static str = "bool, u8, u16, u32, u64, i8, i16, i32, i64, f32, f64, string, bytes";
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "bool" => ValueType::Bool,
+            "u8" => ValueType::U8,
+            "u16" => ValueType::U16,
+            "u32" => ValueType::U32,
+            "u64" => ValueType::U64,
+            "i8" => ValueType::I8,
+            "i16" => ValueType::I16,
+            "i32" => ValueType::I32,
+            "i64" => ValueType::I64,
+            "f32" => ValueType::F32,
+            "f64" => ValueType::F64,
+            "string" => ValueType::String,
+            "bytes" => ValueType::Bytes,
+            _ => return None,
+        })
+    }
+}
+
+/// A kind of PE an offcode can run on, with what it requires there.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub kind: PeKind,
+    pub require: BTreeMap<String, PropValue>,
+    /// Demand overrides on this kind of PE.
+    pub cpu: Option<f64>,
+    pub memory: Option<u64>,
+    /// An artifact for this kind (a `.wasm` module, a BPF object), resolved
+    /// against the declaring file.
+    pub module: Option<PathBuf>,
+    pub origin: Origin,
+}
+
+/// A placement constraint between two offcodes (HYDRA Figure 4.7).
+#[derive(Debug, Clone)]
+pub struct Constraint {
+    pub kind: ConstraintKind,
+    /// The importing offcode.
+    pub from: usize,
+    /// The imported offcode.
+    pub to: usize,
+    pub origin: Origin,
+}
+
+/// One end of a channel.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Endpoint {
+    pub offcode: usize,
+    pub port: String,
+}
+
+/// A channel between offcodes (HYDRA §4.2.2).
+#[derive(Debug, Clone)]
+pub struct Channel {
+    pub name: String,
+    pub from: Endpoint,
+    pub to: Vec<Endpoint>,
+    pub props: ChannelProps,
+    /// Estimated traffic, for the layout's bandwidth objective.
+    pub bandwidth_mbps: f64,
+    pub origin: Origin,
+}

@@ -1,0 +1,111 @@
+//! The offcode library (HYDRA §4.4, Figure 4.10): implementations by name, each
+//! declaring the PE kinds it can run on and the ports it provides. The runtime
+//! looks an offcode up by (implementation, PE kind) and falls back to a `host`
+//! build when the chosen kind has none. Artifacts (a `.wasm` module, a BPF
+//! object) are built by a loader implementation registered for their PE kind
+//! under [`Registry::loader_name`].
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use sidecore_types::PeKind;
+
+use crate::{Offcode, OffcodeError};
+
+/// What a factory builds an instance from.
+#[derive(Debug, Clone, Copy)]
+pub struct BuildSpec<'a> {
+    /// The manifest's `params`.
+    pub params: &'a toml::Table,
+    /// The PE kind it will run on.
+    pub kind: PeKind,
+    /// The artifact named by the target (`module = ...`), for loaders of
+    /// Wasm modules and BPF objects.
+    pub module: Option<&'a Path>,
+}
+
+/// Builds an instance.
+pub type Factory = Arc<dyn Fn(&BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> + Send + Sync>;
+
+/// One implementation in the library.
+#[derive(Clone)]
+pub struct Implementation {
+    pub name: String,
+    pub description: String,
+    /// PE kinds it runs on.
+    pub kinds: Vec<PeKind>,
+    /// Ports it provides; `None` means it adapts to whatever the manifest declares.
+    pub inputs: Option<Vec<String>>,
+    pub outputs: Option<Vec<String>>,
+    pub factory: Factory,
+    /// Checks parameters without building (for `sidecore check`).
+    pub validate: Option<Arc<dyn Fn(&toml::Table) -> Result<(), OffcodeError> + Send + Sync>>,
+}
+
+impl std::fmt::Debug for Implementation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Implementation")
+            .field("name", &self.name)
+            .field("kinds", &self.kinds)
+            .finish()
+    }
+}
+
+impl Implementation {
+    /// Checks that the manifest's ports are ones this implementation provides.
+    pub fn check_ports(&self, inputs: &[String], outputs: &[String]) -> Result<(), String> {
+        let check = |have: &Option<Vec<String>>, want: &[String], what: &str| -> Result<(), String> {
+            if let Some(have) = have
+                && let Some(p) = want.iter().find(|p| !have.contains(p))
+            {
+                return Err(format!(
+                    "implementation `{}` has no {what} port `{p}` (it provides: {})",
+                    self.name,
+                    if have.is_empty() { "none".into() } else { have.join(", ") }
+                ));
+            }
+            Ok(())
+        };
+        check(&self.inputs, inputs, "input")?;
+        check(&self.outputs, outputs, "output")
+    }
+}
+
+/// The library of implementations.
+#[derive(Clone, Default, Debug)]
+pub struct Registry {
+    impls: BTreeMap<String, Implementation>,
+}
+
+impl Registry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds an implementation; a later one with the same name replaces it.
+    pub fn register(&mut self, imp: Implementation) {
+        self.impls.insert(imp.name.clone(), imp);
+    }
+
+    /// The implementation named `name`.
+    pub fn get(&self, name: &str) -> Option<&Implementation> {
+        self.impls.get(name)
+    }
+
+    /// The implementation named `name` if it runs on `kind`.
+    pub fn lookup(&self, name: &str, kind: PeKind) -> Option<&Implementation> {
+        self.impls.get(name).filter(|i| i.kinds.contains(&kind))
+    }
+
+    /// The name under which the loader of artifacts for `kind` is registered
+    /// (`loader:wasm`, `loader:kernel`).
+    pub fn loader_name(kind: PeKind) -> String {
+        format!("loader:{kind}")
+    }
+
+    /// All implementations, by name.
+    pub fn iter(&self) -> impl Iterator<Item = &Implementation> {
+        self.impls.values()
+    }
+}

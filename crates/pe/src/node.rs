@@ -1,0 +1,162 @@
+//! Peer nodes as PEs: the configured peers (a TOML file of `[[node]]` tables)
+//! and the hello exchange that tells whether a peer daemon is reachable and
+//! what it offers.
+//!
+//! The exchange is one JSON line each way on the peer's node port:
+//! `{"op":"hello","version":1}` answered by a [`NodeInfo`].
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpStream, ToSocketAddrs};
+use std::path::Path;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// Version of the node protocol.
+pub const NODE_PROTOCOL: u32 = 1;
+
+/// A configured peer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NodeConfig {
+    pub name: String,
+    /// `host:port` of the peer's node listener.
+    pub addr: String,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NodesFile {
+    #[serde(default)]
+    node: Vec<NodeConfig>,
+}
+
+/// Reads a nodes file; errors name the file, line and column.
+pub fn load_nodes(path: &Path) -> Result<Vec<NodeConfig>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read nodes file {}: {e}", path.display()))?;
+    parse_nodes(&path.display().to_string(), &text)
+}
+
+/// Parses nodes-file text (`name` is used in messages).
+pub fn parse_nodes(name: &str, text: &str) -> Result<Vec<NodeConfig>, String> {
+    let f: NodesFile = toml::from_str(text).map_err(|e| {
+        let (line, col) = e
+            .span()
+            .map(|s| {
+                let before = &text[..s.start.min(text.len())];
+                (before.matches('\n').count() + 1, before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1)
+            })
+            .unwrap_or((0, 0));
+        format!("{name}:{line}:{col}: {}", e.message().trim())
+    })?;
+    for (i, n) in f.node.iter().enumerate() {
+        if n.name.is_empty() || !n.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
+            return Err(format!("{name}: node #{} has an invalid name `{}`", i + 1, n.name));
+        }
+        if f.node[..i].iter().any(|m| m.name == n.name) {
+            return Err(format!("{name}: node `{}` is listed twice", n.name));
+        }
+        if n.addr.to_socket_addrs().map(|mut a| a.next().is_none()).unwrap_or(true) {
+            return Err(format!("{name}: node `{}` has an unresolvable address `{}`", n.name, n.addr));
+        }
+    }
+    Ok(f.node)
+}
+
+/// A hello request.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Hello {
+    pub op: String,
+    pub version: u32,
+}
+
+/// What a peer says about itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub name: String,
+    pub version: String,
+    pub protocol: u32,
+    pub cpus: u32,
+    pub memory: u64,
+}
+
+/// Contacts a peer and exchanges hellos.
+pub fn probe(node: &NodeConfig, timeout: Duration) -> Result<NodeInfo, String> {
+    let addr = node
+        .addr
+        .to_socket_addrs()
+        .map_err(|e| format!("cannot resolve: {e}"))?
+        .next()
+        .ok_or("address resolves to nothing")?;
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("unreachable: {e}"))?;
+    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let hello = serde_json::to_string(&Hello {
+        op: "hello".into(),
+        version: NODE_PROTOCOL,
+    })
+    .map_err(|e| e.to_string())?;
+    s.write_all(format!("{hello}\n").as_bytes()).map_err(|e| format!("send failed: {e}"))?;
+    let mut line = String::new();
+    BufReader::new(s.take(64 * 1024))
+        .read_line(&mut line)
+        .map_err(|e| format!("no answer: {e}"))?;
+    if line.is_empty() {
+        return Err("closed the connection without answering".into());
+    }
+    let info: NodeInfo = serde_json::from_str(line.trim()).map_err(|e| format!("not a sidecore node (bad hello answer: {e})"))?;
+    if info.protocol != NODE_PROTOCOL {
+        return Err(format!("speaks node protocol {}, this side {NODE_PROTOCOL}", info.protocol));
+    }
+    Ok(info)
+}
+
+use std::io::Read as _;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn nodes_file_errors_name_the_spot() {
+        let e = parse_nodes("nodes.toml", "[[node]]\nname = \"b\"\nadress = \"x\"\n").unwrap_err();
+        assert!(e.starts_with("nodes.toml:3:1:") && e.contains("unknown field `adress`"), "{e}");
+        let e = parse_nodes("n.toml", "[[node]]\nname = \"b c\"\naddr = \"127.0.0.1:1\"\n").unwrap_err();
+        assert!(e.contains("invalid name `b c`"), "{e}");
+        let e = parse_nodes("n.toml", "[[node]]\nname = \"b\"\naddr = \"nowhere\"\n").unwrap_err();
+        assert!(e.contains("unresolvable address `nowhere`"), "{e}");
+        let ok = parse_nodes("n.toml", "[[node]]\nname = \"b\"\naddr = \"127.0.0.1:7400\"\n").unwrap();
+        assert_eq!(ok[0].name, "b");
+    }
+
+    #[test]
+    fn probe_reports_unreachable_and_impostors() {
+        // A port nobody listens on.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        drop(l);
+        let e = probe(
+            &NodeConfig {
+                name: "gone".into(),
+                addr: addr.clone(),
+            },
+            Duration::from_millis(300),
+        )
+        .unwrap_err();
+        assert!(e.contains("unreachable"), "{e}");
+
+        // Something that is not sidecore.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf);
+            s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap();
+        });
+        let e = probe(&NodeConfig { name: "web".into(), addr }, Duration::from_secs(2)).unwrap_err();
+        assert!(e.contains("not a sidecore node"), "{e}");
+        t.join().unwrap();
+    }
+}

@@ -1,0 +1,193 @@
+//! The resource tree (HYDRA §5.1, Resource Management): every resource a
+//! deployment holds — executors (threads, pinned cores), offcodes, channels,
+//! kernel objects, sockets — is a node under its owner. Tearing down a node
+//! tears down its children first, newest first, then the node itself, so a
+//! failing parent never leaves its children behind.
+
+use std::sync::Mutex;
+
+use serde::Serialize;
+
+/// Identifies a node in the tree.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+pub struct ResourceId(usize);
+
+/// What kind of resource a node is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ResourceKind {
+    App,
+    Executor,
+    Offcode,
+    Channel,
+    KernelObject,
+    Socket,
+    Other,
+}
+
+type Teardown = Box<dyn FnOnce() + Send>;
+
+struct Node {
+    parent: Option<usize>,
+    kind: ResourceKind,
+    label: String,
+    teardown: Option<Teardown>,
+    alive: bool,
+    children: Vec<usize>,
+}
+
+/// A tree of live resources.
+#[derive(Default)]
+pub struct ResourceTree {
+    nodes: Mutex<Vec<Node>>,
+}
+
+impl ResourceTree {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Node>> {
+        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Adds a live resource under `parent`; `teardown` releases it.
+    pub fn add(
+        &self,
+        parent: Option<ResourceId>,
+        kind: ResourceKind,
+        label: impl Into<String>,
+        teardown: impl FnOnce() + Send + 'static,
+    ) -> ResourceId {
+        let mut nodes = self.lock();
+        let id = nodes.len();
+        nodes.push(Node {
+            parent: parent.map(|p| p.0),
+            kind,
+            label: label.into(),
+            teardown: Some(Box::new(teardown)),
+            alive: true,
+            children: Vec::new(),
+        });
+        if let Some(p) = parent {
+            nodes[p.0].children.push(id);
+        }
+        ResourceId(id)
+    }
+
+    /// Tears down `id` and everything under it: children first (newest
+    /// first), then the node. Returns the labels in teardown order.
+    pub fn teardown(&self, id: ResourceId) -> Vec<String> {
+        let mut order = Vec::new();
+        self.teardown_inner(id.0, &mut order);
+        order
+    }
+
+    fn teardown_inner(&self, id: usize, order: &mut Vec<String>) {
+        let children = {
+            let nodes = self.lock();
+            match nodes.get(id) {
+                Some(n) if n.alive => n.children.clone(),
+                _ => return,
+            }
+        };
+        for c in children.into_iter().rev() {
+            self.teardown_inner(c, order);
+        }
+        // Take the action out under the lock, run it outside: teardown may
+        // block (joining a thread) or touch the tree itself.
+        let (action, label) = {
+            let mut nodes = self.lock();
+            let n = &mut nodes[id];
+            if !n.alive {
+                return;
+            }
+            n.alive = false;
+            (n.teardown.take(), n.label.clone())
+        };
+        if let Some(a) = action {
+            a();
+        }
+        order.push(label);
+    }
+
+    /// Marks a node released without running its teardown (it went away on its
+    /// own, e.g. an offcode that finished). Its live children are torn down.
+    pub fn forget(&self, id: ResourceId) {
+        let children = self.lock().get(id.0).map(|n| n.children.clone()).unwrap_or_default();
+        let mut order = Vec::new();
+        for c in children.into_iter().rev() {
+            self.teardown_inner(c, &mut order);
+        }
+        if let Some(n) = self.lock().get_mut(id.0) {
+            n.alive = false;
+            n.teardown = None;
+        }
+    }
+
+    /// Live resources as (kind, label, parent label).
+    pub fn live(&self) -> Vec<(ResourceKind, String, Option<String>)> {
+        let nodes = self.lock();
+        nodes
+            .iter()
+            .filter(|n| n.alive)
+            .map(|n| (n.kind, n.label.clone(), n.parent.map(|p| nodes[p].label.clone())))
+            .collect()
+    }
+
+    /// Number of live resources of `kind`.
+    pub fn count(&self, kind: ResourceKind) -> usize {
+        self.lock().iter().filter(|n| n.alive && n.kind == kind).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    #[test]
+    fn parent_teardown_takes_children_first_newest_first() {
+        let t = ResourceTree::new();
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let rec = |name: &'static str| {
+            let log = Arc::clone(&log);
+            move || log.lock().unwrap().push(name)
+        };
+        let app = t.add(None, ResourceKind::App, "app", rec("app"));
+        let e1 = t.add(Some(app), ResourceKind::Executor, "core:0", rec("core:0"));
+        let _o1 = t.add(Some(e1), ResourceKind::Offcode, "a", rec("a"));
+        let _o2 = t.add(Some(e1), ResourceKind::Offcode, "b", rec("b"));
+        let e2 = t.add(Some(app), ResourceKind::Executor, "core:1", rec("core:1"));
+        let _o3 = t.add(Some(e2), ResourceKind::Offcode, "c", rec("c"));
+        let order = t.teardown(app);
+        assert_eq!(order, vec!["c", "core:1", "b", "a", "core:0", "app"]);
+        assert_eq!(*log.lock().unwrap(), vec!["c", "core:1", "b", "a", "core:0", "app"]);
+        assert!(t.live().is_empty());
+        assert!(t.teardown(app).is_empty(), "a second teardown does nothing");
+    }
+
+    #[test]
+    fn subtree_teardown_leaves_siblings() {
+        let t = ResourceTree::new();
+        let app = t.add(None, ResourceKind::App, "app", || {});
+        let e1 = t.add(Some(app), ResourceKind::Executor, "e1", || {});
+        let _a = t.add(Some(e1), ResourceKind::Offcode, "a", || {});
+        let _e2 = t.add(Some(app), ResourceKind::Executor, "e2", || {});
+        t.teardown(e1);
+        let live: Vec<_> = t.live().into_iter().map(|(_, l, _)| l).collect();
+        assert_eq!(live, vec!["app", "e2"]);
+        assert_eq!(t.count(ResourceKind::Offcode), 0);
+    }
+
+    #[test]
+    fn forget_skips_the_nodes_own_teardown() {
+        let t = ResourceTree::new();
+        let ran = Arc::new(Mutex::new(false));
+        let r = Arc::clone(&ran);
+        let a = t.add(None, ResourceKind::Offcode, "a", move || *r.lock().unwrap() = true);
+        t.forget(a);
+        assert!(!*ran.lock().unwrap());
+        assert!(t.live().is_empty());
+    }
+}

@@ -1,0 +1,38 @@
+//! `sidecore devices`: the processing elements this machine offers, and the
+//! kinds it does not offer with the reason.
+
+use std::process::ExitCode;
+
+use crate::{PeArgs, bytes, discover_options};
+
+pub fn run(pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
+    let inv = sidecore_pe::discover(&discover_options(pe)?);
+    if json {
+        println!("{}", serde_json::to_string_pretty(&inv)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("{:<12} {:<7} {:>6} {:>10}  DETAIL", "PE", "KIND", "CPU", "MEMORY");
+    for p in &inv.pes {
+        println!(
+            "{:<12} {:<7} {:>6.1} {:>10}  {}",
+            p.id,
+            p.kind.to_string(),
+            p.capacity.cpu,
+            bytes(p.capacity.memory),
+            p.detail
+        );
+    }
+    if !inv.not_dedicatable.is_empty() {
+        println!("\nCPUs not dedicatable:");
+        for (cpu, why) in &inv.not_dedicatable {
+            println!("  CPU {cpu}: {why}");
+        }
+    }
+    if !inv.absent.is_empty() {
+        println!("\nabsent:");
+        for a in &inv.absent {
+            println!("  {:<7} {}", a.kind.to_string(), a.reason);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

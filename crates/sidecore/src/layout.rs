@@ -1,0 +1,64 @@
+//! `sidecore layout MANIFEST`: plans the manifest on this machine and prints
+//! where each offcode goes and why (or, if nothing fits, the small set of
+//! constraints that conflict).
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::{PeArgs, discover_options};
+
+pub fn run(path: &Path, pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
+    let m = match sidecore_manifest::load(path) {
+        Ok(m) => m,
+        Err(e) => {
+            eprint!("{}", e.render(crate::stderr_is_tty()));
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let inv = sidecore_pe::discover(&discover_options(pe)?);
+    let reg = crate::registry();
+    let plan = match sidecore_runtime::plan(&m, &inv, &reg, &Default::default()) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(3));
+        }
+    };
+    if json {
+        let v = serde_json::json!({
+            "app": plan.app,
+            "placements": plan.offcodes.iter().map(|o| serde_json::json!({
+                "offcode": o.name, "pe": o.pe, "kind": o.pe_kind, "impl": o.implementation.name,
+                "reason": o.reason, "fallback": o.fallback, "excluded": o.excluded,
+            })).collect::<Vec<_>>(),
+            "channels": plan.channels.iter().map(|c| serde_json::json!({
+                "name": c.name, "transport": c.transport,
+            })).collect::<Vec<_>>(),
+            "offloaded_weight": plan.layout.offloaded_weight,
+            "cross_pe_bandwidth_mbps": plan.layout.cross_bandwidth,
+            "solve_ms": plan.layout.stats.time.as_secs_f64() * 1e3,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    println!("layout of `{}` ({} offcodes on {} PEs):", plan.app, plan.offcodes.len(), inv.pes.len());
+    for o in &plan.offcodes {
+        println!("  {:<16} → {:<10} {}", o.name, o.pe, o.reason);
+        if let Some(f) = &o.fallback {
+            println!("  {:<16}   fallback to host: {f}", "");
+        }
+        for e in &o.excluded {
+            println!("  {:<16}   not {}: {}", "", e.pe, e.why);
+        }
+    }
+    for c in &plan.channels {
+        println!("  channel {:<12} {:?}", c.name, c.transport);
+    }
+    println!(
+        "offloaded weight {}, cross-PE bandwidth {:.1} Mbit/s, solved in {:.1} ms",
+        plan.layout.offloaded_weight,
+        plan.layout.cross_bandwidth,
+        plan.layout.stats.time.as_secs_f64() * 1e3
+    );
+    Ok(ExitCode::SUCCESS)
+}
