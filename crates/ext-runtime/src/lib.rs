@@ -9,6 +9,7 @@ pub mod calibrate;
 pub mod cli;
 pub mod ext;
 pub mod host;
+pub mod offcode;
 pub mod policy;
 pub mod tsc;
 
