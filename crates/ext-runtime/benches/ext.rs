@@ -20,13 +20,18 @@ use sidecore_ext::verify::Calibration;
 use sidecore_ext::{ExecMode, ExtConfig, ExtEngine, ViolationPolicy, WasmExtension, tsc};
 
 fn corpus(name: &str) -> Vec<u8> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ext-verify/corpus/benign").join(format!("{name}.wat"));
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../ext-verify/corpus/benign")
+        .join(format!("{name}.wat"));
     wat::parse_file(&p).unwrap()
 }
 
 fn cfg() -> ExtConfig {
     ExtConfig {
-        violations: ViolationPolicy { k: u32::MAX, window: u32::MAX },
+        violations: ViolationPolicy {
+            k: u32::MAX,
+            window: u32::MAX,
+        },
         outputs: vec!["out".into(), "b".into(), "c".into(), "d".into()],
         ..ExtConfig::default()
     }
@@ -78,11 +83,20 @@ fn pct(v: &mut [f64], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p) as usize]
 }
 
-const MODULES: &[&str] = &["counter", "classifier", "hdr_rewrite", "checksum", "chacha", "flowtable"];
+const MODULES: &[&str] = &[
+    "counter",
+    "classifier",
+    "hdr_rewrite",
+    "checksum",
+    "chacha",
+    "flowtable",
+];
 
 fn tightness(cal: &Calibration) {
     println!("\n### Bound tightness (estimated vs measured cycles, worst-case input)\n");
-    println!("| module | worst-case input | bound (cycles) | measured median | measured p99 | est/median | est/p99 | fuel bound | fuel used | fuel ratio |");
+    println!(
+        "| module | worst-case input | bound (cycles) | measured median | measured p99 | est/median | est/p99 | fuel bound | fuel used | fuel ratio |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|");
     let he = ExtEngine::new(ExecMode::Hybrid, 256 << 10, Duration::from_micros(100)).unwrap();
     let fe = ExtEngine::new(ExecMode::Fuel, 256 << 10, Duration::from_micros(100)).unwrap();
@@ -95,7 +109,9 @@ fn tightness(cal: &Calibration) {
         for _ in 0..2000 {
             x.invoke(0, &input).unwrap();
         }
-        let mut v: Vec<f64> = (0..20000).map(|_| x.invoke(0, &input).unwrap().cycles as f64).collect();
+        let mut v: Vec<f64> = (0..20000)
+            .map(|_| x.invoke(0, &input).unwrap().cycles as f64)
+            .collect();
         let bound = x.admission.entry("handle").unwrap().bound_cycles;
         let fuel_bound = x.admission.entry("handle").unwrap().bound_fuel;
         let med = median(&mut v);
@@ -169,7 +185,14 @@ fn native_checksum(buf: &[u8]) -> u16 {
 }
 
 fn native_chacha(buf: &mut [u8]) {
-    let key: [u32; 8] = std::array::from_fn(|i| u32::from_le_bytes([4 * i as u8, 4 * i as u8 + 1, 4 * i as u8 + 2, 4 * i as u8 + 3]));
+    let key: [u32; 8] = std::array::from_fn(|i| {
+        u32::from_le_bytes([
+            4 * i as u8,
+            4 * i as u8 + 1,
+            4 * i as u8 + 2,
+            4 * i as u8 + 3,
+        ])
+    });
     for (blk, chunk) in buf.chunks_mut(64).enumerate() {
         let mut s = [0u32; 16];
         s[..4].copy_from_slice(&[0x61707865, 0x3320646e, 0x79622d32, 0x6b206574]);
@@ -224,13 +247,22 @@ fn interleaved(fs: &mut [Box<dyn FnMut() + '_>], batch: usize, rounds: usize) ->
 }
 
 fn four_ways(cal: &Calibration) {
-    println!("\n### The same handler five ways (ns per invocation, median of interleaved rounds)\n");
-    println!("| handler | input | native Rust | Wasm unchecked | Wasm + fuel | Wasm + epochs | sidecore hybrid | hybrid / unchecked | fuel / unchecked | epochs / unchecked | unchecked / native |");
+    println!(
+        "\n### The same handler five ways (ns per invocation, median of interleaved rounds)\n"
+    );
+    println!(
+        "| handler | input | native Rust | Wasm unchecked | Wasm + fuel | Wasm + epochs | sidecore hybrid | hybrid / unchecked | fuel / unchecked | epochs / unchecked | unchecked / native |"
+    );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let engines: Vec<ExtEngine> = [ExecMode::Unchecked, ExecMode::Fuel, ExecMode::Epoch, ExecMode::Hybrid]
-        .iter()
-        .map(|m| ExtEngine::new(*m, 256 << 10, Duration::from_micros(100)).unwrap())
-        .collect();
+    let engines: Vec<ExtEngine> = [
+        ExecMode::Unchecked,
+        ExecMode::Fuel,
+        ExecMode::Epoch,
+        ExecMode::Hybrid,
+    ]
+    .iter()
+    .map(|m| ExtEngine::new(*m, 256 << 10, Duration::from_micros(100)).unwrap())
+    .collect();
     for (name, input) in [
         ("hdr_rewrite", frame(64, 6, 80)),
         ("hdr_rewrite", frame(1500, 6, 80)),
@@ -290,7 +322,11 @@ fn four_ways(cal: &Calibration) {
         }
         let batch = if input.len() > 1000 { 500 } else { 5000 };
         let r = interleaved(&mut fs, batch, 21);
-        let (nat, w) = if has_native { (Some(r[0]), &r[1..]) } else { (None, &r[..]) };
+        let (nat, w) = if has_native {
+            (Some(r[0]), &r[1..])
+        } else {
+            (None, &r[..])
+        };
         let (u, f, e, h) = (w[0], w[1], w[2], w[3]);
         println!(
             "| {name} | {} B | {} | {u:.1} | {f:.1} | {e:.1} | {h:.1} | {:.3} | {:.3} | {:.3} | {} |",
@@ -299,7 +335,8 @@ fn four_ways(cal: &Calibration) {
             h / u,
             f / u,
             e / u,
-            nat.map(|n| format!("{:.2}", u / n)).unwrap_or_else(|| "—".into()),
+            nat.map(|n| format!("{:.2}", u / n))
+                .unwrap_or_else(|| "—".into()),
         );
     }
 }
@@ -336,22 +373,45 @@ fn accounting_cost(cal: &Calibration) {
     println!("| quantity | ns | thesis |");
     println!("|---|---|---|");
     println!("| empty handler, unchecked invocation | {:.1} | — |", r[0]);
-    println!("| empty handler, hybrid (accounted) invocation | {:.1} | — |", r[1]);
-    println!("| per-invocation accounting (hybrid − unchecked) | {:.1} | ~80 (2 × 40 ns timestamp, §3.3) |", r[1] - r[0]);
+    println!(
+        "| empty handler, hybrid (accounted) invocation | {:.1} | — |",
+        r[1]
+    );
+    println!(
+        "| per-invocation accounting (hybrid − unchecked) | {:.1} | ~80 (2 × 40 ns timestamp, §3.3) |",
+        r[1] - r[0]
+    );
     println!("| two fenced cycle-counter reads | {:.1} | 2 × 40 |", r[2]);
     println!("| violation-window update | {:.1} | — |", r[3]);
     let _ = cal;
 }
 
 fn chain(cal: &Calibration) {
-    println!("\n### Packets per second through a chain of 3 elements (classifier → hdr_rewrite → counter, 64-byte frames)\n");
+    println!(
+        "\n### Packets per second through a chain of 3 elements (classifier → hdr_rewrite → counter, 64-byte frames)\n"
+    );
     println!("| mode | packets/s | ns/packet |");
     println!("|---|---|---|");
-    for mode in [ExecMode::Unchecked, ExecMode::Hybrid, ExecMode::Fuel, ExecMode::Epoch] {
+    for mode in [
+        ExecMode::Unchecked,
+        ExecMode::Hybrid,
+        ExecMode::Fuel,
+        ExecMode::Epoch,
+    ] {
         let e = ExtEngine::new(mode, 256 << 10, Duration::from_micros(100)).unwrap();
-        let mut c = WasmExtension::load(&e, &corpus("classifier"), &cfg(), cal, Arc::new(Vec::new())).unwrap();
-        let mut r = WasmExtension::load(&e, &corpus("hdr_rewrite"), &cfg(), cal, Arc::new(Vec::new())).unwrap();
-        let mut n = WasmExtension::load(&e, &corpus("counter"), &cfg(), cal, Arc::new(Vec::new())).unwrap();
+        let mut c =
+            WasmExtension::load(&e, &corpus("classifier"), &cfg(), cal, Arc::new(Vec::new()))
+                .unwrap();
+        let mut r = WasmExtension::load(
+            &e,
+            &corpus("hdr_rewrite"),
+            &cfg(),
+            cal,
+            Arc::new(Vec::new()),
+        )
+        .unwrap();
+        let mut n =
+            WasmExtension::load(&e, &corpus("counter"), &cfg(), cal, Arc::new(Vec::new())).unwrap();
         let input = frame(64, 6, 443);
         let mut buf = Vec::with_capacity(2048);
         let mut done = 0u64;
@@ -385,16 +445,34 @@ fn main() {
     let t0 = Instant::now();
     let cal = calibrate::calibrate(if full { Effort::FULL } else { Effort::QUICK }).unwrap();
     println!("## Extensions (Wasm) — run of `cargo bench -p sidecore-ext --bench ext`\n");
-    println!("Machine: {} ({} cores); TSC {:.3} ticks/ns; calibration took {:.1} s.", cal.machine, std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1), cal.tsc_per_ns, t0.elapsed().as_secs_f64());
-    println!("\n### Calibration (cycles per operator class; memory latency by working set, cf. Tables 3.1 and 5.1)\n");
+    println!(
+        "Machine: {} ({} cores); TSC {:.3} ticks/ns; calibration took {:.1} s.",
+        cal.machine,
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1),
+        cal.tsc_per_ns,
+        t0.elapsed().as_secs_f64()
+    );
+    println!(
+        "\n### Calibration (cycles per operator class; memory latency by working set, cf. Tables 3.1 and 5.1)\n"
+    );
     println!("| class | cycles |\n|---|---|");
     for (c, v) in &cal.class_cycles {
         println!("| {c:?} | {v} |");
     }
     println!("| accounted invocation | {} |", cal.invoke_cycles);
-    println!("\n| working set | strided read | strided write | dependent read (chase) |\n|---|---|---|---|");
+    println!(
+        "\n| working set | strided read | strided write | dependent read (chase) |\n|---|---|---|---|"
+    );
     for r in &cal.latency {
-        println!("| {} KiB | {} | {} | {} |", r.ws_bytes >> 10, r.read_cycles, r.write_cycles, r.chase_cycles);
+        println!(
+            "| {} KiB | {} | {} | {} |",
+            r.ws_bytes >> 10,
+            r.read_cycles,
+            r.write_cycles,
+            r.chase_cycles
+        );
     }
     tightness(&cal);
     four_ways(&cal);

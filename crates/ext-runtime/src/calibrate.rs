@@ -42,10 +42,19 @@ pub fn default_path() -> PathBuf {
 pub fn load(path: &Path) -> Result<Calibration, String> {
     let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let cal: Calibration = serde_json::from_str(&text).map_err(|e| {
-        format!("{}: line {}, column {}: {e}", path.display(), e.line(), e.column())
+        format!(
+            "{}: line {}, column {}: {e}",
+            path.display(),
+            e.line(),
+            e.column()
+        )
     })?;
     if !(cal.tsc_per_ns > 0.0) {
-        return Err(format!("{}: tsc_per_ns must be positive, got {}", path.display(), cal.tsc_per_ns));
+        return Err(format!(
+            "{}: tsc_per_ns must be positive, got {}",
+            path.display(),
+            cal.tsc_per_ns
+        ));
     }
     Ok(cal)
 }
@@ -73,8 +82,18 @@ impl Effort {
         reps: 9,
         run: Duration::from_micros(2000),
         sizes: &[
-            16 << 10, 32 << 10, 64 << 10, 128 << 10, 256 << 10, 512 << 10, 1 << 20, 2 << 20, 4 << 20,
-            8 << 20, 16 << 20, 64 << 20,
+            16 << 10,
+            32 << 10,
+            64 << 10,
+            128 << 10,
+            256 << 10,
+            512 << 10,
+            1 << 20,
+            2 << 20,
+            4 << 20,
+            8 << 20,
+            16 << 20,
+            64 << 20,
         ],
     };
     pub const QUICK: Effort = Effort {
@@ -129,9 +148,15 @@ struct Bench {
 
 impl Bench {
     fn store(&self) -> Store<HostState> {
-        let caps = RegionCaps { output_bytes: 1 << 16, ..RegionCaps::default() };
+        let caps = RegionCaps {
+            output_bytes: 1 << 16,
+            ..RegionCaps::default()
+        };
         let limits = StoreLimitsBuilder::new().build();
-        let shared = Arc::new(vec![("routes".to_string(), Arc::<[u8]>::from(vec![7u8; 8192]))]);
+        let shared = Arc::new(vec![(
+            "routes".to_string(),
+            Arc::<[u8]>::from(vec![7u8; 8192]),
+        )]);
         let mut st = HostState::new(caps, vec!["out".into()], shared, limits);
         st.max_emits = usize::MAX;
         st.state.insert(1, vec![0u8; 16]);
@@ -144,11 +169,14 @@ impl Bench {
     /// Median cycles per loop iteration of a kernel whose body is `body` × `reps`.
     fn per_iter(&self, body: &str, reps: usize, effort: Effort) -> f64 {
         let wat = kernel(body, reps);
-        let module = Module::new(&self.engine.engine, wat.as_bytes()).expect("calibration kernel compiles");
+        let module =
+            Module::new(&self.engine.engine, wat.as_bytes()).expect("calibration kernel compiles");
         let mut linker = Linker::new(&self.engine.engine);
         host::link(&mut linker).expect("link");
         let mut store = self.store();
-        let inst = linker.instantiate(&mut store, &module).expect("instantiate kernel");
+        let inst = linker
+            .instantiate(&mut store, &module)
+            .expect("instantiate kernel");
         store.data_mut().memory = inst.get_memory(&mut store, "memory");
         let k = inst.get_typed_func::<i32, i32>(&mut store, "k").expect("k");
         // Size the run.
@@ -186,18 +214,43 @@ fn median(v: &mut [f64]) -> f64 {
 
 /// Runs the calibration.
 pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
-    let tsc_per_ns = tsc::ticks_per_ns(Duration::from_millis(if effort.reps > 5 { 200 } else { 50 }));
+    let tsc_per_ns = tsc::ticks_per_ns(Duration::from_millis(if effort.reps > 5 {
+        200
+    } else {
+        50
+    }));
     tsc::set_ticks_per_ns(tsc_per_ns);
-    let bench = Bench { engine: ExtEngine::new(ExecMode::Hybrid, 256 << 10, Duration::from_millis(1))? };
+    let bench = Bench {
+        engine: ExtEngine::new(ExecMode::Hybrid, 256 << 10, Duration::from_millis(1))?,
+    };
     let per = |body: &str| bench.per_iter(body, K, effort);
     let base = per("");
     let d = |body: &str, ops: f64| ((per(body) - base) / (K as f64 * ops)).max(0.0);
-    let mv = d("(local.set $y (local.get $x)) (local.set $x (local.get $y))", 4.0);
-    let alu = d("(local.set $x (i32.xor (i32.add (local.get $x) (i32.const 7)) (i32.const 3)))", 2.0);
-    let mul = d("(local.set $x (i32.mul (local.get $x) (local.get $z)))", 1.0);
-    let div = (d("(local.set $x (i32.or (i32.div_u (local.get $x) (local.get $z)) (i32.const 0x40000000)))", 1.0) - alu).max(alu);
-    let float = d("(local.set $f (f64.add (local.get $f) (f64.const 1.5)))", 1.0);
-    let fdiv = d("(local.set $f (f64.div (local.get $f) (f64.const 1.0000001)))", 1.0);
+    let mv = d(
+        "(local.set $y (local.get $x)) (local.set $x (local.get $y))",
+        4.0,
+    );
+    let alu = d(
+        "(local.set $x (i32.xor (i32.add (local.get $x) (i32.const 7)) (i32.const 3)))",
+        2.0,
+    );
+    let mul = d(
+        "(local.set $x (i32.mul (local.get $x) (local.get $z)))",
+        1.0,
+    );
+    let div = (d(
+        "(local.set $x (i32.or (i32.div_u (local.get $x) (local.get $z)) (i32.const 0x40000000)))",
+        1.0,
+    ) - alu)
+        .max(alu);
+    let float = d(
+        "(local.set $f (f64.add (local.get $f) (f64.const 1.5)))",
+        1.0,
+    );
+    let fdiv = d(
+        "(local.set $f (f64.div (local.get $f) (f64.const 1.0000001)))",
+        1.0,
+    );
     let mut load_body = String::new();
     let mut store_body = String::new();
     for i in 0..K {
@@ -205,15 +258,26 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
             "(local.set $x (i32.add (local.get $x) (i32.load offset={} (local.get $y))))",
             i * 64
         ));
-        store_body.push_str(&format!("(i32.store offset={} (local.get $y) (local.get $x))", i * 64));
+        store_body.push_str(&format!(
+            "(i32.store offset={} (local.get $y) (local.get $x))",
+            i * 64
+        ));
     }
     let load = ((bench.per_iter(&load_body, 1, effort) - base) / K as f64 - alu).max(0.0);
     let store = ((bench.per_iter(&store_body, 1, effort) - base) / K as f64).max(0.0);
     let branch = (d("(br_if $out (i32.eq (local.get $x) (i32.const -1)))", 1.0) - alu).max(0.0);
     let call = (d("(local.set $x (call $inc (local.get $x)))", 1.0) - alu).max(0.0);
-    let call_ind = (d("(local.set $x (call_indirect (type $t) (local.get $x) (i32.const 0)))", 1.0) - alu).max(0.0);
+    let call_ind = (d(
+        "(local.set $x (call_indirect (type $t) (local.get $x) (i32.const 0)))",
+        1.0,
+    ) - alu)
+        .max(0.0);
     let memsize = (d("(local.set $x (i32.add (local.get $x) (memory.size)))", 1.0) - alu).max(0.0);
-    let fill = ((bench.per_iter("(memory.fill (i32.const 8192) (local.get $x) (i32.const 4096))", 4, effort) - base)
+    let fill = ((bench.per_iter(
+        "(memory.fill (i32.const 8192) (local.get $x) (i32.const 4096))",
+        4,
+        effort,
+    ) - base)
         / (4.0 * 4096.0))
         .max(0.0);
 
@@ -240,23 +304,55 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
     // Host calls.
     let mut host_base = BTreeMap::new();
     let calls: &[(&str, &str)] = &[
-        ("emit", "(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 0)))"),
-        ("output", "(drop (call $output (i32.const 16) (i32.const 3)))"),
-        ("state_get", "(drop (call $state_get (i64.const 1) (i32.const 64) (i32.const 16)))"),
-        ("state_put", "(drop (call $state_put (i64.const 1) (i32.const 64) (i32.const 16)))"),
+        (
+            "emit",
+            "(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 0)))",
+        ),
+        (
+            "output",
+            "(drop (call $output (i32.const 16) (i32.const 3)))",
+        ),
+        (
+            "state_get",
+            "(drop (call $state_get (i64.const 1) (i32.const 64) (i32.const 16)))",
+        ),
+        (
+            "state_put",
+            "(drop (call $state_put (i64.const 1) (i32.const 64) (i32.const 16)))",
+        ),
         ("state_del", "(drop (call $state_del (i64.const 2)))"),
-        ("cache_put", "(drop (call $cache_put (i32.const 0) (i32.const 64) (i32.const 0)))"),
-        ("cache_get", "(drop (call $cache_get (i32.const 0) (i32.const 64) (i32.const 0)))"),
-        ("shared_lookup", "(drop (call $shared_lookup (i32.const 16) (i32.const 3)))"),
-        ("shared_read", "(drop (call $shared_read (i32.const 0) (i32.const 0) (i32.const 64) (i32.const 0)))"),
+        (
+            "cache_put",
+            "(drop (call $cache_put (i32.const 0) (i32.const 64) (i32.const 0)))",
+        ),
+        (
+            "cache_get",
+            "(drop (call $cache_get (i32.const 0) (i32.const 64) (i32.const 0)))",
+        ),
+        (
+            "shared_lookup",
+            "(drop (call $shared_lookup (i32.const 16) (i32.const 3)))",
+        ),
+        (
+            "shared_read",
+            "(drop (call $shared_read (i32.const 0) (i32.const 0) (i32.const 64) (i32.const 0)))",
+        ),
     ];
     for (name, body) in calls {
         let c = ((bench.per_iter(body, 8, effort) - base) / 8.0 - 3.0 * mv).max(0.0);
         host_base.insert(format!("{}.{name}", abi::MODULE), (c * 10.0).round() / 10.0);
     }
     let poll = ((bench.per_iter("(call $poll)", 8, effort) - base) / 8.0).max(0.0);
-    host_base.insert(format!("{}.{}", abi::INJECT_MODULE, abi::INJECT_POLL), (poll * 10.0).round() / 10.0);
-    let emit_big = (bench.per_iter("(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 2048)))", 8, effort) - base) / 8.0;
+    host_base.insert(
+        format!("{}.{}", abi::INJECT_MODULE, abi::INJECT_POLL),
+        (poll * 10.0).round() / 10.0,
+    );
+    let emit_big = (bench.per_iter(
+        "(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 2048)))",
+        8,
+        effort,
+    ) - base)
+        / 8.0;
     let per_byte = ((emit_big - host_base["sc.emit"]) / 2048.0).max(0.0);
 
     // Accounted invocation of an empty handler.
@@ -281,9 +377,19 @@ fn invoke_cost(effort: Effort) -> anyhow::Result<f64> {
       (func (export "handle") (param i32) (result i32) (local.get 0)))"#;
     let bytes = wat::parse_str(wat)?;
     let cfg = ExtConfig::default();
-    let engine = ExtEngine::new(ExecMode::Hybrid, cfg.policy.max_stack_bytes, Duration::from_millis(1))?;
-    let mut ext = WasmExtension::load(&engine, &bytes, &cfg, &Calibration::fallback(), Arc::new(Vec::new()))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let engine = ExtEngine::new(
+        ExecMode::Hybrid,
+        cfg.policy.max_stack_bytes,
+        Duration::from_millis(1),
+    )?;
+    let mut ext = WasmExtension::load(
+        &engine,
+        &bytes,
+        &cfg,
+        &Calibration::fallback(),
+        Arc::new(Vec::new()),
+    )
+    .map_err(|e| anyhow::anyhow!("{e}"))?;
     let n = 2000 * effort.reps;
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
@@ -320,7 +426,8 @@ pub fn mbench(ws: u64, effort: Effort) -> LatencyRow {
         for _ in 0..passes {
             for l in 0..lines {
                 // SAFETY: as above.
-                s = s.wrapping_add(unsafe { std::ptr::read_volatile(buf.as_ptr().add(l * stride)) });
+                s = s
+                    .wrapping_add(unsafe { std::ptr::read_volatile(buf.as_ptr().add(l * stride)) });
             }
         }
         std::hint::black_box(s);
@@ -359,9 +466,15 @@ pub fn mbench(ws: u64, effort: Effort) -> LatencyRow {
 fn machine_name() -> String {
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("model name")).map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string()))
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
-    let host = std::fs::read_to_string("/etc/hostname").map(|s| s.trim().to_string()).unwrap_or_default();
+    let host = std::fs::read_to_string("/etc/hostname")
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default();
     let secs = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())

@@ -95,22 +95,36 @@ pub fn read_module(path: &Path) -> anyhow::Result<Vec<u8>> {
     }
     wat::parse_bytes(&bytes)
         .map(|b| b.into_owned())
-        .map_err(|e| anyhow::anyhow!("{}: neither a Wasm binary nor valid Wasm text: {e}", path.display()))
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "{}: neither a Wasm binary nor valid Wasm text: {e}",
+                path.display()
+            )
+        })
 }
 
 /// The calibration to use: the given file, else the default file, else the fallback
 /// figures (with a note saying so).
 pub fn load_calibration(path: Option<&Path>) -> anyhow::Result<(Calibration, String)> {
     match path {
-        Some(p) => Ok((calibrate::load(p).map_err(|e| anyhow::anyhow!(e))?, p.display().to_string())),
+        Some(p) => Ok((
+            calibrate::load(p).map_err(|e| anyhow::anyhow!(e))?,
+            p.display().to_string(),
+        )),
         None => {
             let p = calibrate::default_path();
             if p.exists() {
-                Ok((calibrate::load(&p).map_err(|e| anyhow::anyhow!(e))?, p.display().to_string()))
+                Ok((
+                    calibrate::load(&p).map_err(|e| anyhow::anyhow!(e))?,
+                    p.display().to_string(),
+                ))
             } else {
                 Ok((
                     Calibration::fallback(),
-                    format!("built-in fallback figures (no {}; run `sidecore calibrate`)", p.display()),
+                    format!(
+                        "built-in fallback figures (no {}; run `sidecore calibrate`)",
+                        p.display()
+                    ),
                 ))
             }
         }
@@ -120,7 +134,10 @@ pub fn load_calibration(path: Option<&Path>) -> anyhow::Result<(Calibration, Str
 fn policy(a: &AdmitArgs) -> anyhow::Result<Policy> {
     let mut p = Policy::default();
     if !(a.min_interarrival_ns > 0.0) {
-        anyhow::bail!("--min-interarrival-ns must be positive, got {}", a.min_interarrival_ns);
+        anyhow::bail!(
+            "--min-interarrival-ns must be positive, got {}",
+            a.min_interarrival_ns
+        );
     }
     if !(a.inflation >= 1.0) {
         anyhow::bail!("--inflation must be at least 1, got {}", a.inflation);
@@ -131,9 +148,9 @@ fn policy(a: &AdmitArgs) -> anyhow::Result<Policy> {
         let (k, v) = s
             .split_once('=')
             .ok_or_else(|| anyhow::anyhow!("--symbol `{s}`: expected NAME=VALUE"))?;
-        let v: u64 = v
-            .parse()
-            .map_err(|_| anyhow::anyhow!("--symbol `{s}`: value `{v}` is not a non-negative integer"))?;
+        let v: u64 = v.parse().map_err(|_| {
+            anyhow::anyhow!("--symbol `{s}`: value `{v}` is not a non-negative integer")
+        })?;
         p.symbols.insert(k.to_string(), v);
     }
     Ok(p)
@@ -158,11 +175,15 @@ fn check(c: &CheckArgs) -> anyhow::Result<i32> {
             if c.json {
                 println!("{}", serde_json::to_string_pretty(&a)?);
             } else {
-                println!("{}: ADMITTED (calibration: {src})", c.admit.module.display());
+                println!(
+                    "{}: ADMITTED (calibration: {src})",
+                    c.admit.module.display()
+                );
                 print!("{}", a.report);
             }
             if let Some(out) = &c.emit {
-                std::fs::write(out, &a.module).map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
+                std::fs::write(out, &a.module)
+                    .map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
             }
             Ok(0)
         }
@@ -173,9 +194,15 @@ fn check(c: &CheckArgs) -> anyhow::Result<i32> {
                     .iter()
                     .map(|x| serde_json::json!({"kind": x.kind(), "message": x.to_string()}))
                     .collect();
-                println!("{}", serde_json::json!({"admitted": false, "reasons": reasons, "report": r.report}));
+                println!(
+                    "{}",
+                    serde_json::json!({"admitted": false, "reasons": reasons, "report": r.report})
+                );
             } else {
-                println!("{}: REJECTED (calibration: {src})", c.admit.module.display());
+                println!(
+                    "{}: REJECTED (calibration: {src})",
+                    c.admit.module.display()
+                );
                 print!("{r}");
             }
             Ok(1)
@@ -191,8 +218,9 @@ fn parse_hex(s: &str) -> anyhow::Result<Vec<u8>> {
     (0..s.len())
         .step_by(2)
         .map(|i| {
-            u8::from_str_radix(&s[i..i + 2], 16)
-                .map_err(|_| anyhow::anyhow!("--input-hex: `{}` at position {i} is not hex", &s[i..i + 2]))
+            u8::from_str_radix(&s[i..i + 2], 16).map_err(|_| {
+                anyhow::anyhow!("--input-hex: `{}` at position {i} is not hex", &s[i..i + 2])
+            })
         })
         .collect()
 }
@@ -200,8 +228,16 @@ fn parse_hex(s: &str) -> anyhow::Result<Vec<u8>> {
 fn run(r: &RunArgs) -> anyhow::Result<i32> {
     let bytes = read_module(&r.admit.module)?;
     let (cal, _) = load_calibration(r.admit.calibration.as_deref())?;
-    let cfg = ExtConfig { policy: policy(&r.admit)?, mode: r.mode, ..ExtConfig::default() };
-    let engine = ExtEngine::new(r.mode, cfg.policy.max_stack_bytes, Duration::from_micros(cfg.epoch_tick_us))?;
+    let cfg = ExtConfig {
+        policy: policy(&r.admit)?,
+        mode: r.mode,
+        ..ExtConfig::default()
+    };
+    let engine = ExtEngine::new(
+        r.mode,
+        cfg.policy.max_stack_bytes,
+        Duration::from_micros(cfg.epoch_tick_us),
+    )?;
     let mut ext = match WasmExtension::load(&engine, &bytes, &cfg, &cal, Arc::new(Vec::new())) {
         Ok(e) => e,
         Err(e) => {
@@ -209,15 +245,26 @@ fn run(r: &RunArgs) -> anyhow::Result<i32> {
             return Ok(1);
         }
     };
-    let h = ext
-        .handler(&r.handler)
-        .ok_or_else(|| anyhow::anyhow!("no handler `{}`; the module has: {:?}", r.handler, ext.handler_names()))?;
+    let h = ext.handler(&r.handler).ok_or_else(|| {
+        anyhow::anyhow!(
+            "no handler `{}`; the module has: {:?}",
+            r.handler,
+            ext.handler_names()
+        )
+    })?;
     let inputs: Vec<Vec<u8>> = if r.inputs.is_empty() {
         vec![vec![0u8; 64]]
     } else {
-        r.inputs.iter().map(|s| parse_hex(s)).collect::<anyhow::Result<_>>()?
+        r.inputs
+            .iter()
+            .map(|s| parse_hex(s))
+            .collect::<anyhow::Result<_>>()?
     };
-    let bound = ext.admission.entry(&r.handler).map(|e| e.bound_cycles).unwrap_or(0.0);
+    let bound = ext
+        .admission
+        .entry(&r.handler)
+        .map(|e| e.bound_cycles)
+        .unwrap_or(0.0);
     for input in &inputs {
         for _ in 0..r.repeat {
             match ext.invoke(h, input) {
@@ -229,13 +276,21 @@ fn run(r: &RunArgs) -> anyhow::Result<i32> {
                         bound,
                         ext.limit_cycles(),
                         o.violated,
-                        o.trap.as_ref().map(|t| format!(" trap: {t}")).unwrap_or_default()
+                        o.trap
+                            .as_ref()
+                            .map(|t| format!(" trap: {t}"))
+                            .unwrap_or_default()
                     );
                     for (out, bytes) in ext.emitted() {
                         println!("  output {out}: {} bytes", bytes.len());
                     }
                     if o.unloaded {
-                        println!("unloaded: {}", ext.unload_reason().map(|u| u.to_string()).unwrap_or_default());
+                        println!(
+                            "unloaded: {}",
+                            ext.unload_reason()
+                                .map(|u| u.to_string())
+                                .unwrap_or_default()
+                        );
                         return Ok(2);
                     }
                 }
@@ -252,22 +307,42 @@ fn run(r: &RunArgs) -> anyhow::Result<i32> {
 impl CalibrateCommand {
     pub fn run(&self) -> anyhow::Result<i32> {
         let out = self.out.clone().unwrap_or_else(calibrate::default_path);
-        let cal = calibrate::calibrate(if self.quick { Effort::QUICK } else { Effort::FULL })?;
+        let cal = calibrate::calibrate(if self.quick {
+            Effort::QUICK
+        } else {
+            Effort::FULL
+        })?;
         calibrate::save(&cal, &out).map_err(|e| anyhow::anyhow!(e))?;
-        println!("calibration of {} written to {}", cal.machine, out.display());
-        println!("TSC: {:.3} ticks/ns; accounted invocation: {:.0} cycles", cal.tsc_per_ns, cal.invoke_cycles);
+        println!(
+            "calibration of {} written to {}",
+            cal.machine,
+            out.display()
+        );
+        println!(
+            "TSC: {:.3} ticks/ns; accounted invocation: {:.0} cycles",
+            cal.tsc_per_ns, cal.invoke_cycles
+        );
         println!("cycles per operator class:");
         for (c, v) in &cal.class_cycles {
             println!("  {c:?}: {v}");
         }
-        println!("host calls (base cycles; +{} per byte):", cal.host_per_byte_cycles);
+        println!(
+            "host calls (base cycles; +{} per byte):",
+            cal.host_per_byte_cycles
+        );
         for (h, v) in &cal.host_base_cycles {
             println!("  {h}: {v}");
         }
         println!("memory latency by working set (cycles per access; Tables 3.1/5.1):");
         println!("  {:>10} {:>8} {:>8} {:>8}", "ws", "read", "write", "chase");
         for r in &cal.latency {
-            println!("  {:>9}K {:>8} {:>8} {:>8}", r.ws_bytes >> 10, r.read_cycles, r.write_cycles, r.chase_cycles);
+            println!(
+                "  {:>9}K {:>8} {:>8} {:>8}",
+                r.ws_bytes >> 10,
+                r.read_cycles,
+                r.write_cycles,
+                r.chase_cycles
+            );
         }
         Ok(0)
     }

@@ -69,7 +69,11 @@ pub struct ExtEngine {
 }
 
 impl ExtEngine {
-    pub fn new(mode: ExecMode, max_stack_bytes: u64, epoch_tick: Duration) -> anyhow::Result<ExtEngine> {
+    pub fn new(
+        mode: ExecMode,
+        max_stack_bytes: u64,
+        epoch_tick: Duration,
+    ) -> anyhow::Result<ExtEngine> {
         let mut cfg = Config::new();
         // Backstop for the static stack check: a guest that still overflows traps.
         cfg.max_wasm_stack((max_stack_bytes as usize * 2).max(64 << 10));
@@ -96,7 +100,12 @@ impl ExtEngine {
                 })
                 .expect("spawn epoch ticker")
         });
-        Ok(ExtEngine { engine, mode, stop, ticker })
+        Ok(ExtEngine {
+            engine,
+            mode,
+            stop,
+            ticker,
+        })
     }
 }
 
@@ -178,7 +187,11 @@ impl WasmExtension {
     ) -> Result<WasmExtension, LoadError> {
         cfg.violations.validate().map_err(LoadError::Abi)?;
         let admission = verify(wasm, &cfg.policy, cal).map_err(LoadError::Rejected)?;
-        let bytes = if engine.mode == ExecMode::Hybrid { admission.module.clone() } else { wasm.to_vec() };
+        let bytes = if engine.mode == ExecMode::Hybrid {
+            admission.module.clone()
+        } else {
+            wasm.to_vec()
+        };
         Self::instantiate(engine, &bytes, admission, cfg, cal, shared)
     }
 
@@ -193,7 +206,8 @@ impl WasmExtension {
         shared: SharedAreas,
     ) -> Result<WasmExtension, LoadError> {
         let caps = cfg.policy.caps.clone();
-        let module = Module::new(&engine.engine, bytes).map_err(|e| LoadError::Instantiate(format!("{e:?}")))?;
+        let module = Module::new(&engine.engine, bytes)
+            .map_err(|e| LoadError::Instantiate(format!("{e:?}")))?;
         let mut linker = Linker::new(&engine.engine);
         host::link(&mut linker).map_err(|e| LoadError::Instantiate(format!("{e:?}")))?;
         let limits = host::store_limits(&caps);
@@ -205,7 +219,9 @@ impl WasmExtension {
         store.data_mut().limit_cycles = limit_cycles;
         match engine.mode {
             ExecMode::Fuel => {
-                store.set_fuel(u64::MAX / 4).map_err(|e| LoadError::Instantiate(format!("{e:?}")))?;
+                store
+                    .set_fuel(u64::MAX / 4)
+                    .map_err(|e| LoadError::Instantiate(format!("{e:?}")))?;
             }
             ExecMode::Epoch => {
                 store.set_epoch_deadline(1);
@@ -227,15 +243,19 @@ impl WasmExtension {
             let f = instance
                 .get_typed_func::<(), i32>(&mut *store, name)
                 .map_err(|e| LoadError::Abi(format!("export `{name}`: {e}")))?;
-            f.call(&mut *store, ()).map_err(|e| LoadError::Abi(format!("`{name}` trapped: {e:?}")))
+            f.call(&mut *store, ())
+                .map_err(|e| LoadError::Abi(format!("`{name}` trapped: {e:?}")))
         };
         if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "sc_init") {
-            init.call(&mut store, ()).map_err(|e| LoadError::Abi(format!("`sc_init` trapped: {e:?}")))?;
+            init.call(&mut store, ())
+                .map_err(|e| LoadError::Abi(format!("`sc_init` trapped: {e:?}")))?;
         }
         let ptr = get_i32(&mut store, "sc_input_ptr")?;
         let cap = get_i32(&mut store, "sc_input_cap")?;
         if ptr < 0 || cap <= 0 {
-            return Err(LoadError::Abi(format!("input buffer at {ptr} of {cap} bytes is invalid")));
+            return Err(LoadError::Abi(format!(
+                "input buffer at {ptr} of {cap} bytes is invalid"
+            )));
         }
         if cap as u64 > caps.scratch_bytes {
             return Err(LoadError::Abi(format!(
@@ -268,7 +288,11 @@ impl WasmExtension {
             .unwrap_or(u64::MAX);
         let _ = cal;
         Ok(WasmExtension {
-            live: Some(Live { store, memory, _instance: instance }),
+            live: Some(Live {
+                store,
+                memory,
+                _instance: instance,
+            }),
             handlers,
             input_ptr: ptr as usize,
             input_cap: cap as usize,
@@ -306,12 +330,21 @@ impl WasmExtension {
             return Err(InvokeError::Unloaded(r.to_string()));
         }
         if input.len() > self.input_cap {
-            return Err(InvokeError::InputTooLarge { len: input.len(), cap: self.input_cap });
+            return Err(InvokeError::InputTooLarge {
+                len: input.len(),
+                cap: self.input_cap,
+            });
         }
-        let f = self.handlers.get(h).ok_or(InvokeError::NoHandler(h))?.1.clone();
+        let f = self
+            .handlers
+            .get(h)
+            .ok_or(InvokeError::NoHandler(h))?
+            .1
+            .clone();
         let live = self.live.as_mut().expect("live while not unloaded");
         let Live { store, memory, .. } = live;
-        memory.data_mut(&mut *store)[self.input_ptr..self.input_ptr + input.len()].copy_from_slice(input);
+        memory.data_mut(&mut *store)[self.input_ptr..self.input_ptr + input.len()]
+            .copy_from_slice(input);
         {
             let st = store.data_mut();
             st.emitted.clear();
@@ -319,15 +352,35 @@ impl WasmExtension {
             st.violated = false;
         }
         let mode = self.mode;
-        let fuel0 = if mode == ExecMode::Fuel { store.get_fuel().unwrap_or(0) } else { 0 };
+        let fuel0 = if mode == ExecMode::Fuel {
+            store.get_fuel().unwrap_or(0)
+        } else {
+            0
+        };
         if mode == ExecMode::Epoch {
             store.set_epoch_deadline(1);
         }
         if mode == ExecMode::Unchecked {
             let r = f.call(&mut *store, input.len() as i32);
             return Ok(match r {
-                Ok(status) => Outcome { status, cycles: 0, fuel: None, violated: false, trap: None, bound_exceeded: false, unloaded: false },
-                Err(e) => Outcome { status: -1, cycles: 0, fuel: None, violated: false, trap: Some(trap_message(&e)), bound_exceeded: false, unloaded: false },
+                Ok(status) => Outcome {
+                    status,
+                    cycles: 0,
+                    fuel: None,
+                    violated: false,
+                    trap: None,
+                    bound_exceeded: false,
+                    unloaded: false,
+                },
+                Err(e) => Outcome {
+                    status: -1,
+                    cycles: 0,
+                    fuel: None,
+                    violated: false,
+                    trap: Some(trap_message(&e)),
+                    bound_exceeded: false,
+                    unloaded: false,
+                },
             });
         }
         let t0 = tsc::now();
@@ -335,7 +388,8 @@ impl WasmExtension {
         let r = f.call(&mut *store, input.len() as i32);
         let t1 = tsc::now();
         let cycles = t1.wrapping_sub(t0);
-        let fuel = (mode == ExecMode::Fuel).then(|| fuel0.saturating_sub(store.get_fuel().unwrap_or(0)));
+        let fuel =
+            (mode == ExecMode::Fuel).then(|| fuel0.saturating_sub(store.get_fuel().unwrap_or(0)));
         let (status, trap, bound_exceeded) = match r {
             Ok(s) => (s, None, false),
             Err(e) => {
@@ -355,7 +409,15 @@ impl WasmExtension {
             self.unloaded = self.tracker.pending_unload.clone();
             self.live = None;
         }
-        Ok(Outcome { status, cycles, fuel, violated, trap, bound_exceeded, unloaded: unload })
+        Ok(Outcome {
+            status,
+            cycles,
+            fuel,
+            violated,
+            trap,
+            bound_exceeded,
+            unloaded: unload,
+        })
     }
 
     /// Messages emitted by the last invocation: (output id, bytes).
@@ -363,7 +425,10 @@ impl WasmExtension {
         match &self.live {
             Some(l) => {
                 let st = l.store.data();
-                st.emitted.iter().map(|(o, r)| (*o, &st.out_bytes[r.clone()])).collect()
+                st.emitted
+                    .iter()
+                    .map(|(o, r)| (*o, &st.out_bytes[r.clone()]))
+                    .collect()
             }
             None => Vec::new(),
         }
@@ -389,7 +454,10 @@ impl WasmExtension {
 
     /// Poll points passed and drains done so far.
     pub fn poll_stats(&self) -> (u64, u64) {
-        self.live.as_ref().map(|l| (l.store.data().polls, l.store.data().drains)).unwrap_or((0, 0))
+        self.live
+            .as_ref()
+            .map(|l| (l.store.data().polls, l.store.data().drains))
+            .unwrap_or((0, 0))
     }
 
     /// Control-plane write into the offcode's linear memory (region 'C), e.g. to preload
@@ -397,20 +465,33 @@ impl WasmExtension {
     pub fn memory_write(&mut self, offset: usize, bytes: &[u8]) -> Result<(), String> {
         let l = self.live.as_mut().ok_or("offcode unloaded")?;
         let data = l.memory.data_mut(&mut l.store);
-        let end = offset.checked_add(bytes.len()).filter(|e| *e <= data.len()).ok_or_else(|| {
-            format!("write of {} bytes at {offset} is outside linear memory ({} bytes)", bytes.len(), data.len())
-        })?;
+        let end = offset
+            .checked_add(bytes.len())
+            .filter(|e| *e <= data.len())
+            .ok_or_else(|| {
+                format!(
+                    "write of {} bytes at {offset} is outside linear memory ({} bytes)",
+                    bytes.len(),
+                    data.len()
+                )
+            })?;
         data[offset..end].copy_from_slice(bytes);
         Ok(())
     }
 
     pub fn memory_size(&self) -> usize {
-        self.live.as_ref().map(|l| l.memory.data_size(&l.store)).unwrap_or(0)
+        self.live
+            .as_ref()
+            .map(|l| l.memory.data_size(&l.store))
+            .unwrap_or(0)
     }
 
     /// Number of host key/value entries (region 'C).
     pub fn state_len(&self) -> usize {
-        self.live.as_ref().map(|l| l.store.data().state.len()).unwrap_or(0)
+        self.live
+            .as_ref()
+            .map(|l| l.store.data().state.len())
+            .unwrap_or(0)
     }
 
     pub fn limit_cycles(&self) -> u64 {
@@ -433,7 +514,14 @@ fn declared_descriptions(a: &Admission) -> Vec<String> {
         .iter()
         .filter(|l| matches!(l.source, sidecore_ext_verify::BoundSource::Declared(_)))
         .map(|l| {
-            (l.func, l.ordinal, format!("loop #{} in {} at {:#x} ran past its declared bound {}", l.ordinal, l.func_name, l.offset, l.iterations))
+            (
+                l.func,
+                l.ordinal,
+                format!(
+                    "loop #{} in {} at {:#x} ran past its declared bound {}",
+                    l.ordinal, l.func_name, l.offset, l.iterations
+                ),
+            )
         })
         .collect();
     v.sort_by_key(|x| (x.0, x.1));
@@ -442,5 +530,8 @@ fn declared_descriptions(a: &Admission) -> Vec<String> {
 
 /// The host imports a module may use, for documentation and tools.
 pub fn abi_imports() -> Vec<String> {
-    abi::HOST_ABI.iter().map(|h| format!("{}.{}", abi::MODULE, h.name)).collect()
+    abi::HOST_ABI
+        .iter()
+        .map(|h| format!("{}.{}", abi::MODULE, h.name))
+        .collect()
 }

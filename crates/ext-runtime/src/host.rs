@@ -59,7 +59,12 @@ pub struct HostState {
 }
 
 impl HostState {
-    pub fn new(caps: RegionCaps, outputs: Vec<String>, shared: SharedAreas, limits: StoreLimits) -> HostState {
+    pub fn new(
+        caps: RegionCaps,
+        outputs: Vec<String>,
+        shared: SharedAreas,
+        limits: StoreLimits,
+    ) -> HostState {
         let slots = caps.cache_slots as usize;
         HostState {
             caps,
@@ -123,119 +128,192 @@ fn range(ptr: i32, len: i32, size: usize) -> Option<std::ops::Range<usize>> {
 /// Links the host ABI and the injected functions.
 pub fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     let m = abi::MODULE;
-    linker.func_wrap(m, "output", |mut c: Caller<'_, HostState>, ptr: i32, len: i32| -> i32 {
-        let Some(mem) = memory(&mut c) else { return -1 };
-        let (data, st) = mem.data_and_store_mut(&mut c);
-        let Some(r) = range(ptr, len, data.len()) else { return -1 };
-        let Ok(name) = std::str::from_utf8(&data[r]) else { return -1 };
-        st.output_names.iter().position(|n| n == name).map(|i| i as i32).unwrap_or(-1)
-    })?;
-    linker.func_wrap(m, "emit", |mut c: Caller<'_, HostState>, out: i32, ptr: i32, len: i32| -> i32 {
-        let Some(mem) = memory(&mut c) else { return -1 };
-        let (data, st) = mem.data_and_store_mut(&mut c);
-        if out < 0 || out as usize >= st.output_names.len().max(1) {
-            return -1;
-        }
-        if len as i64 > st.caps.output_bytes as i64 {
-            return -2;
-        }
-        if st.emitted.len() >= st.max_emits {
-            return -3;
-        }
-        let Some(r) = range(ptr, len, data.len()) else { return -1 };
-        let start = st.out_bytes.len();
-        st.out_bytes.extend_from_slice(&data[r]);
-        let end = st.out_bytes.len();
-        st.emitted.push((out as u32, start..end));
-        0
-    })?;
-    linker.func_wrap(m, "state_get", |mut c: Caller<'_, HostState>, key: i64, dst: i32, cap: i32| -> i32 {
-        let Some(mem) = memory(&mut c) else { return -1 };
-        let (data, st) = mem.data_and_store_mut(&mut c);
-        let Some(v) = st.state.get(&key) else { return -1 };
-        let n = v.len().min(cap.max(0) as usize);
-        let Some(r) = range(dst, n as i32, data.len()) else { return -1 };
-        data[r].copy_from_slice(&v[..n]);
-        v.len() as i32
-    })?;
-    linker.func_wrap(m, "state_put", |mut c: Caller<'_, HostState>, key: i64, src: i32, len: i32| -> i32 {
-        let Some(mem) = memory(&mut c) else { return -1 };
-        let (data, st) = mem.data_and_store_mut(&mut c);
-        if len as i64 > st.caps.state_value_bytes as i64 {
-            return -2;
-        }
-        let Some(r) = range(src, len, data.len()) else { return -1 };
-        let old = st.state.get(&key).map(|v| v.len() as u64).unwrap_or(0);
-        let new_used = st.state_used - old + len as u64;
-        if new_used > st.caps.state_bytes {
-            return -2;
-        }
-        st.state_used = new_used;
-        let slot = st.state.entry(key).or_default();
-        slot.clear();
-        slot.extend_from_slice(&data[r]);
-        0
-    })?;
-    linker.func_wrap(m, "state_del", |mut c: Caller<'_, HostState>, key: i64| -> i32 {
-        let st = c.data_mut();
-        match st.state.remove(&key) {
-            Some(v) => {
-                st.state_used -= v.len() as u64;
-                0
+    linker.func_wrap(
+        m,
+        "output",
+        |mut c: Caller<'_, HostState>, ptr: i32, len: i32| -> i32 {
+            let Some(mem) = memory(&mut c) else { return -1 };
+            let (data, st) = mem.data_and_store_mut(&mut c);
+            let Some(r) = range(ptr, len, data.len()) else {
+                return -1;
+            };
+            let Ok(name) = std::str::from_utf8(&data[r]) else {
+                return -1;
+            };
+            st.output_names
+                .iter()
+                .position(|n| n == name)
+                .map(|i| i as i32)
+                .unwrap_or(-1)
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        "emit",
+        |mut c: Caller<'_, HostState>, out: i32, ptr: i32, len: i32| -> i32 {
+            let Some(mem) = memory(&mut c) else { return -1 };
+            let (data, st) = mem.data_and_store_mut(&mut c);
+            if out < 0 || out as usize >= st.output_names.len().max(1) {
+                return -1;
             }
-            None => -1,
-        }
-    })?;
-    linker.func_wrap(m, "cache_put", |mut c: Caller<'_, HostState>, slot: i32, src: i32, len: i32| -> i32 {
-        let Some(mem) = memory(&mut c) else { return -1 };
-        let (data, st) = mem.data_and_store_mut(&mut c);
-        if slot < 0 || slot as usize >= st.cache.len() {
-            return -1;
-        }
-        if len as i64 > st.caps.cache_slot_bytes as i64 {
-            return -2;
-        }
-        let Some(r) = range(src, len, data.len()) else { return -1 };
-        let s = st.cache[slot as usize].get_or_insert_with(Vec::new);
-        s.clear();
-        s.extend_from_slice(&data[r]);
-        0
-    })?;
-    linker.func_wrap(m, "cache_get", |mut c: Caller<'_, HostState>, slot: i32, dst: i32, cap: i32| -> i32 {
-        let Some(mem) = memory(&mut c) else { return -1 };
-        let (data, st) = mem.data_and_store_mut(&mut c);
-        let Some(Some(v)) = (slot >= 0).then(|| st.cache.get(slot as usize)).flatten() else { return -1 };
-        let n = v.len().min(cap.max(0) as usize);
-        let Some(r) = range(dst, n as i32, data.len()) else { return -1 };
-        data[r].copy_from_slice(&v[..n]);
-        v.len() as i32
-    })?;
-    linker.func_wrap(m, "shared_lookup", |mut c: Caller<'_, HostState>, ptr: i32, len: i32| -> i32 {
-        let Some(mem) = memory(&mut c) else { return -1 };
-        let (data, st) = mem.data_and_store_mut(&mut c);
-        let Some(r) = range(ptr, len, data.len()) else { return -1 };
-        let Ok(name) = std::str::from_utf8(&data[r]) else { return -1 };
-        st.shared.iter().position(|(n, _)| n == name).map(|i| i as i32).unwrap_or(-1)
-    })?;
+            if len as i64 > st.caps.output_bytes as i64 {
+                return -2;
+            }
+            if st.emitted.len() >= st.max_emits {
+                return -3;
+            }
+            let Some(r) = range(ptr, len, data.len()) else {
+                return -1;
+            };
+            let start = st.out_bytes.len();
+            st.out_bytes.extend_from_slice(&data[r]);
+            let end = st.out_bytes.len();
+            st.emitted.push((out as u32, start..end));
+            0
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        "state_get",
+        |mut c: Caller<'_, HostState>, key: i64, dst: i32, cap: i32| -> i32 {
+            let Some(mem) = memory(&mut c) else { return -1 };
+            let (data, st) = mem.data_and_store_mut(&mut c);
+            let Some(v) = st.state.get(&key) else {
+                return -1;
+            };
+            let n = v.len().min(cap.max(0) as usize);
+            let Some(r) = range(dst, n as i32, data.len()) else {
+                return -1;
+            };
+            data[r].copy_from_slice(&v[..n]);
+            v.len() as i32
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        "state_put",
+        |mut c: Caller<'_, HostState>, key: i64, src: i32, len: i32| -> i32 {
+            let Some(mem) = memory(&mut c) else { return -1 };
+            let (data, st) = mem.data_and_store_mut(&mut c);
+            if len as i64 > st.caps.state_value_bytes as i64 {
+                return -2;
+            }
+            let Some(r) = range(src, len, data.len()) else {
+                return -1;
+            };
+            let old = st.state.get(&key).map(|v| v.len() as u64).unwrap_or(0);
+            let new_used = st.state_used - old + len as u64;
+            if new_used > st.caps.state_bytes {
+                return -2;
+            }
+            st.state_used = new_used;
+            let slot = st.state.entry(key).or_default();
+            slot.clear();
+            slot.extend_from_slice(&data[r]);
+            0
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        "state_del",
+        |mut c: Caller<'_, HostState>, key: i64| -> i32 {
+            let st = c.data_mut();
+            match st.state.remove(&key) {
+                Some(v) => {
+                    st.state_used -= v.len() as u64;
+                    0
+                }
+                None => -1,
+            }
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        "cache_put",
+        |mut c: Caller<'_, HostState>, slot: i32, src: i32, len: i32| -> i32 {
+            let Some(mem) = memory(&mut c) else { return -1 };
+            let (data, st) = mem.data_and_store_mut(&mut c);
+            if slot < 0 || slot as usize >= st.cache.len() {
+                return -1;
+            }
+            if len as i64 > st.caps.cache_slot_bytes as i64 {
+                return -2;
+            }
+            let Some(r) = range(src, len, data.len()) else {
+                return -1;
+            };
+            let s = st.cache[slot as usize].get_or_insert_with(Vec::new);
+            s.clear();
+            s.extend_from_slice(&data[r]);
+            0
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        "cache_get",
+        |mut c: Caller<'_, HostState>, slot: i32, dst: i32, cap: i32| -> i32 {
+            let Some(mem) = memory(&mut c) else { return -1 };
+            let (data, st) = mem.data_and_store_mut(&mut c);
+            let Some(Some(v)) = (slot >= 0).then(|| st.cache.get(slot as usize)).flatten() else {
+                return -1;
+            };
+            let n = v.len().min(cap.max(0) as usize);
+            let Some(r) = range(dst, n as i32, data.len()) else {
+                return -1;
+            };
+            data[r].copy_from_slice(&v[..n]);
+            v.len() as i32
+        },
+    )?;
+    linker.func_wrap(
+        m,
+        "shared_lookup",
+        |mut c: Caller<'_, HostState>, ptr: i32, len: i32| -> i32 {
+            let Some(mem) = memory(&mut c) else { return -1 };
+            let (data, st) = mem.data_and_store_mut(&mut c);
+            let Some(r) = range(ptr, len, data.len()) else {
+                return -1;
+            };
+            let Ok(name) = std::str::from_utf8(&data[r]) else {
+                return -1;
+            };
+            st.shared
+                .iter()
+                .position(|(n, _)| n == name)
+                .map(|i| i as i32)
+                .unwrap_or(-1)
+        },
+    )?;
     linker.func_wrap(
         m,
         "shared_read",
         |mut c: Caller<'_, HostState>, area: i32, off: i32, dst: i32, len: i32| -> i32 {
             let Some(mem) = memory(&mut c) else { return -1 };
             let (data, st) = mem.data_and_store_mut(&mut c);
-            let Some((_, bytes)) = (area >= 0).then(|| st.shared.get(area as usize)).flatten() else { return -1 };
+            let Some((_, bytes)) = (area >= 0).then(|| st.shared.get(area as usize)).flatten()
+            else {
+                return -1;
+            };
             if len as i64 > st.caps.shared_read_bytes as i64 || off < 0 {
                 return -1;
             }
-            let Some(src) = range(off, len, bytes.len()) else { return -1 };
-            let Some(r) = range(dst, len, data.len()) else { return -1 };
+            let Some(src) = range(off, len, bytes.len()) else {
+                return -1;
+            };
+            let Some(r) = range(dst, len, data.len()) else {
+                return -1;
+            };
             data[r].copy_from_slice(&bytes[src]);
             len
         },
     )?;
-    linker.func_wrap(abi::INJECT_MODULE, abi::INJECT_POLL, |mut c: Caller<'_, HostState>| {
-        c.data_mut().poll();
-    })?;
+    linker.func_wrap(
+        abi::INJECT_MODULE,
+        abi::INJECT_POLL,
+        |mut c: Caller<'_, HostState>| {
+            c.data_mut().poll();
+        },
+    )?;
     linker.func_wrap(
         abi::INJECT_MODULE,
         abi::INJECT_BOUND,
@@ -272,10 +350,17 @@ pub fn probe_memory_cap(caps: &RegionCaps, wasm: &[u8]) -> Result<usize, String>
     let module = wasmtime::Module::new(&engine, wasm).map_err(|e| format!("{e:?}"))?;
     let mut linker = Linker::new(&engine);
     link(&mut linker).map_err(|e| format!("{e:?}"))?;
-    let st = HostState::new(caps.clone(), vec!["out".into()], Arc::new(Vec::new()), store_limits(caps));
+    let st = HostState::new(
+        caps.clone(),
+        vec!["out".into()],
+        Arc::new(Vec::new()),
+        store_limits(caps),
+    );
     let mut store = wasmtime::Store::new(&engine, st);
     store.limiter(|s| &mut s.limits);
-    let inst = linker.instantiate(&mut store, &module).map_err(|e| format!("{e:?}"))?;
+    let inst = linker
+        .instantiate(&mut store, &module)
+        .map_err(|e| format!("{e:?}"))?;
     if let Ok(h) = inst.get_typed_func::<i32, i32>(&mut store, "handle") {
         let _ = h.call(&mut store, 0);
     }

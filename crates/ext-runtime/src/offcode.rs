@@ -23,7 +23,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use sidecore_ext_verify::{Admission, Calibration, RegionCaps, verify};
 use sidecore_offcode::{
-    BuildSpec, Implementation, InitCx, InputId, Metric, Offcode, OffcodeError, OutputId, Registry, RunCx,
+    BuildSpec, Implementation, InitCx, InputId, Metric, Offcode, OffcodeError, OutputId, Registry,
+    RunCx,
 };
 use sidecore_types::PeKind;
 
@@ -65,9 +66,15 @@ impl WasmParams {
         }
         if let Some(c) = &self.caps {
             cfg.policy.caps = c.clone();
-            cfg.policy.symbols.insert("PACKET_LEN_MAX".into(), c.scratch_bytes);
-            cfg.policy.symbols.insert("STATE_VALUE_MAX".into(), c.state_value_bytes);
-            cfg.policy.symbols.insert("CACHE_SLOTS".into(), c.cache_slots as u64);
+            cfg.policy
+                .symbols
+                .insert("PACKET_LEN_MAX".into(), c.scratch_bytes);
+            cfg.policy
+                .symbols
+                .insert("STATE_VALUE_MAX".into(), c.state_value_bytes);
+            cfg.policy
+                .symbols
+                .insert("CACHE_SLOTS".into(), c.cache_slots as u64);
         }
         if let Some(s) = &self.symbols {
             cfg.policy.symbols.extend(s.clone());
@@ -79,7 +86,10 @@ impl WasmParams {
 fn engine() -> Result<&'static ExtEngine, OffcodeError> {
     static ENGINE: OnceLock<Result<ExtEngine, String>> = OnceLock::new();
     ENGINE
-        .get_or_init(|| ExtEngine::new(ExecMode::Hybrid, 256 << 10, Duration::from_millis(1)).map_err(|e| e.to_string()))
+        .get_or_init(|| {
+            ExtEngine::new(ExecMode::Hybrid, 256 << 10, Duration::from_millis(1))
+                .map_err(|e| e.to_string())
+        })
         .as_ref()
         .map_err(|e| OffcodeError::failed(format!("wasm engine: {e}")))
 }
@@ -101,12 +111,16 @@ pub struct WasmOffcode {
 
 impl WasmOffcode {
     /// Admits `module` under `params` (deploy time).
-    pub fn admit(module: &std::path::Path, params: &toml::Table) -> Result<WasmOffcode, OffcodeError> {
+    pub fn admit(
+        module: &std::path::Path,
+        params: &toml::Table,
+    ) -> Result<WasmOffcode, OffcodeError> {
         let p: WasmParams = sidecore_offcode::parse_params(params)?;
         let cfg = p.config().map_err(OffcodeError::Params)?;
-        let bytes = crate::cli::read_module(module).map_err(|e| OffcodeError::failed(e.to_string()))?;
-        let (cal, _) =
-            crate::cli::load_calibration(p.calibration.as_deref()).map_err(|e| OffcodeError::failed(e.to_string()))?;
+        let bytes =
+            crate::cli::read_module(module).map_err(|e| OffcodeError::failed(e.to_string()))?;
+        let (cal, _) = crate::cli::load_calibration(p.calibration.as_deref())
+            .map_err(|e| OffcodeError::failed(e.to_string()))?;
         let admission = verify(&bytes, &cfg.policy, &cal)
             .map_err(|r| OffcodeError::failed(format!("{}: {r}", module.display())))?;
         Ok(WasmOffcode {
@@ -159,8 +173,16 @@ impl Offcode for WasmOffcode {
         Ok(())
     }
 
-    fn handle(&mut self, cx: &mut RunCx<'_>, input: InputId, msg: &[u8]) -> Result<(), OffcodeError> {
-        let ext = self.ext.as_mut().ok_or_else(|| OffcodeError::failed("not initialized"))?;
+    fn handle(
+        &mut self,
+        cx: &mut RunCx<'_>,
+        input: InputId,
+        msg: &[u8],
+    ) -> Result<(), OffcodeError> {
+        let ext = self
+            .ext
+            .as_mut()
+            .ok_or_else(|| OffcodeError::failed("not initialized"))?;
         let h = *self
             .handlers
             .get(input.0)
@@ -188,8 +210,13 @@ impl Offcode for WasmOffcode {
         });
         if o.unloaded {
             // The invocation is over (idle): report, and the runtime takes it down.
-            let why = ext.unload_reason().map(|u| u.to_string()).unwrap_or_default();
-            return Err(OffcodeError::failed(format!("wasm offcode unloaded: {why}")));
+            let why = ext
+                .unload_reason()
+                .map(|u| u.to_string())
+                .unwrap_or_default();
+            return Err(OffcodeError::failed(format!(
+                "wasm offcode unloaded: {why}"
+            )));
         }
         match err {
             Some(e) => Err(e),
@@ -207,9 +234,9 @@ pub fn loader() -> Implementation {
         inputs: None,
         outputs: None,
         factory: Arc::new(|spec: &BuildSpec<'_>| {
-            let module = spec
-                .module
-                .ok_or_else(|| OffcodeError::failed("a wasm target needs `module = \"path.wasm\"`"))?;
+            let module = spec.module.ok_or_else(|| {
+                OffcodeError::failed("a wasm target needs `module = \"path.wasm\"`")
+            })?;
             Ok(Box::new(WasmOffcode::admit(module, spec.params)?) as Box<dyn Offcode>)
         }),
         validate: Some(Arc::new(|params: &toml::Table| {

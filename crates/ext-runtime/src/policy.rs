@@ -51,7 +51,10 @@ impl std::fmt::Display for UnloadReason {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             UnloadReason::Violations { count, window } => {
-                write!(f, "{count} violations of the acceptable limit in the last {window} invocations")
+                write!(
+                    f,
+                    "{count} violations of the acceptable limit in the last {window} invocations"
+                )
             }
             UnloadReason::Trap(t) => write!(f, "trapped: {t}"),
         }
@@ -131,19 +134,41 @@ mod tests {
         assert_eq!(t.violations_in_window(), 0);
         assert!(!t.record(true, None));
         assert!(t.record(true, None));
-        assert!(matches!(t.pending_unload, Some(UnloadReason::Violations { count: 2, window: 4 })));
+        assert!(matches!(
+            t.pending_unload,
+            Some(UnloadReason::Violations {
+                count: 2,
+                window: 4
+            })
+        ));
     }
 
     #[test]
     fn a_trap_unloads_at_once() {
         let mut t = Tracker::new(ViolationPolicy::default());
         assert!(t.record(false, Some("declared loop bound exceeded".into())));
-        assert!(t.pending_unload.as_ref().unwrap().to_string().contains("declared loop bound"));
+        assert!(
+            t.pending_unload
+                .as_ref()
+                .unwrap()
+                .to_string()
+                .contains("declared loop bound")
+        );
     }
 
     #[test]
     fn bad_policies_are_explained() {
-        assert!(ViolationPolicy { k: 0, window: 4 }.validate().unwrap_err().contains("k must be at least 1"));
-        assert!(ViolationPolicy { k: 5, window: 4 }.validate().unwrap_err().contains("window (4) must be at least k (5)"));
+        assert!(
+            ViolationPolicy { k: 0, window: 4 }
+                .validate()
+                .unwrap_err()
+                .contains("k must be at least 1")
+        );
+        assert!(
+            ViolationPolicy { k: 5, window: 4 }
+                .validate()
+                .unwrap_err()
+                .contains("window (4) must be at least k (5)")
+        );
     }
 }

@@ -9,17 +9,27 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sidecore_ext::verify::{Calibration, Policy, RegionCaps};
-use sidecore_ext::{ExecMode, ExtConfig, ExtEngine, InvokeError, LoadError, ViolationPolicy, WasmExtension};
+use sidecore_ext::{
+    ExecMode, ExtConfig, ExtEngine, InvokeError, LoadError, ViolationPolicy, WasmExtension,
+};
 
 fn corpus(rel: &str) -> Vec<u8> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../ext-verify/corpus").join(rel);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../ext-verify/corpus")
+        .join(rel);
     wat::parse_file(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
 /// Functional tests run on a shared, noisy machine: cold first invocations may exceed a
 /// realistic limit, so they use a violation policy that does not unload.
 fn lenient() -> ExtConfig {
-    ExtConfig { violations: ViolationPolicy { k: 1000, window: 1000 }, ..ExtConfig::default() }
+    ExtConfig {
+        violations: ViolationPolicy {
+            k: 1000,
+            window: 1000,
+        },
+        ..ExtConfig::default()
+    }
 }
 
 fn engine(mode: ExecMode) -> ExtEngine {
@@ -27,8 +37,14 @@ fn engine(mode: ExecMode) -> ExtEngine {
 }
 
 fn load(e: &ExtEngine, bytes: &[u8], cfg: &ExtConfig) -> WasmExtension {
-    WasmExtension::load(e, bytes, cfg, &Calibration::fallback(), Arc::new(Vec::new()))
-        .unwrap_or_else(|err| panic!("load: {err}"))
+    WasmExtension::load(
+        e,
+        bytes,
+        cfg,
+        &Calibration::fallback(),
+        Arc::new(Vec::new()),
+    )
+    .unwrap_or_else(|err| panic!("load: {err}"))
 }
 
 /// Ethernet + IPv4 + TCP frame of `len` bytes.
@@ -150,7 +166,11 @@ fn chacha_matches_the_rfc8439_block_function() {
     let key: [u8; 32] = std::array::from_fn(|i| i as u8);
     let nonce = [0, 0, 0, 9, 0, 0, 0, 0x4a, 0, 0, 0, 0];
     let b = chacha_block(&key, 1, &nonce);
-    assert_eq!(&b[..4], &[0x10, 0xf1, 0xe7, 0xe4], "reference implementation agrees with the RFC");
+    assert_eq!(
+        &b[..4],
+        &[0x10, 0xf1, 0xe7, 0xe4],
+        "reference implementation agrees with the RFC"
+    );
     let e = engine(ExecMode::Hybrid);
     let mut x = load(&e, &corpus("benign/chacha.wat"), &lenient());
     let data: Vec<u8> = (0..200).map(|i| i as u8).collect();
@@ -165,9 +185,18 @@ fn chacha_matches_the_rfc8439_block_function() {
 #[test]
 fn classifier_counter_and_flowtable_do_their_jobs() {
     let e = engine(ExecMode::Hybrid);
-    let four = ExtConfig { outputs: vec!["a".into(), "b".into(), "c".into(), "other".into()], ..lenient() };
+    let four = ExtConfig {
+        outputs: vec!["a".into(), "b".into(), "c".into(), "other".into()],
+        ..lenient()
+    };
     let mut c = load(&e, &corpus("benign/classifier.wat"), &four);
-    for (proto, port, want) in [(6u8, 443u16, 1u32), (6, 22, 0), (17, 53, 2), (6, 31337, 3), (1, 0, 2)] {
+    for (proto, port, want) in [
+        (6u8, 443u16, 1u32),
+        (6, 22, 0),
+        (17, 53, 2),
+        (6, 31337, 3),
+        (1, 0, 2),
+    ] {
         c.invoke(0, &frame(64, proto, port)).unwrap();
         assert_eq!(c.emitted()[0].0, want, "proto {proto} port {port}");
     }
@@ -189,13 +218,25 @@ fn a_lying_declared_bound_traps_and_the_offcode_is_unloaded() {
     let e = engine(ExecMode::Hybrid);
     let mut x = load(&e, &corpus("hostile/lying_bound.wat"), &lenient());
     let o = x.invoke(0, &[0u8; 5]).unwrap();
-    assert_eq!((o.status, o.trap.clone()), (15, None), "within its declaration it runs");
+    assert_eq!(
+        (o.status, o.trap.clone()),
+        (15, None),
+        "within its declaration it runs"
+    );
     let o = x.invoke(0, &[0u8; 100]).unwrap();
     assert!(o.bound_exceeded, "{o:?}");
-    assert!(o.trap.as_deref().unwrap().contains("declared loop bound exceeded: loop #0 in handle"), "{o:?}");
+    assert!(
+        o.trap
+            .as_deref()
+            .unwrap()
+            .contains("declared loop bound exceeded: loop #0 in handle"),
+        "{o:?}"
+    );
     assert!(o.unloaded);
     match x.invoke(0, &[0u8; 5]) {
-        Err(InvokeError::Unloaded(why)) => assert!(why.contains("declared loop bound exceeded"), "{why}"),
+        Err(InvokeError::Unloaded(why)) => {
+            assert!(why.contains("declared loop bound exceeded"), "{why}")
+        }
         other => panic!("{other:?}"),
     }
 }
@@ -216,10 +257,19 @@ fn consistent_violators_are_unloaded_when_idle_never_mid_packet() {
         assert!(o.violated, "{o:?}");
         assert_eq!(o.trap, None, "never aborted");
         assert_eq!(o.status, 0, "ran to completion");
-        assert_eq!(x.emitted().len(), usize::from(i < 3), "output delivered (the third unloads right after)");
+        assert_eq!(
+            x.emitted().len(),
+            usize::from(i < 3),
+            "output delivered (the third unloads right after)"
+        );
         assert_eq!(o.unloaded, i == 3);
     }
-    assert!(x.unload_reason().unwrap().to_string().contains("3 violations"));
+    assert!(
+        x.unload_reason()
+            .unwrap()
+            .to_string()
+            .contains("3 violations")
+    );
     assert!(matches!(x.invoke(0, &data), Err(InvokeError::Unloaded(_))));
 }
 
@@ -228,10 +278,17 @@ fn poll_points_are_placed_only_where_needed_and_drain_without_aborting() {
     let mut cfg = ExtConfig::default();
     cfg.policy.acceptable_limit_ns = 100.0;
     cfg.policy.inflation = 1e4;
-    cfg.violations = ViolationPolicy { k: 1000, window: 1000 };
+    cfg.violations = ViolationPolicy {
+        k: 1000,
+        window: 1000,
+    };
     let e = engine(ExecMode::Hybrid);
     let mut x = load(&e, &corpus("benign/checksum.wat"), &cfg);
-    assert!(x.admission.loops.iter().any(|l| l.poll_every.is_some()), "{}", x.admission.report);
+    assert!(
+        x.admission.loops.iter().any(|l| l.poll_every.is_some()),
+        "{}",
+        x.admission.report
+    );
     let drains = Arc::new(AtomicU64::new(0));
     let d2 = drains.clone();
     x.set_drain_hook(Box::new(move || {
@@ -270,14 +327,20 @@ fn epoch_mode_callback_records_and_continues() {
     cfg.policy.acceptable_limit_ns = 1000.0;
     cfg.policy.inflation = 1e7;
     cfg.policy.max_declared_bound = 1 << 26;
-    cfg.violations = ViolationPolicy { k: 100, window: 100 };
+    cfg.violations = ViolationPolicy {
+        k: 100,
+        window: 100,
+    };
     let e = engine(ExecMode::Epoch);
     let mut x = load(&e, &bytes, &cfg);
     let o = x.invoke(0, &[0u8; 2000]).unwrap(); // 20M iterations: tens of milliseconds
     assert_eq!(o.trap, None, "epoch deadline continued, never trapped");
     assert!(o.violated);
     let expect = (0..20_000_000u32).fold(0u32, |a, i| a.wrapping_add(i ^ 5));
-    assert_eq!(o.status as u32, expect, "ran to completion with the right result");
+    assert_eq!(
+        o.status as u32, expect,
+        "ran to completion with the right result"
+    );
     let (polls, _) = x.poll_stats();
     assert!(polls > 0, "the deadline callback ran");
 }
@@ -286,7 +349,12 @@ fn epoch_mode_callback_records_and_continues() {
 fn all_modes_agree_on_results() {
     let f = frame(300, 17, 53);
     let mut outs = Vec::new();
-    for mode in [ExecMode::Hybrid, ExecMode::Unchecked, ExecMode::Fuel, ExecMode::Epoch] {
+    for mode in [
+        ExecMode::Hybrid,
+        ExecMode::Unchecked,
+        ExecMode::Fuel,
+        ExecMode::Epoch,
+    ] {
         let e = engine(mode);
         let mut x = load(&e, &corpus("benign/chacha.wat"), &lenient());
         let o = x.invoke(0, &f).unwrap();
@@ -294,7 +362,10 @@ fn all_modes_agree_on_results() {
         if mode == ExecMode::Fuel {
             let used = o.fuel.unwrap();
             let bound = x.admission.entry("handle").unwrap().bound_fuel;
-            assert!(used > 0 && used as f64 <= bound, "fuel {used} within the static bound {bound}");
+            assert!(
+                used > 0 && used as f64 <= bound,
+                "fuel {used} within the static bound {bound}"
+            );
         }
         outs.push(x.emitted()[0].1.to_vec());
     }
@@ -314,10 +385,18 @@ fn stack_overflow_is_contained_by_the_engine_backstop() {
     // Every function keeps 400 values live across its call, so each frame spills them.
     let (n, live) = (40, 400);
     for i in 0..n {
-        let call = if i + 1 < n { format!("(call $f{} (local.get 0))", i + 1) } else { "(local.get 0)".into() };
+        let call = if i + 1 < n {
+            format!("(call $f{} (local.get 0))", i + 1)
+        } else {
+            "(local.get 0)".into()
+        };
         let mut body = String::new();
         for j in 0..live {
-            body.push_str(&format!("(local.set {} (i64.load offset={} (i32.const 0)))", j + 1, j * 8));
+            body.push_str(&format!(
+                "(local.set {} (i64.load offset={} (i32.const 0)))",
+                j + 1,
+                j * 8
+            ));
         }
         body.push_str(&format!("(drop {call})"));
         let mut sum = String::from("(i64.const 0)");
@@ -355,8 +434,12 @@ fn memory_growth_is_capped_even_without_the_static_check() {
         Err(LoadError::Rejected(rej)) => assert!(rej.has("memory-grow")),
         _ => panic!("memory.grow bomb admitted"),
     }
-    let caps = RegionCaps { memory_bytes: 4 << 16, ..RegionCaps::default() };
-    let got = sidecore_ext::host::probe_memory_cap(&caps, &corpus("hostile/memory_grow.wat")).unwrap();
+    let caps = RegionCaps {
+        memory_bytes: 4 << 16,
+        ..RegionCaps::default()
+    };
+    let got =
+        sidecore_ext::host::probe_memory_cap(&caps, &corpus("hostile/memory_grow.wat")).unwrap();
     assert!(got <= 4 << 16, "memory grew to {got} bytes past the 'C cap");
 }
 
@@ -387,14 +470,25 @@ fn regions_are_capped() {
         (call $emit (i32.const 0) (i32.const 512) (i32.const 8))))"#;
     let bytes = wat::parse_str(wat).unwrap();
     let mut cfg = lenient();
-    cfg.policy.caps = RegionCaps { state_value_bytes: 256, cache_slots: 4, ..RegionCaps::default() };
-    let shared = Arc::new(vec![("routes".to_string(), Arc::<[u8]>::from(vec![9u8; 64]))]);
+    cfg.policy.caps = RegionCaps {
+        state_value_bytes: 256,
+        cache_slots: 4,
+        ..RegionCaps::default()
+    };
+    let shared = Arc::new(vec![(
+        "routes".to_string(),
+        Arc::<[u8]>::from(vec![9u8; 64]),
+    )]);
     let e = engine(ExecMode::Hybrid);
     let mut x = WasmExtension::load(&e, &bytes, &cfg, &Calibration::fallback(), shared).unwrap();
     let o = x.invoke(0, &[5u8; 100]).unwrap();
     assert_eq!(o.status, 0);
     let out = x.emitted();
-    let r: Vec<i32> = out[0].1.chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+    let r: Vec<i32> = out[0]
+        .1
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     assert_eq!(r[0], -2, "'C value over state_value_bytes refused");
     assert_eq!(r[1], 0, "'C value within the cap stored");
     assert_eq!(r[2], 0, "'B put");
@@ -405,8 +499,18 @@ fn regions_are_capped() {
     assert_eq!(r[7], -1, "'D read past the area / cap refused");
     assert_eq!(out[1].1, &[9u8; 8]);
     // 'A: an input larger than the module's buffer is refused, not a violation
-    assert!(matches!(x.invoke(0, &[0u8; 4000]), Err(InvokeError::InputTooLarge { len: 4000, cap: 2048 })));
-    assert_eq!(x.tracker().total_invocations, 1, "a refused input is not an invocation");
+    assert!(matches!(
+        x.invoke(0, &[0u8; 4000]),
+        Err(InvokeError::InputTooLarge {
+            len: 4000,
+            cap: 2048
+        })
+    ));
+    assert_eq!(
+        x.tracker().total_invocations,
+        1,
+        "a refused input is not an invocation"
+    );
 }
 
 #[test]
@@ -430,7 +534,6 @@ fn bad_abi_exports_are_reported_at_load() {
     let _ = Policy::default();
 }
 
-
 #[test]
 fn entry_checked_declared_bound_is_exact() {
     // checksum declares PACKET_LEN_MAX/2+1 body starts; with PACKET_LEN_MAX = 100 that is
@@ -440,7 +543,11 @@ fn entry_checked_declared_bound_is_exact() {
     cfg.policy.symbols.insert("PACKET_LEN_MAX".into(), 100);
     let e = engine(ExecMode::Hybrid);
     let mut x = load(&e, &corpus("benign/checksum.wat"), &cfg);
-    assert!(x.admission.loops[0].checked_at_entry, "{}", x.admission.report);
+    assert!(
+        x.admission.loops[0].checked_at_entry,
+        "{}",
+        x.admission.report
+    );
     assert_eq!(x.admission.loops[0].iterations, 51);
     let o = x.invoke(0, &[7u8; 100]).unwrap();
     assert_eq!(o.trap, None);

@@ -18,7 +18,15 @@ fn build_examples() -> PathBuf {
         .join("ext-examples");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
-        .args(["build", "--quiet", "--target", "wasm32-unknown-unknown", "--release", "--examples", "--manifest-path"])
+        .args([
+            "build",
+            "--quiet",
+            "--target",
+            "wasm32-unknown-unknown",
+            "--release",
+            "--examples",
+            "--manifest-path",
+        ])
         .arg(root.join("examples/ext/Cargo.toml"))
         .env("CARGO_TARGET_DIR", &target)
         .env_remove("RUSTFLAGS")
@@ -38,11 +46,23 @@ fn build_examples() -> PathBuf {
 fn sdk_examples_build_are_admitted_and_run() {
     let dir = build_examples();
     let cal = Calibration::fallback();
-    let cfg = ExtConfig { violations: ViolationPolicy { k: 1000, window: 1000 }, ..ExtConfig::default() };
-    let e = ExtEngine::new(ExecMode::Hybrid, cfg.policy.max_stack_bytes, Duration::from_millis(1)).unwrap();
+    let cfg = ExtConfig {
+        violations: ViolationPolicy {
+            k: 1000,
+            window: 1000,
+        },
+        ..ExtConfig::default()
+    };
+    let e = ExtEngine::new(
+        ExecMode::Hybrid,
+        cfg.policy.max_stack_bytes,
+        Duration::from_millis(1),
+    )
+    .unwrap();
     let load = |name: &str| {
         let bytes = std::fs::read(dir.join(format!("{name}.wasm"))).unwrap();
-        WasmExtension::load(&e, &bytes, &cfg, &cal, Arc::new(Vec::new())).unwrap_or_else(|err| panic!("{name}: {err}"))
+        WasmExtension::load(&e, &bytes, &cfg, &cal, Arc::new(Vec::new()))
+            .unwrap_or_else(|err| panic!("{name}: {err}"))
     };
 
     // Header rewriter: straight-line code.
@@ -54,7 +74,10 @@ fn sdk_examples_build_are_admitted_and_run() {
     f[23] = 6;
     f[26..30].copy_from_slice(&[192, 168, 1, 2]);
     f[30..34].copy_from_slice(&[192, 168, 1, 99]);
-    let mut s: u32 = f[14..34].chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]]) as u32).sum();
+    let mut s: u32 = f[14..34]
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]) as u32)
+        .sum();
     while s >> 16 != 0 {
         s = (s & 0xffff) + (s >> 16);
     }
@@ -68,14 +91,21 @@ fn sdk_examples_build_are_admitted_and_run() {
     // Checksum: the compiler's loop carries the declared bound, which is enforced.
     let mut c = load("checksum");
     assert!(
-        c.admission.loops.iter().all(|l| matches!(l.source, BoundSource::Declared(_)) || matches!(l.source, BoundSource::Proven(_))),
+        c.admission
+            .loops
+            .iter()
+            .all(|l| matches!(l.source, BoundSource::Declared(_))
+                || matches!(l.source, BoundSource::Proven(_))),
         "{}",
         c.admission.report
     );
     let data: Vec<u8> = (0..1500).map(|i| (i * 3) as u8).collect();
     let o = c.invoke(0, &data).unwrap();
     assert_eq!(o.trap, None, "{}", c.admission.report);
-    let mut s: u32 = data.chunks(2).map(|c| u16::from_le_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32).sum();
+    let mut s: u32 = data
+        .chunks(2)
+        .map(|c| u16::from_le_bytes([c[0], *c.get(1).unwrap_or(&0)]) as u32)
+        .sum();
     while s >> 16 != 0 {
         s = (s & 0xffff) + (s >> 16);
     }

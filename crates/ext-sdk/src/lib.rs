@@ -120,7 +120,8 @@ pub mod shared {
     #[inline]
     pub fn read(area: Area, offset: u32, buf: &mut [u8]) -> Option<usize> {
         // SAFETY: the pointer and length describe `buf`, valid for the call.
-        let r = unsafe { sys::shared_read(area.0, offset as i32, buf.as_mut_ptr(), buf.len() as i32) };
+        let r =
+            unsafe { sys::shared_read(area.0, offset as i32, buf.as_mut_ptr(), buf.len() as i32) };
         (r >= 0).then_some(r as usize)
     }
 }

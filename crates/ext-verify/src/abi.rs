@@ -44,15 +44,60 @@ const I64: ValType = ValType::I64;
 
 /// The whole host ABI.
 pub const HOST_ABI: &[HostFn] = &[
-    HostFn { name: "output", params: &[I32, I32], results: &[I32], len_arg: Some(1) },
-    HostFn { name: "emit", params: &[I32, I32, I32], results: &[I32], len_arg: Some(2) },
-    HostFn { name: "state_get", params: &[I64, I32, I32], results: &[I32], len_arg: Some(2) },
-    HostFn { name: "state_put", params: &[I64, I32, I32], results: &[I32], len_arg: Some(2) },
-    HostFn { name: "state_del", params: &[I64], results: &[I32], len_arg: None },
-    HostFn { name: "cache_put", params: &[I32, I32, I32], results: &[I32], len_arg: Some(2) },
-    HostFn { name: "cache_get", params: &[I32, I32, I32], results: &[I32], len_arg: Some(2) },
-    HostFn { name: "shared_lookup", params: &[I32, I32], results: &[I32], len_arg: Some(1) },
-    HostFn { name: "shared_read", params: &[I32, I32, I32, I32], results: &[I32], len_arg: Some(3) },
+    HostFn {
+        name: "output",
+        params: &[I32, I32],
+        results: &[I32],
+        len_arg: Some(1),
+    },
+    HostFn {
+        name: "emit",
+        params: &[I32, I32, I32],
+        results: &[I32],
+        len_arg: Some(2),
+    },
+    HostFn {
+        name: "state_get",
+        params: &[I64, I32, I32],
+        results: &[I32],
+        len_arg: Some(2),
+    },
+    HostFn {
+        name: "state_put",
+        params: &[I64, I32, I32],
+        results: &[I32],
+        len_arg: Some(2),
+    },
+    HostFn {
+        name: "state_del",
+        params: &[I64],
+        results: &[I32],
+        len_arg: None,
+    },
+    HostFn {
+        name: "cache_put",
+        params: &[I32, I32, I32],
+        results: &[I32],
+        len_arg: Some(2),
+    },
+    HostFn {
+        name: "cache_get",
+        params: &[I32, I32, I32],
+        results: &[I32],
+        len_arg: Some(2),
+    },
+    HostFn {
+        name: "shared_lookup",
+        params: &[I32, I32],
+        results: &[I32],
+        len_arg: Some(1),
+    },
+    HostFn {
+        name: "shared_read",
+        params: &[I32, I32, I32, I32],
+        results: &[I32],
+        len_arg: Some(3),
+    },
 ];
 
 /// Looks up an ABI function by name.

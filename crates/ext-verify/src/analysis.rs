@@ -17,13 +17,37 @@ use crate::module::ModuleInfo;
 /// One step of a witness path.
 #[derive(Debug, Clone)]
 pub enum Step {
-    Loop { func: u32, ordinal: u32, offset: usize, iterations: u64, per_iter: f64, total: f64 },
-    If { offset: usize, then: bool },
-    BrIf { offset: usize },
-    BrTable { offset: usize, arm: usize },
-    Call { callee: u32, cost: f64 },
-    Host { name: String, cost: f64 },
-    Exit { offset: usize, trap: bool },
+    Loop {
+        func: u32,
+        ordinal: u32,
+        offset: usize,
+        iterations: u64,
+        per_iter: f64,
+        total: f64,
+    },
+    If {
+        offset: usize,
+        then: bool,
+    },
+    BrIf {
+        offset: usize,
+    },
+    BrTable {
+        offset: usize,
+        arm: usize,
+    },
+    Call {
+        callee: u32,
+        cost: f64,
+    },
+    Host {
+        name: String,
+        cost: f64,
+    },
+    Exit {
+        offset: usize,
+        trap: bool,
+    },
 }
 
 #[derive(Debug)]
@@ -46,7 +70,10 @@ pub fn steps(p: &Path) -> Vec<Step> {
 }
 
 fn push(p: &Path, step: Step) -> Path {
-    Some(Rc::new(Node { step, prev: p.clone() }))
+    Some(Rc::new(Node {
+        step,
+        prev: p.clone(),
+    }))
 }
 
 fn append(base: &Path, rel: &Path) -> Path {
@@ -133,7 +160,10 @@ pub fn analyse_function(
     // wasmtime charges one fuel unit per function activation beyond its operators
     // (measured on wasmtime 48); cycles for the call itself are in the caller's `call`.
     let entry = if model.fuel { 1.0 } else { 0.0 };
-    let mut cur: Option<PV> = Some(PV { cost: entry, path: None });
+    let mut cur: Option<PV> = Some(PV {
+        cost: entry,
+        path: None,
+    });
     let mut result: Option<PV> = None;
     let mut loop_costs = Vec::new();
     let ops = &body.ops;
@@ -169,9 +199,16 @@ pub fn analyse_function(
                     } else {
                         None
                     };
-                    let h = if model.fuel { 0.0 } else { model.host_call(&full, const_len) };
+                    let h = if model.fuel {
+                        0.0
+                    } else {
+                        model.host_call(&full, const_len)
+                    };
                     c += h;
-                    call_step = Some(Step::Host { name: full, cost: h });
+                    call_step = Some(Step::Host {
+                        name: full,
+                        cost: h,
+                    });
                 } else {
                     let k = callee(f);
                     c += k;
@@ -211,7 +248,10 @@ pub fn analyse_function(
             Operator::Loop { .. } => {
                 let fr = st.opened[i].unwrap_or(0);
                 let ord = st.frames[fr].ordinal.unwrap_or(0);
-                let lcfg = loops.get(&ord).copied().unwrap_or(LoopCfg { bound: 1, ..Default::default() });
+                let lcfg = loops.get(&ord).copied().unwrap_or(LoopCfg {
+                    bound: 1,
+                    ..Default::default()
+                });
                 let mut f = CFrame::new(fr);
                 f.entry = cur.clone().map(|mut p| {
                     p.cost += lcfg.extra_entry;
@@ -220,15 +260,33 @@ pub fn analyse_function(
                 f.lcfg = lcfg;
                 let reachable = f.entry.is_some();
                 stack.push(f);
-                cur = reachable.then_some(PV { cost: 0.0, path: None });
+                cur = reachable.then_some(PV {
+                    cost: 0.0,
+                    path: None,
+                });
             }
             Operator::If { .. } => {
                 let mut f = CFrame::new(st.opened[i].unwrap_or(0));
                 f.if_start = cur.clone().map(|p| PV {
                     cost: p.cost,
-                    path: push(&p.path, Step::If { offset: *off, then: false }),
+                    path: push(
+                        &p.path,
+                        Step::If {
+                            offset: *off,
+                            then: false,
+                        },
+                    ),
                 });
-                cur = cur.map(|p| PV { cost: p.cost, path: push(&p.path, Step::If { offset: *off, then: true }) });
+                cur = cur.map(|p| PV {
+                    cost: p.cost,
+                    path: push(
+                        &p.path,
+                        Step::If {
+                            offset: *off,
+                            then: true,
+                        },
+                    ),
+                });
                 stack.push(f);
             }
             Operator::Else => {
@@ -248,7 +306,11 @@ pub fn analyse_function(
                     }
                     FrameKind::Block => cur = pmax(cur.take(), top.exit),
                     FrameKind::If => {
-                        let other = if top.seen_else { top.then_end } else { top.if_start };
+                        let other = if top.seen_else {
+                            top.then_end
+                        } else {
+                            top.if_start
+                        };
                         cur = pmax(pmax(cur.take(), other), top.exit);
                     }
                     FrameKind::Loop => {
@@ -297,16 +359,24 @@ pub fn analyse_function(
                     }
                 }
             }
-            Operator::Br { .. } | Operator::BrIf { .. } | Operator::BrTable { .. } | Operator::Return => {
+            Operator::Br { .. }
+            | Operator::BrIf { .. }
+            | Operator::BrTable { .. }
+            | Operator::Return => {
                 let conditional = matches!(op, Operator::BrIf { .. });
                 let targets: Vec<usize> = st.branch_targets(body, i);
                 if let Some(v) = cur.clone() {
                     for (arm, t) in targets.iter().enumerate() {
-                        let Some(si) = stack.iter().rposition(|f| f.frame == *t) else { continue };
+                        let Some(si) = stack.iter().rposition(|f| f.frame == *t) else {
+                            continue;
+                        };
                         let step = match op {
                             Operator::BrIf { .. } => Some(Step::BrIf { offset: *off }),
                             Operator::BrTable { .. } => Some(Step::BrTable { offset: *off, arm }),
-                            Operator::Return => Some(Step::Exit { offset: *off, trap: false }),
+                            Operator::Return => Some(Step::Exit {
+                                offset: *off,
+                                trap: false,
+                            }),
                             _ => None,
                         };
                         let pv = PV {
@@ -326,15 +396,31 @@ pub fn analyse_function(
             Operator::Unreachable => {
                 // A trap ends the invocation: the path so far is a complete path.
                 if let Some(v) = cur.take() {
-                    let pv = PV { cost: v.cost, path: push(&v.path, Step::Exit { offset: *off, trap: true }) };
+                    let pv = PV {
+                        cost: v.cost,
+                        path: push(
+                            &v.path,
+                            Step::Exit {
+                                offset: *off,
+                                trap: true,
+                            },
+                        ),
+                    };
                     route(&mut stack, st, 0, pv);
                 }
             }
             _ => {}
         }
     }
-    let r = result.unwrap_or(PV { cost: 0.0, path: None });
-    FuncCost { bound: r.cost, path: r.path, loops: loop_costs }
+    let r = result.unwrap_or(PV {
+        cost: 0.0,
+        path: None,
+    });
+    FuncCost {
+        bound: r.cost,
+        path: r.path,
+        loops: loop_costs,
+    }
 }
 
 impl CFrame {

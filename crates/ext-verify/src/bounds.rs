@@ -125,10 +125,7 @@ fn parse_expr(s: &str, line: usize) -> Result<BoundExpr, String> {
     }
     let base = if base.bytes().all(|b| b.is_ascii_digit()) {
         BoundBase::Int(parse_u64(base, "bound", line)?)
-    } else if base
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || b == b'_')
-    {
+    } else if base.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
         BoundBase::Symbol(base.to_string())
     } else {
         return Err(format!(
@@ -140,8 +137,7 @@ fn parse_expr(s: &str, line: usize) -> Result<BoundExpr, String> {
 
 /// Parses the section's bytes.
 pub fn parse(data: &[u8]) -> Result<Vec<DeclaredBound>, String> {
-    let text = std::str::from_utf8(data)
-        .map_err(|e| format!("{SECTION}: not UTF-8 text ({e})"))?;
+    let text = std::str::from_utf8(data).map_err(|e| format!("{SECTION}: not UTF-8 text ({e})"))?;
     let mut out = Vec::new();
     for (i, raw_line) in text.lines().enumerate() {
         let line = i + 1;
@@ -158,11 +154,12 @@ pub fn parse(data: &[u8]) -> Result<Vec<DeclaredBound>, String> {
                 ));
             }
             let func = if fields[0].bytes().all(|b| b.is_ascii_digit()) {
-                FuncSel::Index(
-                    fields[0]
-                        .parse()
-                        .map_err(|_| format!("{SECTION} line {line}: function index `{}` too large", fields[0]))?,
-                )
+                FuncSel::Index(fields[0].parse().map_err(|_| {
+                    format!(
+                        "{SECTION} line {line}: function index `{}` too large",
+                        fields[0]
+                    )
+                })?)
             } else {
                 FuncSel::Name(fields[0].to_string())
             };
@@ -177,7 +174,12 @@ pub fn parse(data: &[u8]) -> Result<Vec<DeclaredBound>, String> {
                 })?)
             };
             let max = parse_expr(fields[2], line)?;
-            out.push(DeclaredBound { func, lp, max, line });
+            out.push(DeclaredBound {
+                func,
+                lp,
+                max,
+                line,
+            });
         }
     }
     Ok(out)
@@ -212,12 +214,33 @@ mod tests {
 
     #[test]
     fn bad_entries_say_where() {
-        assert!(parse(b"a 0\n").unwrap_err().contains("line 1: expected `FUNC LOOP MAX`"));
-        assert!(parse(b"\na x 3\n").unwrap_err().contains("line 2: loop `x`"));
-        assert!(parse(b"a 0 MTU/0\n").unwrap_err().contains("divisor is zero"));
-        assert!(parse(b"a 0 1-2\n").unwrap_err().contains("neither an integer nor a symbol"));
+        assert!(
+            parse(b"a 0\n")
+                .unwrap_err()
+                .contains("line 1: expected `FUNC LOOP MAX`")
+        );
+        assert!(
+            parse(b"\na x 3\n")
+                .unwrap_err()
+                .contains("line 2: loop `x`")
+        );
+        assert!(
+            parse(b"a 0 MTU/0\n")
+                .unwrap_err()
+                .contains("divisor is zero")
+        );
+        assert!(
+            parse(b"a 0 1-2\n")
+                .unwrap_err()
+                .contains("neither an integer nor a symbol")
+        );
         let e = parse(b"a 0 FOO\n").unwrap();
-        assert!(e[0].max.resolve(&BTreeMap::new()).unwrap_err().contains("unknown bound symbol `FOO`"));
+        assert!(
+            e[0].max
+                .resolve(&BTreeMap::new())
+                .unwrap_err()
+                .contains("unknown bound symbol `FOO`")
+        );
         assert!(parse(&[0xff, 0xfe]).unwrap_err().contains("not UTF-8"));
     }
 }

@@ -69,18 +69,48 @@ pub fn classify(op: &Operator<'_>) -> Option<OpClass> {
     use Operator::*;
     Some(match op {
         Nop | Drop | Block { .. } | Loop { .. } | End | Unreachable => OpClass::Free,
-        LocalGet { .. } | LocalSet { .. } | LocalTee { .. } | GlobalGet { .. } | GlobalSet { .. }
-        | I32Const { .. } | I64Const { .. } | F32Const { .. } | F64Const { .. } | Select
-        | TypedSelect { .. } | RefNull { .. } | RefIsNull | RefFunc { .. } => OpClass::Move,
+        LocalGet { .. }
+        | LocalSet { .. }
+        | LocalTee { .. }
+        | GlobalGet { .. }
+        | GlobalSet { .. }
+        | I32Const { .. }
+        | I64Const { .. }
+        | F32Const { .. }
+        | F64Const { .. }
+        | Select
+        | TypedSelect { .. }
+        | RefNull { .. }
+        | RefIsNull
+        | RefFunc { .. } => OpClass::Move,
         I32Mul | I64Mul => OpClass::Mul,
-        I32DivS | I32DivU | I32RemS | I32RemU | I64DivS | I64DivU | I64RemS | I64RemU => OpClass::Div,
+        I32DivS | I32DivU | I32RemS | I32RemU | I64DivS | I64DivU | I64RemS | I64RemU => {
+            OpClass::Div
+        }
         F32Div | F64Div | F32Sqrt | F64Sqrt => OpClass::FloatDiv,
-        I32Load { .. } | I64Load { .. } | F32Load { .. } | F64Load { .. } | I32Load8S { .. }
-        | I32Load8U { .. } | I32Load16S { .. } | I32Load16U { .. } | I64Load8S { .. }
-        | I64Load8U { .. } | I64Load16S { .. } | I64Load16U { .. } | I64Load32S { .. }
+        I32Load { .. }
+        | I64Load { .. }
+        | F32Load { .. }
+        | F64Load { .. }
+        | I32Load8S { .. }
+        | I32Load8U { .. }
+        | I32Load16S { .. }
+        | I32Load16U { .. }
+        | I64Load8S { .. }
+        | I64Load8U { .. }
+        | I64Load16S { .. }
+        | I64Load16U { .. }
+        | I64Load32S { .. }
         | I64Load32U { .. } => OpClass::Load,
-        I32Store { .. } | I64Store { .. } | F32Store { .. } | F64Store { .. } | I32Store8 { .. }
-        | I32Store16 { .. } | I64Store8 { .. } | I64Store16 { .. } | I64Store32 { .. } => OpClass::Store,
+        I32Store { .. }
+        | I64Store { .. }
+        | F32Store { .. }
+        | F64Store { .. }
+        | I32Store8 { .. }
+        | I32Store16 { .. }
+        | I64Store8 { .. }
+        | I64Store16 { .. }
+        | I64Store32 { .. } => OpClass::Store,
         Br { .. } | BrIf { .. } | BrTable { .. } | If { .. } | Else | Return => OpClass::Branch,
         Call { .. } => OpClass::Call,
         CallIndirect { .. } => OpClass::CallIndirect,
@@ -95,15 +125,15 @@ pub fn classify(op: &Operator<'_>) -> Option<OpClass> {
         | I64Extend8S | I64Extend16S | I64Extend32S | I32ReinterpretF32 | I64ReinterpretF64
         | F32ReinterpretI32 | F64ReinterpretI64 => OpClass::Alu,
         F32Eq | F32Ne | F32Lt | F32Gt | F32Le | F32Ge | F64Eq | F64Ne | F64Lt | F64Gt | F64Le
-        | F64Ge | F32Abs | F32Neg | F32Ceil | F32Floor | F32Trunc | F32Nearest | F32Add | F32Sub
-        | F32Mul | F32Min | F32Max | F32Copysign | F64Abs | F64Neg | F64Ceil | F64Floor
-        | F64Trunc | F64Nearest | F64Add | F64Sub | F64Mul | F64Min | F64Max | F64Copysign
-        | I32TruncF32S | I32TruncF32U | I32TruncF64S | I32TruncF64U | I64TruncF32S
-        | I64TruncF32U | I64TruncF64S | I64TruncF64U | F32ConvertI32S | F32ConvertI32U
-        | F32ConvertI64S | F32ConvertI64U | F32DemoteF64 | F64ConvertI32S | F64ConvertI32U
-        | F64ConvertI64S | F64ConvertI64U | F64PromoteF32 | I32TruncSatF32S | I32TruncSatF32U
-        | I32TruncSatF64S | I32TruncSatF64U | I64TruncSatF32S | I64TruncSatF32U
-        | I64TruncSatF64S | I64TruncSatF64U => OpClass::Float,
+        | F64Ge | F32Abs | F32Neg | F32Ceil | F32Floor | F32Trunc | F32Nearest | F32Add
+        | F32Sub | F32Mul | F32Min | F32Max | F32Copysign | F64Abs | F64Neg | F64Ceil
+        | F64Floor | F64Trunc | F64Nearest | F64Add | F64Sub | F64Mul | F64Min | F64Max
+        | F64Copysign | I32TruncF32S | I32TruncF32U | I32TruncF64S | I32TruncF64U
+        | I64TruncF32S | I64TruncF32U | I64TruncF64S | I64TruncF64U | F32ConvertI32S
+        | F32ConvertI32U | F32ConvertI64S | F32ConvertI64U | F32DemoteF64 | F64ConvertI32S
+        | F64ConvertI32U | F64ConvertI64S | F64ConvertI64U | F64PromoteF32 | I32TruncSatF32S
+        | I32TruncSatF32U | I32TruncSatF64S | I32TruncSatF64U | I64TruncSatF32S
+        | I64TruncSatF32U | I64TruncSatF64S | I64TruncSatF64U => OpClass::Float,
         _ => return None,
     })
 }
@@ -191,10 +221,30 @@ impl Calibration {
             class_cycles,
             invoke_cycles: 150.0,
             latency: vec![
-                LatencyRow { ws_bytes: 32 << 10, read_cycles: 1.0, write_cycles: 1.0, chase_cycles: 5.0 },
-                LatencyRow { ws_bytes: 256 << 10, read_cycles: 3.0, write_cycles: 3.0, chase_cycles: 14.0 },
-                LatencyRow { ws_bytes: 8 << 20, read_cycles: 10.0, write_cycles: 12.0, chase_cycles: 50.0 },
-                LatencyRow { ws_bytes: 1 << 30, read_cycles: 40.0, write_cycles: 50.0, chase_cycles: 250.0 },
+                LatencyRow {
+                    ws_bytes: 32 << 10,
+                    read_cycles: 1.0,
+                    write_cycles: 1.0,
+                    chase_cycles: 5.0,
+                },
+                LatencyRow {
+                    ws_bytes: 256 << 10,
+                    read_cycles: 3.0,
+                    write_cycles: 3.0,
+                    chase_cycles: 14.0,
+                },
+                LatencyRow {
+                    ws_bytes: 8 << 20,
+                    read_cycles: 10.0,
+                    write_cycles: 12.0,
+                    chase_cycles: 50.0,
+                },
+                LatencyRow {
+                    ws_bytes: 1 << 30,
+                    read_cycles: 40.0,
+                    write_cycles: 50.0,
+                    chase_cycles: 250.0,
+                },
             ],
             host_base_cycles: BTreeMap::new(),
             host_per_byte_cycles: 0.5,
@@ -237,7 +287,13 @@ impl CostModel {
             class.insert(OpClass::Load, l.max(row.read_cycles));
             class.insert(OpClass::Store, s.max(row.write_cycles));
         }
-        CostModel { class, invoke: cal.invoke_cycles, host, unknown_host: 1e6, fuel: false }
+        CostModel {
+            class,
+            invoke: cal.invoke_cycles,
+            host,
+            unknown_host: 1e6,
+            fuel: false,
+        }
     }
 
     /// Fuel model: one unit per operator (structural ones free), host calls one unit.

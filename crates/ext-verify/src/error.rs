@@ -10,7 +10,12 @@ pub enum Reason {
     #[error("unsupported WebAssembly feature: {0}")]
     Unsupported(String),
     #[error("operator `{op}` in {func} at offset {offset:#x} is not admitted ({why})")]
-    BadOperator { func: String, offset: usize, op: String, why: String },
+    BadOperator {
+        func: String,
+        offset: usize,
+        op: String,
+        why: String,
+    },
     #[error("import `{import}`: {why}")]
     BadImport { import: String, why: String },
     #[error("invalid declared bounds: {0}")]
@@ -20,23 +25,58 @@ pub enum Reason {
     #[error("recursion: {cycle} (the call graph must be acyclic)")]
     Recursion { cycle: String },
     #[error("call_indirect in {func} at offset {offset:#x} cannot be bounded: {why}")]
-    IndirectCall { func: String, offset: usize, why: String },
-    #[error("loop #{ordinal} in {func} at offset {offset:#x} has no provable bound and no declared bound: {why}")]
-    UnboundedLoop { func: String, ordinal: u32, offset: usize, why: String },
-    #[error("loop #{ordinal} in {func} at offset {offset:#x}: declared bound {bound} exceeds the maximum {max} sidecore accepts")]
-    HugeDeclaredBound { func: String, ordinal: u32, offset: usize, bound: u64, max: u64 },
-    #[error("memory.grow in {func} at offset {offset:#x}: linear memory may not grow on the fast path; declare the pages you need as the memory's initial size")]
+    IndirectCall {
+        func: String,
+        offset: usize,
+        why: String,
+    },
+    #[error(
+        "loop #{ordinal} in {func} at offset {offset:#x} has no provable bound and no declared bound: {why}"
+    )]
+    UnboundedLoop {
+        func: String,
+        ordinal: u32,
+        offset: usize,
+        why: String,
+    },
+    #[error(
+        "loop #{ordinal} in {func} at offset {offset:#x}: declared bound {bound} exceeds the maximum {max} sidecore accepts"
+    )]
+    HugeDeclaredBound {
+        func: String,
+        ordinal: u32,
+        offset: usize,
+        bound: u64,
+        max: u64,
+    },
+    #[error(
+        "memory.grow in {func} at offset {offset:#x}: linear memory may not grow on the fast path; declare the pages you need as the memory's initial size"
+    )]
     MemoryGrow { func: String, offset: usize },
     #[error("linear memory of {bytes} bytes exceeds the per-domain state cap of {cap} bytes")]
     MemoryTooLarge { bytes: u64, cap: u64 },
-    #[error("worst-case stack depth {bytes} bytes (call chain {chain}) exceeds the cap of {cap} bytes")]
+    #[error(
+        "worst-case stack depth {bytes} bytes (call chain {chain}) exceeds the cap of {cap} bytes"
+    )]
     StackTooDeep { bytes: u64, cap: u64, chain: String },
     #[error("missing export `{0}` required by the host ABI")]
     MissingExport(String),
     #[error("export `{name}` has type {got}; the ABI requires {want}")]
-    BadExportType { name: String, got: String, want: String },
-    #[error("handler `{handler}`: bound {bound_cycles:.0} cycles exceeds the inflated limit {inflated_cycles:.0} cycles (acceptable limit {limit_cycles:.0} × inflation {inflation})")]
-    OverBudget { handler: String, bound_cycles: f64, inflated_cycles: f64, limit_cycles: f64, inflation: f64 },
+    BadExportType {
+        name: String,
+        got: String,
+        want: String,
+    },
+    #[error(
+        "handler `{handler}`: bound {bound_cycles:.0} cycles exceeds the inflated limit {inflated_cycles:.0} cycles (acceptable limit {limit_cycles:.0} × inflation {inflation})"
+    )]
+    OverBudget {
+        handler: String,
+        bound_cycles: f64,
+        inflated_cycles: f64,
+        limit_cycles: f64,
+        inflation: f64,
+    },
 }
 
 impl Reason {

@@ -39,7 +39,10 @@ impl Plan {
     }
     /// The id passed to `sidecore.bound_exceeded` for a declared loop.
     pub fn declared_id(&self, key: (u32, u32)) -> Option<u32> {
-        self.declared.keys().position(|k| *k == key).map(|p| p as u32)
+        self.declared
+            .keys()
+            .position(|k| *k == key)
+            .map(|p| p as u32)
     }
 }
 
@@ -61,8 +64,16 @@ impl Rewriter<'_> {
         self.plan.n_imported + 1
     }
     fn add_imports(&self, imports: &mut wasm_encoder::ImportSection) {
-        imports.import(abi::INJECT_MODULE, abi::INJECT_POLL, EntityType::Function(self.n_types));
-        imports.import(abi::INJECT_MODULE, abi::INJECT_BOUND, EntityType::Function(self.n_types + 1));
+        imports.import(
+            abi::INJECT_MODULE,
+            abi::INJECT_POLL,
+            EntityType::Function(self.n_types),
+        );
+        imports.import(
+            abi::INJECT_MODULE,
+            abi::INJECT_BOUND,
+            EntityType::Function(self.n_types + 1),
+        );
     }
 }
 
@@ -70,7 +81,11 @@ impl Reencode for Rewriter<'_> {
     type Error = String;
 
     fn function_index(&mut self, func: u32) -> Result<u32, ReError<String>> {
-        Ok(if func >= self.plan.n_imported { func + 2 } else { func })
+        Ok(if func >= self.plan.n_imported {
+            func + 2
+        } else {
+            func
+        })
     }
 
     fn parse_type_section(
@@ -155,7 +170,9 @@ impl Reencode for Rewriter<'_> {
             while !rd.eof() {
                 if let wasmparser::Operator::Loop { .. } = rd.read()? {
                     let key = (fidx, ord);
-                    let d = if self.plan.declared.contains_key(&key) && !self.plan.entry_checks.contains_key(&key) {
+                    let d = if self.plan.declared.contains_key(&key)
+                        && !self.plan.entry_checks.contains_key(&key)
+                    {
                         next_local += 1;
                         Some(next_local - 1)
                     } else {
@@ -251,11 +268,29 @@ impl Reencode for Rewriter<'_> {
 fn entry_check(f: &mut Function, c: &crate::loops::Counted, bound: u64, id: u32, bound_idx: u32) {
     let lim = (bound.saturating_sub(1) as i128 * c.step as i128) as i64;
     let (add, sub, gtu, and, ne) = if c.wide {
-        (Instruction::I64Add, Instruction::I64Sub, Instruction::I64GtU, Instruction::I64And, Instruction::I64Ne)
+        (
+            Instruction::I64Add,
+            Instruction::I64Sub,
+            Instruction::I64GtU,
+            Instruction::I64And,
+            Instruction::I64Ne,
+        )
     } else {
-        (Instruction::I32Add, Instruction::I32Sub, Instruction::I32GtU, Instruction::I32And, Instruction::I32Ne)
+        (
+            Instruction::I32Add,
+            Instruction::I32Sub,
+            Instruction::I32GtU,
+            Instruction::I32And,
+            Instruction::I32Ne,
+        )
     };
-    let k = |v: i64| if c.wide { Instruction::I64Const(v) } else { Instruction::I32Const(v as i32) };
+    let k = |v: i64| {
+        if c.wide {
+            Instruction::I64Const(v)
+        } else {
+            Instruction::I32Const(v as i32)
+        }
+    };
     let v0 = |f: &mut Function| {
         f.instruction(&Instruction::LocalGet(c.local));
         f.instruction(&k(c.delta));
@@ -332,7 +367,12 @@ pub fn rewrite(bytes: &[u8], plan: &Plan) -> Result<Vec<u8>, String> {
     let param_count: BTreeMap<u32, u32> = func_types
         .iter()
         .enumerate()
-        .map(|(i, t)| (plan.n_imported + i as u32, type_params.get(*t as usize).copied().unwrap_or(0)))
+        .map(|(i, t)| {
+            (
+                plan.n_imported + i as u32,
+                type_params.get(*t as usize).copied().unwrap_or(0),
+            )
+        })
         .collect();
     let mut rw = Rewriter {
         plan,

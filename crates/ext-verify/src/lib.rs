@@ -194,29 +194,74 @@ pub fn host_costs(cal: &Calibration, caps: &RegionCaps) -> BTreeMap<String, Host
         let base = cal.host_base_cycles.get(&full).copied().unwrap_or(100.0);
         t.insert(
             full,
-            HostCost { base_cycles: base, per_byte_cycles: cal.host_per_byte_cycles, len_arg: h.len_arg, max_bytes },
+            HostCost {
+                base_cycles: base,
+                per_byte_cycles: cal.host_per_byte_cycles,
+                len_arg: h.len_arg,
+                max_bytes,
+            },
         );
     }
     let poll = format!("{}.{}", abi::INJECT_MODULE, abi::INJECT_POLL);
     let base = cal.host_base_cycles.get(&poll).copied().unwrap_or(60.0);
-    t.insert(poll, HostCost { base_cycles: base, per_byte_cycles: 0.0, len_arg: None, max_bytes: 0 });
+    t.insert(
+        poll,
+        HostCost {
+            base_cycles: base,
+            per_byte_cycles: 0.0,
+            len_arg: None,
+            max_bytes: 0,
+        },
+    );
     t
 }
 
 const OPS_DECLARED_ITER: [OpClass; 7] = [
-    OpClass::Move, OpClass::Alu, OpClass::Branch, OpClass::Move, OpClass::Move, OpClass::Alu, OpClass::Move,
+    OpClass::Move,
+    OpClass::Alu,
+    OpClass::Branch,
+    OpClass::Move,
+    OpClass::Move,
+    OpClass::Alu,
+    OpClass::Move,
 ];
 const OPS_ENTRY_CHECK: [OpClass; 20] = [
-    OpClass::Move, OpClass::Move, OpClass::Move, OpClass::Alu, OpClass::Alu, OpClass::Move, OpClass::Alu,
-    OpClass::Move, OpClass::Move, OpClass::Move, OpClass::Alu, OpClass::Alu, OpClass::Alu, OpClass::Move,
-    OpClass::Move, OpClass::Alu, OpClass::Alu, OpClass::Move, OpClass::Alu, OpClass::Branch,
+    OpClass::Move,
+    OpClass::Move,
+    OpClass::Move,
+    OpClass::Alu,
+    OpClass::Alu,
+    OpClass::Move,
+    OpClass::Alu,
+    OpClass::Move,
+    OpClass::Move,
+    OpClass::Move,
+    OpClass::Alu,
+    OpClass::Alu,
+    OpClass::Alu,
+    OpClass::Move,
+    OpClass::Move,
+    OpClass::Alu,
+    OpClass::Alu,
+    OpClass::Move,
+    OpClass::Alu,
+    OpClass::Branch,
 ];
-const OPS_POLL_ITER: [OpClass; 6] =
-    [OpClass::Move, OpClass::Move, OpClass::Alu, OpClass::Move, OpClass::Alu, OpClass::Branch];
+const OPS_POLL_ITER: [OpClass; 6] = [
+    OpClass::Move,
+    OpClass::Move,
+    OpClass::Alu,
+    OpClass::Move,
+    OpClass::Alu,
+    OpClass::Branch,
+];
 
 /// Verifies `bytes` under `policy` with costs from `cal`.
 pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admission, Rejection> {
-    let reject = |reasons: Vec<Reason>| Rejection { reasons, report: None };
+    let reject = |reasons: Vec<Reason>| Rejection {
+        reasons,
+        report: None,
+    };
     let m = module::parse(bytes).map_err(|r| reject(vec![r]))?;
     let mut reasons = m.problems.clone();
 
@@ -225,7 +270,10 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     }
     if let Some((initial, _)) = m.memory {
         if initial > policy.caps.memory_bytes {
-            reasons.push(Reason::MemoryTooLarge { bytes: initial, cap: policy.caps.memory_bytes });
+            reasons.push(Reason::MemoryTooLarge {
+                bytes: initial,
+                cap: policy.caps.memory_bytes,
+            });
         }
     }
 
@@ -237,17 +285,25 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
         let e = edges.entry(b.index).or_default();
         for (off, op) in &b.ops {
             match op {
-                Operator::MemoryGrow { .. } => {
-                    reasons.push(Reason::MemoryGrow { func: fname.clone(), offset: *off })
-                }
+                Operator::MemoryGrow { .. } => reasons.push(Reason::MemoryGrow {
+                    func: fname.clone(),
+                    offset: *off,
+                }),
                 Operator::Call { function_index } => {
                     if *function_index >= m.n_imported() {
                         e.insert(*function_index);
                     }
                 }
-                Operator::CallIndirect { type_index, table_index } => {
+                Operator::CallIndirect {
+                    type_index,
+                    table_index,
+                } => {
                     if let Some(why) = &m.table_unsafe {
-                        reasons.push(Reason::IndirectCall { func: fname.clone(), offset: *off, why: why.clone() });
+                        reasons.push(Reason::IndirectCall {
+                            func: fname.clone(),
+                            offset: *off,
+                            why: why.clone(),
+                        });
                     } else if *table_index != 0 || !m.has_table {
                         reasons.push(Reason::IndirectCall {
                             func: fname.clone(),
@@ -262,7 +318,10 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                                     reasons.push(Reason::IndirectCall {
                                         func: fname.clone(),
                                         offset: *off,
-                                        why: format!("the table holds host import {}", m.func_name(*f)),
+                                        why: format!(
+                                            "the table holds host import {}",
+                                            m.func_name(*f)
+                                        ),
                                     });
                                 } else {
                                     e.insert(*f);
@@ -274,7 +333,11 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                 _ => {
                     if cost::classify(op).is_none() {
                         let name = format!("{op:?}");
-                        let name = name.split([' ', '{', '(']).next().unwrap_or("?").to_string();
+                        let name = name
+                            .split([' ', '{', '('])
+                            .next()
+                            .unwrap_or("?")
+                            .to_string();
                         let why = match op {
                             Operator::TableSet { .. }
                             | Operator::TableGrow { .. }
@@ -283,7 +346,9 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                             | Operator::TableInit { .. }
                             | Operator::ElemDrop { .. }
                             | Operator::TableGet { .. }
-                            | Operator::TableSize { .. } => "tables are immutable for admitted modules",
+                            | Operator::TableSize { .. } => {
+                                "tables are immutable for admitted modules"
+                            }
                             Operator::MemoryInit { .. } | Operator::DataDrop { .. } => {
                                 "passive data segments are not admitted"
                             }
@@ -331,7 +396,13 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
         };
         match d.max.resolve(&policy.symbols) {
             Ok(v) => {
-                let key = (f, match d.lp { LoopSel::Ordinal(o) => Some(o), LoopSel::All => None });
+                let key = (
+                    f,
+                    match d.lp {
+                        LoopSel::Ordinal(o) => Some(o),
+                        LoopSel::All => None,
+                    },
+                );
                 declared.insert(key, (v, d.max.to_string()));
             }
             Err(e) => reasons.push(Reason::BadDeclaredBound(format!("line {}: {e}", d.line))),
@@ -367,7 +438,11 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                             declared_loops.insert((b.index, ord), *v);
                             if let Some(c) = counted {
                                 let limit = (v.saturating_sub(1) as i128) * c.step as i128;
-                                let max = if c.wide { i64::MAX as i128 } else { i32::MAX as i128 };
+                                let max = if c.wide {
+                                    i64::MAX as i128
+                                } else {
+                                    i32::MAX as i128
+                                };
                                 if limit <= max {
                                     entry_checks.insert((b.index, ord), c);
                                 }
@@ -396,7 +471,14 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                 });
                 continue;
             }
-            cfgs.insert(ord, LoopCfg { bound, extra_iter: 0.0, extra_entry: 0.0 });
+            cfgs.insert(
+                ord,
+                LoopCfg {
+                    bound,
+                    extra_iter: 0.0,
+                    extra_entry: 0.0,
+                },
+            );
             sources.insert((b.index, ord), src);
         }
     }
@@ -405,7 +487,11 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     }
 
     // Cost analysis.
-    let ws = m.memory.map(|x| x.0).unwrap_or(0).max(policy.caps.scratch_bytes);
+    let ws = m
+        .memory
+        .map(|x| x.0)
+        .unwrap_or(0)
+        .max(policy.caps.scratch_bytes);
     let model = CostModel::cycles(cal, ws, host_costs(cal, &policy.caps));
     let fuel = CostModel::fuel();
     let limit_cycles = policy.acceptable_limit_ns * cal.tsc_per_ns;
@@ -417,7 +503,11 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
      -> BTreeMap<u32, BTreeMap<u32, LoopCfg>> {
         let mut out = cfgs.clone();
         let c = |k: OpClass| {
-            if model.fuel { 1.0 } else { model.class.get(&k).copied().unwrap_or(1.0) }
+            if model.fuel {
+                1.0
+            } else {
+                model.class.get(&k).copied().unwrap_or(1.0)
+            }
         };
         for (f, ls) in out.iter_mut() {
             for (o, cfg) in ls.iter_mut() {
@@ -431,17 +521,23 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                     let poll_host = if model.fuel {
                         0.0
                     } else {
-                        model.host_call(&format!("{}.{}", abi::INJECT_MODULE, abi::INJECT_POLL), None)
+                        model.host_call(
+                            &format!("{}.{}", abi::INJECT_MODULE, abi::INJECT_POLL),
+                            None,
+                        )
                     };
                     let every = c(OpClass::Call) + poll_host + 2.0 * c(OpClass::Move);
-                    cfg.extra_iter += OPS_POLL_ITER.iter().map(|k| c(*k)).sum::<f64>() + every / *p as f64;
+                    cfg.extra_iter +=
+                        OPS_POLL_ITER.iter().map(|k| c(*k)).sum::<f64>() + every / *p as f64;
                     cfg.extra_entry += 2.0 * c(OpClass::Move);
                 }
             }
         }
         out
     };
-    let run = |model: &CostModel, cfgs: &BTreeMap<u32, BTreeMap<u32, LoopCfg>>| -> BTreeMap<u32, FuncCost> {
+    let run = |model: &CostModel,
+               cfgs: &BTreeMap<u32, BTreeMap<u32, LoopCfg>>|
+     -> BTreeMap<u32, FuncCost> {
         let mut done: BTreeMap<u32, FuncCost> = BTreeMap::new();
         for &f in &order {
             let st = &structures[&f];
@@ -467,9 +563,11 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     // Poll points: only if some entry exceeds the acceptable limit, and only in the
     // innermost loops whose whole execution exceeds it.
     let mut polls: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    let any_over = entries_list
-        .iter()
-        .any(|(_, f)| first.get(f).is_some_and(|c| model.invoke + c.bound > limit_cycles));
+    let any_over = entries_list.iter().any(|(_, f)| {
+        first
+            .get(f)
+            .is_some_and(|c| model.invoke + c.bound > limit_cycles)
+    });
     if any_over {
         for (f, fc) in &first {
             let st = &structures[f];
@@ -526,7 +624,11 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             reasons.push(Reason::StackTooDeep {
                 bytes: stack_bytes,
                 cap: policy.max_stack_bytes,
-                chain: chain.iter().map(|g| m.func_name(*g)).collect::<Vec<_>>().join(" → "),
+                chain: chain
+                    .iter()
+                    .map(|g| m.func_name(*g))
+                    .collect::<Vec<_>>()
+                    .join(" → "),
             });
         }
         let admitted = bound <= inflated;
@@ -541,14 +643,22 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             });
         }
         let path_steps = analysis::steps(&c.path);
-        let path = path_steps.iter().map(|s| describe_step(&m, s, cal)).collect();
+        let path = path_steps
+            .iter()
+            .map(|s| describe_step(&m, s, cal))
+            .collect();
         let mut doms: Vec<(f64, String)> = Vec::new();
         collect_loops(&m, &cycles, *f, &mut doms, 1.0, 0);
         doms.sort_by(|a, b| b.0.total_cmp(&a.0));
         let dominant_loops = doms
             .into_iter()
             .take(3)
-            .map(|(cost, s)| format!("{s}: {cost:.0} cycles ({:.0}% of the bound)", 100.0 * cost / bound.max(1.0)))
+            .map(|(cost, s)| {
+                format!(
+                    "{s}: {cost:.0} cycles ({:.0}% of the bound)",
+                    100.0 * cost / bound.max(1.0)
+                )
+            })
             .collect();
         entries.push(EntryReport {
             name: name.clone(),
@@ -573,7 +683,10 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                 ordinal: l.ordinal,
                 offset: l.offset,
                 iterations: l.iterations,
-                source: sources.get(&(*f, l.ordinal)).cloned().unwrap_or(BoundSource::Proven(String::new())),
+                source: sources
+                    .get(&(*f, l.ordinal))
+                    .cloned()
+                    .unwrap_or(BoundSource::Proven(String::new())),
                 per_iter_cycles: l.per_iter,
                 total_cycles: l.total,
                 poll_every: polls.get(&(*f, l.ordinal)).copied(),
@@ -594,7 +707,10 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     };
     adm.report = render_report(&adm, policy, cal);
     if !reasons.is_empty() {
-        return Err(Rejection { reasons, report: Some(adm.report) });
+        return Err(Rejection {
+            reasons,
+            report: Some(adm.report),
+        });
     }
     // Instrument declared-bound loops and poll points.
     let plan = instrument::Plan {
@@ -606,7 +722,8 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     if plan.is_empty() {
         adm.module = bytes.to_vec();
     } else {
-        adm.module = instrument::rewrite(bytes, &plan).map_err(|e| reject(vec![Reason::Malformed(e)]))?;
+        adm.module =
+            instrument::rewrite(bytes, &plan).map_err(|e| reject(vec![Reason::Malformed(e)]))?;
         adm.instrumented = true;
     }
     Ok(adm)
@@ -627,7 +744,14 @@ fn collect_loops(
     for l in &fc.loops {
         out.push((
             l.total * mult,
-            format!("loop #{} in {} at {:#x} (×{}, {:.0} cycles/iteration)", l.ordinal, m.func_name(f), l.offset, l.iterations, l.per_iter),
+            format!(
+                "loop #{} in {} at {:#x} (×{}, {:.0} cycles/iteration)",
+                l.ordinal,
+                m.func_name(f),
+                l.offset,
+                l.iterations,
+                l.per_iter
+            ),
         ));
     }
     if let Some(b) = m.body(f) {
@@ -645,17 +769,31 @@ fn collect_loops(
 fn describe_step(m: &ModuleInfo<'_>, s: &Step, cal: &Calibration) -> String {
     let _ = cal;
     match s {
-        Step::Loop { func, ordinal, offset, iterations, per_iter, total } => format!(
+        Step::Loop {
+            func,
+            ordinal,
+            offset,
+            iterations,
+            per_iter,
+            total,
+        } => format!(
             "loop #{ordinal} in {} at {offset:#x}: {iterations} iterations × ≤{per_iter:.0} cycles = {total:.0}",
             m.func_name(*func)
         ),
-        Step::If { offset, then } => format!("if at {offset:#x}: {} arm", if *then { "then" } else { "else" }),
+        Step::If { offset, then } => format!(
+            "if at {offset:#x}: {} arm",
+            if *then { "then" } else { "else" }
+        ),
         Step::BrIf { offset } => format!("br_if at {offset:#x} taken"),
         Step::BrTable { offset, arm } => format!("br_table at {offset:#x}: arm {arm}"),
         Step::Call { callee, cost } => format!("call {} ({cost:.0} cycles)", m.func_name(*callee)),
         Step::Host { name, cost } => format!("host call {name} ({cost:.0} cycles)"),
         Step::Exit { offset, trap } => {
-            if *trap { format!("trap at {offset:#x}") } else { format!("return at {offset:#x}") }
+            if *trap {
+                format!("trap at {offset:#x}")
+            } else {
+                format!("return at {offset:#x}")
+            }
         }
     }
 }
@@ -665,7 +803,12 @@ fn render_report(a: &Admission, p: &Policy, cal: &Calibration) -> String {
     let _ = writeln!(
         s,
         "acceptable limit {:.0} ns = {:.0} cycles; inflation {} → inflated limit {:.0} cycles; working set {} bytes; calibration: {}",
-        p.acceptable_limit_ns, a.limit_cycles, p.inflation, a.inflated_cycles, a.working_set_bytes, cal.machine
+        p.acceptable_limit_ns,
+        a.limit_cycles,
+        p.inflation,
+        a.inflated_cycles,
+        a.working_set_bytes,
+        cal.machine
     );
     for e in &a.entries {
         let _ = writeln!(
@@ -678,7 +821,11 @@ fn render_report(a: &Admission, p: &Policy, cal: &Calibration) -> String {
             e.bound_fuel,
             e.stack_bytes,
             if e.admitted { "ADMITTED" } else { "REJECTED" },
-            if e.over_limit && e.admitted { " (over the acceptable limit: poll points placed)" } else { "" }
+            if e.over_limit && e.admitted {
+                " (over the acceptable limit: poll points placed)"
+            } else {
+                ""
+            }
         );
         if !e.path.is_empty() {
             let _ = writeln!(s, "  worst path:");
@@ -715,7 +862,9 @@ fn render_report(a: &Admission, p: &Policy, cal: &Calibration) -> String {
                 l.iterations,
                 l.per_iter_cycles,
                 l.total_cycles,
-                l.poll_every.map(|p| format!("; poll point every {p} iterations")).unwrap_or_default()
+                l.poll_every
+                    .map(|p| format!("; poll point every {p} iterations"))
+                    .unwrap_or_default()
             );
         }
     }
@@ -739,7 +888,11 @@ fn entry_points(m: &ModuleInfo<'_>) -> Vec<(String, u32)> {
 
 fn check_exports(m: &ModuleInfo<'_>, reasons: &mut Vec<Reason>) {
     use wasmparser::ValType::I32;
-    let sig = |name: &str, params: &[wasmparser::ValType], results: &[wasmparser::ValType], required: bool, reasons: &mut Vec<Reason>| {
+    let sig = |name: &str,
+               params: &[wasmparser::ValType],
+               results: &[wasmparser::ValType],
+               required: bool,
+               reasons: &mut Vec<Reason>| {
         match m.exports.iter().find(|(n, _)| n == name) {
             None if required => reasons.push(Reason::MissingExport(name.into())),
             None => {}
@@ -762,8 +915,12 @@ fn check_exports(m: &ModuleInfo<'_>, reasons: &mut Vec<Reason>) {
     sig("sc_input_ptr", &[], &[I32], true, reasons);
     sig("sc_input_cap", &[], &[I32], true, reasons);
     sig("sc_init", &[], &[], false, reasons);
-    let handlers: Vec<String> =
-        m.exports.iter().filter(|(n, _)| abi::is_handler(n)).map(|(n, _)| n.clone()).collect();
+    let handlers: Vec<String> = m
+        .exports
+        .iter()
+        .filter(|(n, _)| abi::is_handler(n))
+        .map(|(n, _)| n.clone())
+        .collect();
     if handlers.is_empty() {
         reasons.push(Reason::MissingExport("handle (or handle_<input>)".into()));
     }
@@ -776,7 +933,10 @@ fn check_exports(m: &ModuleInfo<'_>, reasons: &mut Vec<Reason>) {
 ///
 /// Hand-written iterative DFS (a few lines) rather than a graph crate: the graph is
 /// small and we need the cycle's path for the message.
-fn topo_order(m: &ModuleInfo<'_>, edges: &BTreeMap<u32, BTreeSet<u32>>) -> Result<Vec<u32>, String> {
+fn topo_order(
+    m: &ModuleInfo<'_>,
+    edges: &BTreeMap<u32, BTreeSet<u32>>,
+) -> Result<Vec<u32>, String> {
     #[derive(Clone, Copy, PartialEq)]
     enum Color {
         White,
@@ -796,12 +956,16 @@ fn topo_order(m: &ModuleInfo<'_>, edges: &BTreeMap<u32, BTreeSet<u32>>) -> Resul
                 match color.get(&next).copied().unwrap_or(Color::Black) {
                     Color::White => {
                         color.insert(next, Color::Grey);
-                        let succ = edges.get(&next).map(|s| s.iter().copied().collect()).unwrap_or_default();
+                        let succ = edges
+                            .get(&next)
+                            .map(|s| s.iter().copied().collect())
+                            .unwrap_or_default();
                         stack.push((next, succ));
                     }
                     Color::Grey => {
                         let pos = stack.iter().position(|(n, _)| *n == next).unwrap_or(0);
-                        let mut names: Vec<String> = stack[pos..].iter().map(|(n, _)| m.func_name(*n)).collect();
+                        let mut names: Vec<String> =
+                            stack[pos..].iter().map(|(n, _)| m.func_name(*n)).collect();
                         names.push(m.func_name(next));
                         return Err(if names.len() == 2 {
                             format!("{} calls itself", names[0])

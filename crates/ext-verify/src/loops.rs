@@ -75,7 +75,13 @@ impl Structure {
                 } else {
                     None
                 };
-                frames.push(Frame { kind, open: i, close: i, parent: Some(cur), ordinal });
+                frames.push(Frame {
+                    kind,
+                    open: i,
+                    close: i,
+                    parent: Some(cur),
+                    ordinal,
+                });
                 opened[i] = Some(frames.len() - 1);
                 stack.push(frames.len() - 1);
             } else if let Operator::End = op {
@@ -84,7 +90,12 @@ impl Structure {
                 }
             }
         }
-        Structure { frames, op_frame, opened, loops }
+        Structure {
+            frames,
+            op_frame,
+            opened,
+            loops,
+        }
     }
 
     /// The frame a branch with relative depth `depth` at operator `i` targets.
@@ -137,12 +148,27 @@ enum Sym {
     Unknown,
     Const(i64),
     /// Head-of-iteration value of the local plus `delta`.
-    Ind { local: u32, delta: i64 },
-    Cmp { rel: Rel, local: u32, delta: i64, n: i64, wide: bool },
+    Ind {
+        local: u32,
+        delta: i64,
+    },
+    Cmp {
+        rel: Rel,
+        local: u32,
+        delta: i64,
+        n: i64,
+        wide: bool,
+    },
     /// A local never written in the loop body (loop-invariant).
     Inv(u32),
     /// `local + delta REL m` with `m` loop-invariant.
-    CmpV { rel: Rel, local: u32, delta: i64, m: u32, wide: bool },
+    CmpV {
+        rel: Rel,
+        local: u32,
+        delta: i64,
+        m: u32,
+        wide: bool,
+    },
 }
 
 /// A counted loop whose limit is a loop-invariant local: `local` (stepping by `step`)
@@ -210,7 +236,10 @@ impl Rel {
 #[derive(Debug, Clone, PartialEq)]
 pub enum LoopProof {
     /// The loop body starts at most this many times per entry.
-    Proven { iterations: u64, how: String },
+    Proven {
+        iterations: u64,
+        how: String,
+    },
     NotProven(String, Option<Counted>),
 }
 
@@ -226,12 +255,17 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
         }
     }
     if back_edges.is_empty() {
-        return LoopProof::Proven { iterations: 1, how: "no back edge".into() };
+        return LoopProof::Proven {
+            iterations: 1,
+            how: "no back edge".into(),
+        };
     }
     // Writes per local inside the body; candidate = exactly one write, at top level.
     let mut writes: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
     for i in start..end {
-        if let Operator::LocalSet { local_index } | Operator::LocalTee { local_index } = &body.ops[i].1 {
+        if let Operator::LocalSet { local_index } | Operator::LocalTee { local_index } =
+            &body.ops[i].1
+        {
             writes.entry(*local_index).or_default().push(i);
         }
     }
@@ -242,7 +276,8 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
         .collect();
     if candidates.is_empty() {
         return LoopProof::NotProven(
-            "no induction variable (no local is written exactly once at the loop's top level)".into(),
+            "no induction variable (no local is written exactly once at the loop's top level)"
+                .into(),
             None,
         );
     }
@@ -292,14 +327,21 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
                 let r = match (a, b) {
                     (Sym::Ind { local, delta }, Sym::Const(c)) => Sym::Ind {
                         local,
-                        delta: if sub { delta.wrapping_sub(c) } else { delta.wrapping_add(c) },
+                        delta: if sub {
+                            delta.wrapping_sub(c)
+                        } else {
+                            delta.wrapping_add(c)
+                        },
                     },
-                    (Sym::Const(c), Sym::Ind { local, delta }) if !sub => {
-                        Sym::Ind { local, delta: delta.wrapping_add(c) }
-                    }
-                    (Sym::Const(x), Sym::Const(y)) => {
-                        Sym::Const(if sub { x.wrapping_sub(y) } else { x.wrapping_add(y) })
-                    }
+                    (Sym::Const(c), Sym::Ind { local, delta }) if !sub => Sym::Ind {
+                        local,
+                        delta: delta.wrapping_add(c),
+                    },
+                    (Sym::Const(x), Sym::Const(y)) => Sym::Const(if sub {
+                        x.wrapping_sub(y)
+                    } else {
+                        x.wrapping_add(y)
+                    }),
                     _ => Sym::Unknown,
                 };
                 stack.push(r);
@@ -308,13 +350,39 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
                 let a = pop(&mut stack);
                 let wide = matches!(op, Operator::I64Eqz);
                 stack.push(match a {
-                    Sym::Cmp { rel, local, delta, n, wide } => {
-                        Sym::Cmp { rel: rel.negate(), local, delta, n, wide }
-                    }
-                    Sym::CmpV { rel, local, delta, m, wide } => {
-                        Sym::CmpV { rel: rel.negate(), local, delta, m, wide }
-                    }
-                    Sym::Ind { local, delta } => Sym::Cmp { rel: Rel::Eq, local, delta, n: 0, wide },
+                    Sym::Cmp {
+                        rel,
+                        local,
+                        delta,
+                        n,
+                        wide,
+                    } => Sym::Cmp {
+                        rel: rel.negate(),
+                        local,
+                        delta,
+                        n,
+                        wide,
+                    },
+                    Sym::CmpV {
+                        rel,
+                        local,
+                        delta,
+                        m,
+                        wide,
+                    } => Sym::CmpV {
+                        rel: rel.negate(),
+                        local,
+                        delta,
+                        m,
+                        wide,
+                    },
+                    Sym::Ind { local, delta } => Sym::Cmp {
+                        rel: Rel::Eq,
+                        local,
+                        delta,
+                        n: 0,
+                        wide,
+                    },
                     _ => Sym::Unknown,
                 });
             }
@@ -323,16 +391,34 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
                     let b = pop(&mut stack);
                     let a = pop(&mut stack);
                     let r = match (a, b) {
-                        (Sym::Ind { local, delta }, Sym::Const(n)) => {
-                            Sym::Cmp { rel, local, delta, n, wide }
-                        }
-                        (Sym::Const(n), Sym::Ind { local, delta }) => {
-                            Sym::Cmp { rel: rel.swap(), local, delta, n, wide }
-                        }
-                        (Sym::Ind { local, delta }, Sym::Inv(m)) => Sym::CmpV { rel, local, delta, m, wide },
-                        (Sym::Inv(m), Sym::Ind { local, delta }) => {
-                            Sym::CmpV { rel: rel.swap(), local, delta, m, wide }
-                        }
+                        (Sym::Ind { local, delta }, Sym::Const(n)) => Sym::Cmp {
+                            rel,
+                            local,
+                            delta,
+                            n,
+                            wide,
+                        },
+                        (Sym::Const(n), Sym::Ind { local, delta }) => Sym::Cmp {
+                            rel: rel.swap(),
+                            local,
+                            delta,
+                            n,
+                            wide,
+                        },
+                        (Sym::Ind { local, delta }, Sym::Inv(m)) => Sym::CmpV {
+                            rel,
+                            local,
+                            delta,
+                            m,
+                            wide,
+                        },
+                        (Sym::Inv(m), Sym::Ind { local, delta }) => Sym::CmpV {
+                            rel: rel.swap(),
+                            local,
+                            delta,
+                            m,
+                            wide,
+                        },
                         _ => Sym::Unknown,
                     };
                     stack.push(r);
@@ -386,7 +472,10 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
         .iter()
         .filter(|(i, _)| {
             st.op_frame[*i] == lf
-                && st.branch_targets(body, *i).iter().all(|t| !st.within(*t, lf))
+                && st
+                    .branch_targets(body, *i)
+                    .iter()
+                    .all(|t| !st.within(*t, lf))
         })
         .map(|(i, c)| (*i, negate(*c)))
         .collect();
@@ -414,12 +503,26 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
                     best = Some(r);
                 }
             }
-            if let Sym::CmpV { rel, local, delta, m, wide } = c {
+            if let Sym::CmpV {
+                rel,
+                local,
+                delta,
+                m,
+                wide,
+            } = c
+            {
                 if let Some(&step) = steps.get(&local) {
                     let ok = step > 0
                         && (rel == Rel::LtU || (rel == Rel::Ne && (step as u64).is_power_of_two()));
                     if ok && this_counted.is_none() {
-                        this_counted = Some(Counted { local, delta, step, m, ne: rel == Rel::Ne, wide });
+                        this_counted = Some(Counted {
+                            local,
+                            delta,
+                            step,
+                            m,
+                            ne: rel == Rel::Ne,
+                            wide,
+                        });
                     }
                 }
             }
@@ -445,14 +548,47 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
         return LoopProof::NotProven(why, if all_counted { counted } else { None });
     }
     let (back, how) = best_overall.unwrap_or((0, String::new()));
-    LoopProof::Proven { iterations: back.saturating_add(1), how }
+    LoopProof::Proven {
+        iterations: back.saturating_add(1),
+        how,
+    }
 }
 
 fn negate(s: Sym) -> Sym {
     match s {
-        Sym::Cmp { rel, local, delta, n, wide } => Sym::Cmp { rel: rel.negate(), local, delta, n, wide },
-        Sym::CmpV { rel, local, delta, m, wide } => Sym::CmpV { rel: rel.negate(), local, delta, m, wide },
-        Sym::Ind { local, delta } => Sym::Cmp { rel: Rel::Eq, local, delta, n: 0, wide: false },
+        Sym::Cmp {
+            rel,
+            local,
+            delta,
+            n,
+            wide,
+        } => Sym::Cmp {
+            rel: rel.negate(),
+            local,
+            delta,
+            n,
+            wide,
+        },
+        Sym::CmpV {
+            rel,
+            local,
+            delta,
+            m,
+            wide,
+        } => Sym::CmpV {
+            rel: rel.negate(),
+            local,
+            delta,
+            m,
+            wide,
+        },
+        Sym::Ind { local, delta } => Sym::Cmp {
+            rel: Rel::Eq,
+            local,
+            delta,
+            n: 0,
+            wide: false,
+        },
         _ => Sym::Unknown,
     }
 }
@@ -490,7 +626,16 @@ fn count(
     steps: &std::collections::BTreeMap<u32, i64>,
     init: &dyn Fn(u32) -> Option<i64>,
 ) -> Option<(u64, String)> {
-    let Sym::Cmp { rel, local, delta, n, wide } = c else { return None };
+    let Sym::Cmp {
+        rel,
+        local,
+        delta,
+        n,
+        wide,
+    } = c
+    else {
+        return None;
+    };
     let step = *steps.get(&local)?;
     let bits: u32 = if wide { 64 } else { 32 };
     let modulus: i128 = 1i128 << bits;
@@ -519,7 +664,10 @@ fn count(
             match i0 {
                 Some(c0) => {
                     let first = umask(c0 + d);
-                    desc(&format!("+{delta} < {nn} (from {c0})"), ceil_div(nn - first, s))
+                    desc(
+                        &format!("+{delta} < {nn} (from {c0})"),
+                        ceil_div(nn - first, s),
+                    )
                 }
                 None => desc(&format!("+{delta} < {nn} (unsigned)"), ceil_div(nn, s)),
             }
@@ -531,7 +679,10 @@ fn count(
                 return None;
             }
             let first = sext(c0 + d);
-            desc(&format!("+{delta} < {nn} (signed, from {c0})"), ceil_div(nn - first, s))
+            desc(
+                &format!("+{delta} < {nn} (signed, from {c0})"),
+                ceil_div(nn - first, s),
+            )
         }
         (Ne, true) => {
             let c0 = i0?;
@@ -549,7 +700,10 @@ fn count(
                 return None;
             }
             let first = umask(c0 + d);
-            desc(&format!("+{delta} > {m} (from {c0})"), ceil_div(first - m, -s))
+            desc(
+                &format!("+{delta} > {m} (from {c0})"),
+                ceil_div(first - m, -s),
+            )
         }
         (GtS | GeS, false) => {
             let c0 = i0?;
@@ -558,7 +712,10 @@ fn count(
                 return None;
             }
             let first = sext(c0 + d);
-            desc(&format!("+{delta} > {m} (signed, from {c0})"), ceil_div(first - m, -s))
+            desc(
+                &format!("+{delta} > {m} (signed, from {c0})"),
+                ceil_div(first - m, -s),
+            )
         }
         (Ne, false) => {
             let c0 = i0?;

@@ -5,8 +5,8 @@
 use std::collections::BTreeMap;
 
 use wasmparser::{
-    ElementItems, ElementKind, ExternalKind, FuncType, Operator, Parser, Payload, TypeRef,
-    ValType, Validator, WasmFeatures,
+    ElementItems, ElementKind, ExternalKind, FuncType, Operator, Parser, Payload, TypeRef, ValType,
+    Validator, WasmFeatures,
 };
 
 use crate::abi;
@@ -76,7 +76,8 @@ impl<'a> ModuleInfo<'a> {
     }
 
     pub fn body(&self, f: u32) -> Option<&Body<'a>> {
-        f.checked_sub(self.n_imported()).and_then(|i| self.bodies.get(i as usize))
+        f.checked_sub(self.n_imported())
+            .and_then(|i| self.bodies.get(i as usize))
     }
 
     pub fn func_type(&self, f: u32) -> Option<&FuncType> {
@@ -124,7 +125,11 @@ pub fn parse(bytes: &'_ [u8]) -> Result<ModuleInfo<'_>, Reason> {
                     let imp = imp.map_err(|e| Reason::Malformed(e.to_string()))?;
                     match imp.ty {
                         TypeRef::Func(t) => {
-                            let ty = m.types.get(t as usize).cloned().unwrap_or_else(|| FuncType::new([], []));
+                            let ty = m
+                                .types
+                                .get(t as usize)
+                                .cloned()
+                                .unwrap_or_else(|| FuncType::new([], []));
                             check_import(&mut m, imp.module, imp.name, &ty);
                             m.imports.push(Import {
                                 module: imp.module.to_string(),
@@ -158,7 +163,8 @@ pub fn parse(bytes: &'_ [u8]) -> Result<ModuleInfo<'_>, Reason> {
             }
             Payload::FunctionSection(r) => {
                 for t in r.clone() {
-                    m.func_types.push(t.map_err(|e| Reason::Malformed(e.to_string()))?);
+                    m.func_types
+                        .push(t.map_err(|e| Reason::Malformed(e.to_string()))?);
                 }
             }
             Payload::TableSection(r) => {
@@ -166,16 +172,16 @@ pub fn parse(bytes: &'_ [u8]) -> Result<ModuleInfo<'_>, Reason> {
                     m.has_table = true;
                 }
                 if r.count() > 1 {
-                    m.problems.push(Reason::Unsupported("more than one table".into()));
+                    m.problems
+                        .push(Reason::Unsupported("more than one table".into()));
                 }
             }
             Payload::MemorySection(r) => {
                 for mem in r.clone() {
                     let mem = mem.map_err(|e| Reason::Malformed(e.to_string()))?;
                     if mem.shared || mem.memory64 {
-                        m.problems.push(Reason::Unsupported(
-                            "shared or 64-bit linear memory".into(),
-                        ));
+                        m.problems
+                            .push(Reason::Unsupported("shared or 64-bit linear memory".into()));
                     }
                     let page = 1u64 << mem.page_size_log2.unwrap_or(16);
                     m.memory = Some((
@@ -199,9 +205,13 @@ pub fn parse(bytes: &'_ [u8]) -> Result<ModuleInfo<'_>, Reason> {
                 for el in r.clone() {
                     let el = el.map_err(|e| Reason::Malformed(e.to_string()))?;
                     let offset = match &el.kind {
-                        ElementKind::Active { table_index, offset_expr } => {
+                        ElementKind::Active {
+                            table_index,
+                            offset_expr,
+                        } => {
                             if table_index.unwrap_or(0) != 0 {
-                                m.table_unsafe = Some("element segment for a table other than 0".into());
+                                m.table_unsafe =
+                                    Some("element segment for a table other than 0".into());
                                 continue;
                             }
                             let mut rd = offset_expr.get_operators_reader();
@@ -214,9 +224,8 @@ pub fn parse(bytes: &'_ [u8]) -> Result<ModuleInfo<'_>, Reason> {
                     };
                     let Some(offset) = offset else {
                         if matches!(el.kind, ElementKind::Active { .. }) {
-                            m.table_unsafe = Some(
-                                "an element segment's offset is not a constant".into(),
-                            );
+                            m.table_unsafe =
+                                Some("an element segment's offset is not a constant".into());
                         }
                         continue;
                     };
@@ -228,8 +237,7 @@ pub fn parse(bytes: &'_ [u8]) -> Result<ModuleInfo<'_>, Reason> {
                             }
                         }
                         ElementItems::Expressions(..) => {
-                            m.table_unsafe =
-                                Some("element segment given as expressions".into());
+                            m.table_unsafe = Some("element segment given as expressions".into());
                         }
                     }
                 }
@@ -261,7 +269,9 @@ pub fn parse(bytes: &'_ [u8]) -> Result<ModuleInfo<'_>, Reason> {
             let index = m.n_imported() + code_index;
             code_index += 1;
             let mut n_locals = 0u32;
-            let mut lr = body.get_locals_reader().map_err(|e| Reason::Malformed(e.to_string()))?;
+            let mut lr = body
+                .get_locals_reader()
+                .map_err(|e| Reason::Malformed(e.to_string()))?;
             for _ in 0..lr.get_count() {
                 let off = lr.original_position();
                 let (cnt, ty) = lr.read().map_err(|e| Reason::Malformed(e.to_string()))?;
@@ -288,8 +298,17 @@ pub fn parse(bytes: &'_ [u8]) -> Result<ModuleInfo<'_>, Reason> {
                 )));
             }
             allocs = fv.into_allocations();
-            let ty = m.func_type(index).cloned().unwrap_or_else(|| FuncType::new([], []));
-            m.bodies.push(Body { index, ty, n_locals, ops, max_height });
+            let ty = m
+                .func_type(index)
+                .cloned()
+                .unwrap_or_else(|| FuncType::new([], []));
+            m.bodies.push(Body {
+                index,
+                ty,
+                n_locals,
+                ops,
+                max_height,
+            });
         }
     }
     if table_exported {
@@ -325,7 +344,10 @@ fn check_import(m: &mut ModuleInfo<'_>, module: &str, name: &str, ty: &FuncType)
     if module != abi::MODULE {
         m.problems.push(Reason::BadImport {
             import: full,
-            why: format!("not part of sidecore's host ABI (allowed: {})", abi::allowed_list()),
+            why: format!(
+                "not part of sidecore's host ABI (allowed: {})",
+                abi::allowed_list()
+            ),
         });
         return;
     }

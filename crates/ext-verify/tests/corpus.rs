@@ -6,7 +6,9 @@ use std::path::PathBuf;
 use sidecore_ext_verify::{BoundSource, Calibration, Policy, Rejection, verify};
 
 fn corpus(rel: &str) -> Vec<u8> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("corpus").join(rel);
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("corpus")
+        .join(rel);
     wat::parse_file(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))
 }
 
@@ -17,7 +19,14 @@ fn reject(rel: &str) -> Rejection {
     }
 }
 
-const BENIGN: &[&str] = &["counter", "classifier", "hdr_rewrite", "checksum", "chacha", "flowtable"];
+const BENIGN: &[&str] = &[
+    "counter",
+    "classifier",
+    "hdr_rewrite",
+    "checksum",
+    "chacha",
+    "flowtable",
+];
 
 #[test]
 fn benign_modules_are_admitted_with_bounds() {
@@ -27,8 +36,16 @@ fn benign_modules_are_admitted_with_bounds() {
             .unwrap_or_else(|r| panic!("{name} rejected: {r}"));
         let h = a.entry("handle").expect("handler reported");
         assert!(h.admitted && h.handler, "{name}");
-        assert!(h.bound_cycles > 0.0 && h.bound_fuel > 0.0, "{name}: {}", a.report);
-        assert!(a.report.contains("handler `handle`: bound"), "{name}: {}", a.report);
+        assert!(
+            h.bound_cycles > 0.0 && h.bound_fuel > 0.0,
+            "{name}: {}",
+            a.report
+        );
+        assert!(
+            a.report.contains("handler `handle`: bound"),
+            "{name}: {}",
+            a.report
+        );
         // The module to run is valid Wasm.
         wasmparser::Validator::new_with_features(sidecore_ext_verify::module::features())
             .validate_all(&a.module)
@@ -38,13 +55,27 @@ fn benign_modules_are_admitted_with_bounds() {
 
 #[test]
 fn proven_and_declared_loops_are_reported() {
-    let a = verify(&corpus("benign/classifier.wat"), &Policy::default(), &Calibration::fallback()).unwrap();
+    let a = verify(
+        &corpus("benign/classifier.wat"),
+        &Policy::default(),
+        &Calibration::fallback(),
+    )
+    .unwrap();
     let l = &a.loops[0];
-    assert_eq!(l.iterations, 17, "16 rules + the exiting start: {}", a.report);
+    assert_eq!(
+        l.iterations, 17,
+        "16 rules + the exiting start: {}",
+        a.report
+    );
     assert!(matches!(l.source, BoundSource::Proven(_)));
     assert!(!a.instrumented, "nothing to instrument in the classifier");
 
-    let a = verify(&corpus("benign/chacha.wat"), &Policy::default(), &Calibration::fallback()).unwrap();
+    let a = verify(
+        &corpus("benign/chacha.wat"),
+        &Policy::default(),
+        &Calibration::fallback(),
+    )
+    .unwrap();
     let rounds = a.loops.iter().find(|l| l.ordinal == 1).unwrap();
     assert_eq!(rounds.iterations, 10, "{}", a.report);
     assert!(matches!(rounds.source, BoundSource::Proven(_)));
@@ -52,7 +83,12 @@ fn proven_and_declared_loops_are_reported() {
     assert_eq!(blocks.iterations, 2048 / 64 + 1);
     assert!(matches!(&blocks.source, BoundSource::Declared(e) if e == "PACKET_LEN_MAX/64+1"));
     assert!(a.instrumented);
-    assert!(a.report.contains("declared PACKET_LEN_MAX/64+1, enforced by one check at loop entry"), "{}", a.report);
+    assert!(
+        a.report
+            .contains("declared PACKET_LEN_MAX/64+1, enforced by one check at loop entry"),
+        "{}",
+        a.report
+    );
 }
 
 #[test]
@@ -74,7 +110,11 @@ fn max_over_branches_not_sum() {
     let body = h.bound_cycles - cal.invoke_cycles;
     assert!(body >= 3.0 * div, "{body}");
     assert!(body < 3.0 * div + 12.0, "sum of arms? {body}\n{}", a.report);
-    assert!(h.path.iter().any(|s| s.contains("then arm")), "{:?}", h.path);
+    assert!(
+        h.path.iter().any(|s| s.contains("then arm")),
+        "{:?}",
+        h.path
+    );
 }
 
 #[test]
@@ -89,7 +129,11 @@ fn unbounded_loop_is_rejected() {
 fn data_dependent_loop_without_declaration_is_rejected() {
     let r = reject("hostile/data_loop.wat");
     assert!(r.has("unbounded-loop"), "{r}");
-    assert!(r.to_string().contains("no provable bound and no declared bound"), "{r}");
+    assert!(
+        r.to_string()
+            .contains("no provable bound and no declared bound"),
+        "{r}"
+    );
 }
 
 #[test]
@@ -110,7 +154,10 @@ fn mutual_recursion_is_rejected() {
 #[test]
 fn call_indirect_tricks_are_rejected() {
     let r = reject("hostile/indirect_cycle.wat");
-    assert!(r.has("recursion"), "an indirect self-call is recursion: {r}");
+    assert!(
+        r.has("recursion"),
+        "an indirect self-call is recursion: {r}"
+    );
     let r = reject("hostile/indirect_table_set.wat");
     assert!(r.has("indirect-call"), "{r}");
     assert!(r.to_string().contains("table.set"), "{r}");
@@ -142,11 +189,19 @@ fn large_but_allowed_bound_over_budget_is_rejected_with_report() {
     )
     .unwrap()
     .replace("4000000000", "1000000");
-    let r = verify(&wat::parse_str(&src).unwrap(), &Policy::default(), &Calibration::fallback()).unwrap_err();
+    let r = verify(
+        &wat::parse_str(&src).unwrap(),
+        &Policy::default(),
+        &Calibration::fallback(),
+    )
+    .unwrap_err();
     assert!(r.has("over-budget"), "{r}");
     let s = r.to_string();
     assert!(s.contains("handler `handle`"), "{s}");
-    assert!(s.contains("dominating loops:") && s.contains("loop #0 in handle"), "{s}");
+    assert!(
+        s.contains("dominating loops:") && s.contains("loop #0 in handle"),
+        "{s}"
+    );
     assert!(s.contains("worst path:"), "{s}");
 }
 
@@ -159,23 +214,39 @@ fn stack_exhaustion_is_rejected() {
     );
     let n = 24;
     for i in 0..n {
-        let call = if i + 1 < n { format!("(call $f{} (local.get 0))", i + 1) } else { "(local.get 0)".into() };
+        let call = if i + 1 < n {
+            format!("(call $f{} (local.get 0))", i + 1)
+        } else {
+            "(local.get 0)".into()
+        };
         src.push_str(&format!(
             "(func $f{i} (param i32) (result i32) (local {}) (local.set 1 (i64.const {i})) {call})\n",
             "i64 ".repeat(4000)
         ));
     }
     src.push_str("(func (export \"handle\") (param i32) (result i32) (call $f0 (local.get 0))))");
-    let r = verify(&wat::parse_str(&src).unwrap(), &Policy::default(), &Calibration::fallback()).unwrap_err();
+    let r = verify(
+        &wat::parse_str(&src).unwrap(),
+        &Policy::default(),
+        &Calibration::fallback(),
+    )
+    .unwrap_err();
     assert!(r.has("stack-too-deep"), "{r}");
-    assert!(r.to_string().contains("call chain handle → f0 → f1") || r.to_string().contains("handle →"), "{r}");
+    assert!(
+        r.to_string().contains("call chain handle → f0 → f1") || r.to_string().contains("handle →"),
+        "{r}"
+    );
 }
 
 #[test]
 fn foreign_imports_are_rejected() {
     let r = reject("hostile/bad_import.wat");
     assert!(r.has("bad-import"), "{r}");
-    assert!(r.to_string().contains("`env.system`: not part of sidecore's host ABI"), "{r}");
+    assert!(
+        r.to_string()
+            .contains("`env.system`: not part of sidecore's host ABI"),
+        "{r}"
+    );
 }
 
 #[test]
@@ -188,8 +259,12 @@ fn garbage_is_rejected_not_panicking() {
 
 #[test]
 fn missing_abi_exports_are_named() {
-    let r = verify(&wat::parse_str("(module (func (export \"go\")))").unwrap(), &Policy::default(), &Calibration::fallback())
-        .unwrap_err();
+    let r = verify(
+        &wat::parse_str("(module (func (export \"go\")))").unwrap(),
+        &Policy::default(),
+        &Calibration::fallback(),
+    )
+    .unwrap_err();
     let s = r.to_string();
     assert!(s.contains("missing export `sc_input_ptr`"), "{s}");
     assert!(s.contains("missing export `handle"), "{s}");
@@ -200,7 +275,12 @@ fn missing_abi_exports_are_named() {
 fn print_reports() {
     // Not an assertion test: shows the reports with `--nocapture`; asserts they exist.
     for name in BENIGN {
-        let a = verify(&corpus(&format!("benign/{name}.wat")), &Policy::default(), &Calibration::fallback()).unwrap();
+        let a = verify(
+            &corpus(&format!("benign/{name}.wat")),
+            &Policy::default(),
+            &Calibration::fallback(),
+        )
+        .unwrap();
         println!("== {name}\n{}", a.report);
         assert!(!a.report.is_empty());
     }

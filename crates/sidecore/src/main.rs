@@ -107,12 +107,17 @@ enum Command {
         #[command(flatten)]
         socket: SocketArgs,
     },
+    /// Check and run untrusted Wasm extensions (hybrid resource control).
+    Ext(sidecore_ext::cli::ExtCommand),
+    /// Measure this machine's cost model for Wasm extensions.
+    Calibrate(sidecore_ext::cli::CalibrateCommand),
 }
 
 /// The offcode library this binary ships.
 pub fn registry() -> Registry {
     let mut r = Registry::new();
     sidecore_builtins::register(&mut r);
+    sidecore_ext::offcode::register(&mut r);
     r
 }
 
@@ -141,6 +146,8 @@ fn main() -> ExitCode {
         Command::Ps { json, socket } => ctl::ps(&socket, json),
         Command::Down { app, daemon, socket } => ctl::down(&socket, app, daemon),
         Command::Events { app, socket } => ctl::events(&socket, app),
+        Command::Ext(c) => c.run().map(|code| ExitCode::from(code as u8)),
+        Command::Calibrate(c) => c.run().map(|code| ExitCode::from(code as u8)),
     };
     match r {
         Ok(code) => code,

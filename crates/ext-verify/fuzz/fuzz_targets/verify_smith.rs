@@ -29,7 +29,9 @@ fn abi() -> &'static [u8] {
 
 fuzz_target!(|data: &[u8]| {
     let mut u = Unstructured::new(data);
-    let Ok(mut cfg) = wasm_smith::Config::arbitrary(&mut u) else { return };
+    let Ok(mut cfg) = wasm_smith::Config::arbitrary(&mut u) else {
+        return;
+    };
     cfg.simd_enabled = false;
     cfg.relaxed_simd_enabled = false;
     cfg.threads_enabled = false;
@@ -42,7 +44,9 @@ fuzz_target!(|data: &[u8]| {
     cfg.custom_page_sizes_enabled = false;
     cfg.wide_arithmetic_enabled = false;
     cfg.available_imports = Some(abi().to_vec());
-    let Ok(m) = wasm_smith::Module::new(cfg, &mut u) else { return };
+    let Ok(m) = wasm_smith::Module::new(cfg, &mut u) else {
+        return;
+    };
     let bytes = m.to_bytes();
     let mut policy = Policy::default();
     policy.inflation = 1e9; // admit as much as possible so instrumentation is exercised
