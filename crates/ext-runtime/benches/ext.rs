@@ -185,7 +185,8 @@ fn native_checksum(buf: &[u8]) -> u16 {
 }
 
 fn native_chacha(buf: &mut [u8]) {
-    let key: [u32; 8] = std::array::from_fn(|i| u32::from_le_bytes(std::array::from_fn(|j| (4 * i + j) as u8)));
+    let key: [u32; 8] =
+        std::array::from_fn(|i| u32::from_le_bytes(std::array::from_fn(|j| (4 * i + j) as u8)));
     for (blk, chunk) in buf.chunks_mut(64).enumerate() {
         let mut s = [0u32; 16];
         s[..4].copy_from_slice(&[0x61707865, 0x3320646e, 0x79622d32, 0x6b206574]);

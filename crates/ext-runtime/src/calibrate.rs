@@ -49,7 +49,7 @@ pub fn load(path: &Path) -> Result<Calibration, String> {
             e.column()
         )
     })?;
-    if !(cal.tsc_per_ns > 0.0) {
+    if cal.tsc_per_ns.is_nan() || cal.tsc_per_ns <= 0.0 {
         return Err(format!(
             "{}: tsc_per_ns must be positive, got {}",
             path.display(),

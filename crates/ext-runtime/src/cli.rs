@@ -133,13 +133,13 @@ pub fn load_calibration(path: Option<&Path>) -> anyhow::Result<(Calibration, Str
 
 fn policy(a: &AdmitArgs) -> anyhow::Result<Policy> {
     let mut p = Policy::default();
-    if !(a.min_interarrival_ns > 0.0) {
+    if a.min_interarrival_ns.is_nan() || a.min_interarrival_ns <= 0.0 {
         anyhow::bail!(
             "--min-interarrival-ns must be positive, got {}",
             a.min_interarrival_ns
         );
     }
-    if !(a.inflation >= 1.0) {
+    if a.inflation.is_nan() || a.inflation < 1.0 {
         anyhow::bail!("--inflation must be at least 1, got {}", a.inflation);
     }
     p.acceptable_limit_ns = a.min_interarrival_ns;
@@ -212,7 +212,7 @@ fn check(c: &CheckArgs) -> anyhow::Result<i32> {
 
 fn parse_hex(s: &str) -> anyhow::Result<Vec<u8>> {
     let s: String = s.chars().filter(|c| !c.is_whitespace()).collect();
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         anyhow::bail!("--input-hex: odd number of hex digits");
     }
     (0..s.len())

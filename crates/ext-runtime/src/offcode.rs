@@ -49,13 +49,13 @@ impl WasmParams {
     pub fn config(&self) -> Result<ExtConfig, String> {
         let mut cfg = ExtConfig::default();
         if let Some(v) = self.min_interarrival_ns {
-            if !(v > 0.0) {
+            if v.is_nan() || v <= 0.0 {
                 return Err(format!("min_interarrival_ns must be positive, got {v}"));
             }
             cfg.policy.acceptable_limit_ns = v;
         }
         if let Some(v) = self.inflation {
-            if !(v >= 1.0) {
+            if v.is_nan() || v < 1.0 {
                 return Err(format!("inflation must be at least 1, got {v}"));
             }
             cfg.policy.inflation = v;
@@ -202,10 +202,10 @@ impl Offcode for WasmOffcode {
         }
         let mut err = None;
         ext.for_each_emitted(|out, bytes| {
-            if err.is_none() {
-                if let Err(e) = cx.send_bytes(OutputId(out as usize), bytes) {
-                    err = Some(e);
-                }
+            if err.is_none()
+                && let Err(e) = cx.send_bytes(OutputId(out as usize), bytes)
+            {
+                err = Some(e);
             }
         });
         if o.unloaded {

@@ -92,10 +92,9 @@ impl Tracker {
         if violated {
             self.total_violations += 1;
         }
-        if self.recent.len() == self.policy.window as usize {
-            if self.recent.pop_front() == Some(true) {
-                self.in_window -= 1;
-            }
+        if self.recent.len() == self.policy.window as usize && self.recent.pop_front() == Some(true)
+        {
+            self.in_window -= 1;
         }
         self.recent.push_back(violated);
         if violated {

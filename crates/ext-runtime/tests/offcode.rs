@@ -2,7 +2,7 @@
 //! manifest-style spec (admitted at deploy time), initialized with the manifest's port
 //! names, and run through the `Offcode` trait into a real shared-memory ring.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use sidecore_channel::{Ring, RingConfig, Sender};
@@ -23,7 +23,7 @@ fn registry() -> Registry {
     r
 }
 
-fn build(module: &PathBuf, params: &str) -> Result<Box<dyn Offcode>, String> {
+fn build(module: &Path, params: &str) -> Result<Box<dyn Offcode>, String> {
     let reg = registry();
     let imp = reg
         .lookup(&Registry::loader_name(PeKind::Wasm), PeKind::Wasm)

@@ -233,12 +233,11 @@ pub fn analyse_function(
         }
         if let Some(p) = cur.as_mut() {
             p.cost += c;
-            if let Some(s) = call_step {
-                if let Step::Call { cost, .. } | Step::Host { cost, .. } = &s {
-                    if *cost > 0.0 {
-                        p.path = push(&p.path, s);
-                    }
-                }
+            if let Some(s) = call_step
+                && let Step::Call { cost, .. } | Step::Host { cost, .. } = &s
+                && *cost > 0.0
+            {
+                p.path = push(&p.path, s);
             }
         }
         match op {

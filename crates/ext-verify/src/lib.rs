@@ -268,13 +268,13 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     if policy.require_abi {
         check_exports(&m, &mut reasons);
     }
-    if let Some((initial, _)) = m.memory {
-        if initial > policy.caps.memory_bytes {
-            reasons.push(Reason::MemoryTooLarge {
-                bytes: initial,
-                cap: policy.caps.memory_bytes,
-            });
-        }
+    if let Some((initial, _)) = m.memory
+        && initial > policy.caps.memory_bytes
+    {
+        reasons.push(Reason::MemoryTooLarge {
+            bytes: initial,
+            cap: policy.caps.memory_bytes,
+        });
     }
 
     // Operators: admitted classes only; no memory.grow; bounded call_indirect.
@@ -602,10 +602,10 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     for &f in &order {
         let mut best = (0u64, Vec::new());
         for g in edges.get(&f).into_iter().flatten() {
-            if let Some(d) = depth.get(g) {
-                if d.0 > best.0 {
-                    best = d.clone();
-                }
+            if let Some(d) = depth.get(g)
+                && d.0 > best.0
+            {
+                best = d.clone();
             }
         }
         let mut chain = vec![f];
@@ -757,10 +757,11 @@ fn collect_loops(
     if let Some(b) = m.body(f) {
         let mut seen = BTreeSet::new();
         for (_, op) in &b.ops {
-            if let Operator::Call { function_index } = op {
-                if *function_index >= m.n_imported() && seen.insert(*function_index) {
-                    collect_loops(m, costs, *function_index, out, mult, depth + 1);
-                }
+            if let Operator::Call { function_index } = op
+                && *function_index >= m.n_imported()
+                && seen.insert(*function_index)
+            {
+                collect_loops(m, costs, *function_index, out, mult, depth + 1);
             }
         }
     }
@@ -878,10 +879,10 @@ fn entry_points(m: &ModuleInfo<'_>) -> Vec<(String, u32)> {
         .filter(|(_, f)| *f >= m.n_imported())
         .cloned()
         .collect();
-    if let Some(s) = m.start {
-        if s >= m.n_imported() {
-            v.push(("(start)".into(), s));
-        }
+    if let Some(s) = m.start
+        && s >= m.n_imported()
+    {
+        v.push(("(start)".into(), s));
     }
     v
 }
@@ -897,14 +898,14 @@ fn check_exports(m: &ModuleInfo<'_>, reasons: &mut Vec<Reason>) {
             None if required => reasons.push(Reason::MissingExport(name.into())),
             None => {}
             Some((_, f)) => {
-                if let Some(t) = m.func_type(*f) {
-                    if t.params() != params || t.results() != results {
-                        reasons.push(Reason::BadExportType {
-                            name: name.into(),
-                            got: format!("{:?} -> {:?}", t.params(), t.results()),
-                            want: format!("{params:?} -> {results:?}"),
-                        });
-                    }
+                if let Some(t) = m.func_type(*f)
+                    && (t.params() != params || t.results() != results)
+                {
+                    reasons.push(Reason::BadExportType {
+                        name: name.into(),
+                        got: format!("{:?} -> {:?}", t.params(), t.results()),
+                        want: format!("{params:?} -> {results:?}"),
+                    });
                 }
             }
         }

@@ -84,10 +84,10 @@ impl Structure {
                 });
                 opened[i] = Some(frames.len() - 1);
                 stack.push(frames.len() - 1);
-            } else if let Operator::End = op {
-                if let Some(f) = stack.pop() {
-                    frames[f].close = i;
-                }
+            } else if let Operator::End = op
+                && let Some(f) = stack.pop()
+            {
+                frames[f].close = i;
             }
         }
         Structure {
@@ -305,12 +305,12 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
             }
             Operator::LocalSet { local_index } | Operator::LocalTee { local_index } => {
                 let v = pop(&mut stack);
-                if candidates.get(local_index) == Some(&i) {
-                    if let Sym::Ind { local, delta } = v {
-                        if local == *local_index && delta != 0 {
-                            steps.insert(local, delta);
-                        }
-                    }
+                if candidates.get(local_index) == Some(&i)
+                    && let Sym::Ind { local, delta } = v
+                    && local == *local_index
+                    && delta != 0
+                {
+                    steps.insert(local, delta);
                 }
                 if matches!(op, Operator::LocalTee { .. }) {
                     // After the write the value is the new head value + 0 relative to the
@@ -485,10 +485,10 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
     let mut unproven: Option<String> = None;
     for &b in &back_edges {
         let mut options: Vec<Sym> = Vec::new();
-        if let Operator::BrIf { .. } = body.ops[b].1 {
-            if let Some((_, c)) = conds.iter().find(|(i, _)| *i == b) {
-                options.push(*c);
-            }
+        if let Operator::BrIf { .. } = body.ops[b].1
+            && let Some((_, c)) = conds.iter().find(|(i, _)| *i == b)
+        {
+            options.push(*c);
         }
         for (q, c) in &exits_at_top {
             if *q < b {
@@ -498,10 +498,10 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
         let mut best: Option<(u64, String)> = None;
         let mut this_counted: Option<Counted> = None;
         for c in options {
-            if let Some(r) = count(c, &steps, &init) {
-                if best.as_ref().is_none_or(|x| r.0 < x.0) {
-                    best = Some(r);
-                }
+            if let Some(r) = count(c, &steps, &init)
+                && best.as_ref().is_none_or(|x| r.0 < x.0)
+            {
+                best = Some(r);
             }
             if let Sym::CmpV {
                 rel,
@@ -510,20 +510,19 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
                 m,
                 wide,
             } = c
+                && let Some(&step) = steps.get(&local)
             {
-                if let Some(&step) = steps.get(&local) {
-                    let ok = step > 0
-                        && (rel == Rel::LtU || (rel == Rel::Ne && (step as u64).is_power_of_two()));
-                    if ok && this_counted.is_none() {
-                        this_counted = Some(Counted {
-                            local,
-                            delta,
-                            step,
-                            m,
-                            ne: rel == Rel::Ne,
-                            wide,
-                        });
-                    }
+                let ok = step > 0
+                    && (rel == Rel::LtU || (rel == Rel::Ne && (step as u64).is_power_of_two()));
+                if ok && this_counted.is_none() {
+                    this_counted = Some(Counted {
+                        local,
+                        delta,
+                        step,
+                        m,
+                        ne: rel == Rel::Ne,
+                        wide,
+                    });
                 }
             }
         }

@@ -275,7 +275,7 @@ pub fn parse(bytes: &'_ [u8]) -> Result<ModuleInfo<'_>, Reason> {
             for _ in 0..lr.get_count() {
                 let off = lr.original_position();
                 let (cnt, ty) = lr.read().map_err(|e| Reason::Malformed(e.to_string()))?;
-                fv.define_locals(off as u64, cnt, ty)
+                fv.define_locals(off, cnt, ty)
                     .map_err(|e| Reason::Malformed(e.to_string()))?;
                 n_locals = n_locals.saturating_add(cnt);
             }
@@ -287,7 +287,7 @@ pub fn parse(bytes: &'_ [u8]) -> Result<ModuleInfo<'_>, Reason> {
             while !rd.eof() {
                 let off = rd.original_position();
                 let op = rd.read().map_err(|e| Reason::Malformed(e.to_string()))?;
-                fv.op(off as u64, &op)
+                fv.op(off, &op)
                     .map_err(|e| Reason::Malformed(e.to_string()))?;
                 max_height = max_height.max(fv.operand_stack_height());
                 ops.push((off as usize, op));
