@@ -301,62 +301,30 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
         class_cycles.insert(c, (v * 1000.0).round() / 1000.0);
     }
 
-    // Host calls.
+    // Accounted invocation of an empty handler, then host calls measured the same way:
+    // one call per invocation, minus the empty invocation (so each call is priced in the
+    // context real handlers make it in, not amortised over a tight loop).
+    let invoke = invoke_cost("", effort)?;
     let mut host_base = BTreeMap::new();
     let calls: &[(&str, &str)] = &[
-        (
-            "emit",
-            "(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 0)))",
-        ),
-        (
-            "output",
-            "(drop (call $output (i32.const 16) (i32.const 3)))",
-        ),
-        (
-            "state_get",
-            "(drop (call $state_get (i64.const 1) (i32.const 64) (i32.const 16)))",
-        ),
-        (
-            "state_put",
-            "(drop (call $state_put (i64.const 1) (i32.const 64) (i32.const 16)))",
-        ),
+        ("emit", "(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 0)))"),
+        ("output", "(drop (call $output (i32.const 16) (i32.const 3)))"),
+        ("state_get", "(drop (call $state_get (i64.const 1) (i32.const 64) (i32.const 16)))"),
+        ("state_put", "(drop (call $state_put (i64.const 1) (i32.const 64) (i32.const 16)))"),
         ("state_del", "(drop (call $state_del (i64.const 2)))"),
-        (
-            "cache_put",
-            "(drop (call $cache_put (i32.const 0) (i32.const 64) (i32.const 0)))",
-        ),
-        (
-            "cache_get",
-            "(drop (call $cache_get (i32.const 0) (i32.const 64) (i32.const 0)))",
-        ),
-        (
-            "shared_lookup",
-            "(drop (call $shared_lookup (i32.const 16) (i32.const 3)))",
-        ),
-        (
-            "shared_read",
-            "(drop (call $shared_read (i32.const 0) (i32.const 0) (i32.const 64) (i32.const 0)))",
-        ),
+        ("cache_put", "(drop (call $cache_put (i32.const 0) (i32.const 64) (i32.const 0)))"),
+        ("cache_get", "(drop (call $cache_get (i32.const 0) (i32.const 64) (i32.const 0)))"),
+        ("shared_lookup", "(drop (call $shared_lookup (i32.const 16) (i32.const 3)))"),
+        ("shared_read", "(drop (call $shared_read (i32.const 0) (i32.const 0) (i32.const 64) (i32.const 0)))"),
     ];
     for (name, body) in calls {
-        let c = ((bench.per_iter(body, 8, effort) - base) / 8.0 - 3.0 * mv).max(0.0);
-        host_base.insert(format!("{}.{name}", abi::MODULE), (c * 10.0).round() / 10.0);
+        let c = (invoke_cost(body, effort)? - invoke).max(0.0);
+        host_base.insert(format!("{}.{name}", abi::MODULE), c.round());
     }
     let poll = ((bench.per_iter("(call $poll)", 8, effort) - base) / 8.0).max(0.0);
-    host_base.insert(
-        format!("{}.{}", abi::INJECT_MODULE, abi::INJECT_POLL),
-        (poll * 10.0).round() / 10.0,
-    );
-    let emit_big = (bench.per_iter(
-        "(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 2048)))",
-        8,
-        effort,
-    ) - base)
-        / 8.0;
+    host_base.insert(format!("{}.{}", abi::INJECT_MODULE, abi::INJECT_POLL), (poll * 10.0).round() / 10.0);
+    let emit_big = invoke_cost("(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 2048)))", effort)? - invoke;
     let per_byte = ((emit_big - host_base["sc.emit"]) / 2048.0).max(0.0);
-
-    // Accounted invocation of an empty handler.
-    let invoke = invoke_cost(effort)?;
 
     let latency = effort.sizes.iter().map(|&ws| mbench(ws, effort)).collect();
     Ok(Calibration {
@@ -370,26 +338,40 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
     })
 }
 
-fn invoke_cost(effort: Effort) -> anyhow::Result<f64> {
-    let wat = r#"(module (memory (export "memory") 1 1)
+/// Median cycles of an accounted invocation of a handler whose body is `body` (with the
+/// whole host ABI imported and a shared area and a state entry present).
+fn invoke_cost(body: &str, effort: Effort) -> anyhow::Result<f64> {
+    let wat = format!(
+        r#"(module
+      (import "sc" "emit" (func $emit (param i32 i32 i32) (result i32)))
+      (import "sc" "output" (func $output (param i32 i32) (result i32)))
+      (import "sc" "state_get" (func $state_get (param i64 i32 i32) (result i32)))
+      (import "sc" "state_put" (func $state_put (param i64 i32 i32) (result i32)))
+      (import "sc" "state_del" (func $state_del (param i64) (result i32)))
+      (import "sc" "cache_put" (func $cache_put (param i32 i32 i32) (result i32)))
+      (import "sc" "cache_get" (func $cache_get (param i32 i32 i32) (result i32)))
+      (import "sc" "shared_lookup" (func $shared_lookup (param i32 i32) (result i32)))
+      (import "sc" "shared_read" (func $shared_read (param i32 i32 i32 i32) (result i32)))
+      (memory (export "memory") 1 1)
+      (data (i32.const 16) "out")
       (func (export "sc_input_ptr") (result i32) (i32.const 4096))
       (func (export "sc_input_cap") (result i32) (i32.const 2048))
-      (func (export "handle") (param i32) (result i32) (local.get 0)))"#;
-    let bytes = wat::parse_str(wat)?;
-    let cfg = ExtConfig::default();
-    let engine = ExtEngine::new(
-        ExecMode::Hybrid,
-        cfg.policy.max_stack_bytes,
-        Duration::from_millis(1),
-    )?;
-    let mut ext = WasmExtension::load(
-        &engine,
-        &bytes,
-        &cfg,
-        &Calibration::fallback(),
-        Arc::new(Vec::new()),
-    )
-    .map_err(|e| anyhow::anyhow!("{e}"))?;
+      (func (export "sc_init") (drop (call $state_put (i64.const 1) (i32.const 64) (i32.const 16))))
+      (func (export "handle") (param i32) (result i32) {body} (local.get 0)))"#
+    );
+    let bytes = wat::parse_str(&wat)?;
+    let cfg = ExtConfig {
+        violations: crate::policy::ViolationPolicy { k: u32::MAX, window: u32::MAX },
+        policy: sidecore_ext_verify::Policy { inflation: 1e9, ..Default::default() },
+        ..ExtConfig::default()
+    };
+    let engine = ExtEngine::new(ExecMode::Hybrid, cfg.policy.max_stack_bytes, Duration::from_millis(1))?;
+    let shared = Arc::new(vec![("out".to_string(), Arc::<[u8]>::from(vec![7u8; 8192]))]);
+    let mut ext = WasmExtension::load(&engine, &bytes, &cfg, &Calibration::fallback(), shared)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    for _ in 0..1000 {
+        ext.invoke(0, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
+    }
     let n = 2000 * effort.reps;
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
