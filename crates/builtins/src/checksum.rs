@@ -4,7 +4,9 @@
 //! number of sequence gaps seen (records are numbered by `record-source`).
 
 use serde::Deserialize;
-use sidecore_offcode::{InitCx, InputId, Metric, Offcode, OffcodeError, OutputId, RunCx, parse_params};
+use sidecore_offcode::{
+    InitCx, InputId, Metric, Offcode, OffcodeError, OutputId, RunCx, parse_params,
+};
 
 /// RFC 1071 Internet checksum: the ones' complement of the ones' complement
 /// sum of the data as big-endian 16-bit words (an odd final byte is padded
@@ -88,7 +90,12 @@ impl Offcode for InetChecksum {
     }
 
     #[inline]
-    fn handle(&mut self, cx: &mut RunCx<'_>, input: InputId, msg: &[u8]) -> Result<(), OffcodeError> {
+    fn handle(
+        &mut self,
+        cx: &mut RunCx<'_>,
+        input: InputId,
+        msg: &[u8],
+    ) -> Result<(), OffcodeError> {
         debug_assert_eq!(input, self.input);
         let c = inet_checksum(msg);
         self.records.add(1);
@@ -103,7 +110,10 @@ impl Offcode for InetChecksum {
             self.expect = seq + 1;
         }
         if let Some(out) = self.out {
-            let seq = msg.get(..8).map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes"))).unwrap_or(0);
+            let seq = msg
+                .get(..8)
+                .map(|s| u64::from_le_bytes(s.try_into().expect("8 bytes")))
+                .unwrap_or(0);
             cx.send(out, |slot| {
                 slot[..8].copy_from_slice(&seq.to_le_bytes());
                 slot[8..10].copy_from_slice(&c.to_be_bytes());
@@ -147,7 +157,11 @@ mod tests {
         fn reference(d: &[u8]) -> u16 {
             let mut s: u32 = 0;
             for c in d.chunks(2) {
-                let w = if c.len() == 2 { u16::from_be_bytes([c[0], c[1]]) } else { (c[0] as u16) << 8 };
+                let w = if c.len() == 2 {
+                    u16::from_be_bytes([c[0], c[1]])
+                } else {
+                    (c[0] as u16) << 8
+                };
                 s += w as u32;
                 s = (s & 0xffff) + (s >> 16);
             }

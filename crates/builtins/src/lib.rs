@@ -18,7 +18,9 @@ use sidecore_types::PeKind;
 pub fn register(reg: &mut Registry) {
     reg.register(Implementation {
         name: "record-source".into(),
-        description: "numbered fixed-size records, as fast as the output accepts or at `rate` per second".into(),
+        description:
+            "numbered fixed-size records, as fast as the output accepts or at `rate` per second"
+                .into(),
         kinds: vec![PeKind::Core, PeKind::Host],
         inputs: Some(vec![]),
         outputs: Some(vec!["out".into()]),

@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 use sidecore_channel::SendOutcome;
-use sidecore_offcode::{InitCx, Metric, Offcode, OffcodeError, OutputId, Progress, RunCx, parse_params};
+use sidecore_offcode::{
+    InitCx, Metric, Offcode, OffcodeError, OutputId, Progress, RunCx, parse_params,
+};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -67,7 +69,10 @@ impl RecordSource {
     pub fn new(params: &toml::Table) -> Result<Self, OffcodeError> {
         let p: Params = parse_params(params)?;
         if p.record_size < 8 {
-            return Err(OffcodeError::Params(format!("record_size must be at least 8 bytes, got {}", p.record_size)));
+            return Err(OffcodeError::Params(format!(
+                "record_size must be at least 8 bytes, got {}",
+                p.record_size
+            )));
         }
         if p.batch == 0 {
             return Err(OffcodeError::Params("batch must be at least 1".into()));
@@ -182,9 +187,21 @@ mod tests {
     #[test]
     fn bad_parameters_are_named() {
         let t: toml::Table = toml::from_str("record_size = 4").unwrap();
-        assert!(RecordSource::new(&t).err().unwrap().to_string().contains("at least 8"));
+        assert!(
+            RecordSource::new(&t)
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("at least 8")
+        );
         let t: toml::Table = toml::from_str("recordsize = 64").unwrap();
-        assert!(RecordSource::new(&t).err().unwrap().to_string().contains("unknown field `recordsize`"));
+        assert!(
+            RecordSource::new(&t)
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("unknown field `recordsize`")
+        );
         let t: toml::Table = toml::from_str("records = -1").unwrap();
         assert!(RecordSource::new(&t).is_err());
     }

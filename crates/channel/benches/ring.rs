@@ -33,11 +33,18 @@ fn pin(core: usize) {
 }
 
 fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
 }
 
 /// Runs `producer` on core 0 and `consumer` on core 1; returns msgs/s.
-fn run_pair(n: u64, producer: impl FnOnce(u64) + Send + 'static, consumer: impl FnOnce(u64) + Send + 'static) -> f64 {
+fn run_pair(
+    n: u64,
+    producer: impl FnOnce(u64) + Send + 'static,
+    consumer: impl FnOnce(u64) + Send + 'static,
+) -> f64 {
     let start_gate = Arc::new(std::sync::Barrier::new(2));
     let g = Arc::clone(&start_gate);
     let c = std::thread::spawn(move || {
@@ -55,7 +62,7 @@ fn run_pair(n: u64, producer: impl FnOnce(u64) + Send + 'static, consumer: impl 
 
 fn ring_throughput(n: u64, batched: bool) -> f64 {
     let b = if batched { BATCH } else { 1 };
-    let (mut p, mut cs) = Ring::new(RingConfig {
+    let (mut p, mut cs) = Ring::create(RingConfig {
         slots: 4096,
         slot_size: 128,
         consumers: 1,
@@ -200,7 +207,11 @@ fn socket_throughput(n: u64, batched: bool) -> f64 {
 }
 
 /// Round trips on core 0 against an echo on core 1; returns a histogram in ns.
-fn rtt(rounds: u64, mut round: impl FnMut(u64) + Send, echo: impl FnOnce(u64) + Send + 'static) -> Histogram<u64> {
+fn rtt(
+    rounds: u64,
+    mut round: impl FnMut(u64) + Send,
+    echo: impl FnOnce(u64) + Send + 'static,
+) -> Histogram<u64> {
     let echo = std::thread::spawn(move || {
         pin(1);
         echo(rounds + 1000);
@@ -250,8 +261,8 @@ fn ring_rtt(rounds: u64) -> Histogram<u64> {
         publish_batch: 1,
         release_batch: 16,
     };
-    let (mut p1, mut c1) = Ring::new(cfg).unwrap();
-    let (mut p2, mut c2) = Ring::new(cfg).unwrap();
+    let (mut p1, mut c1) = Ring::create(cfg).unwrap();
+    let (mut p2, mut c2) = Ring::create(cfg).unwrap();
     let mut c1 = c1.pop().unwrap();
     let mut c2 = c2.pop().unwrap();
     rtt(
@@ -339,7 +350,9 @@ fn main() {
     let n = env("RING_BENCH_MSGS", 4_000_000) / BATCH as u64 * BATCH as u64;
     let rounds = env("RING_BENCH_RTT", 200_000);
     let reps = env("RING_BENCH_REPS", 3) as usize;
-    println!("# sidecore ring benchmark: {n} messages of {MSG} B, {rounds} round trips, median of {reps} runs");
+    println!(
+        "# sidecore ring benchmark: {n} messages of {MSG} B, {rounds} round trips, median of {reps} runs"
+    );
     println!("# cores: producer/ping on 0, consumer/echo on 1");
 
     type Bench = fn(u64, bool) -> f64;
@@ -356,8 +369,16 @@ fn main() {
             results.push((name, batched, r));
         }
     }
-    let get = |name: &str, batched: bool| results.iter().find(|r| r.0 == name && r.1 == batched).unwrap().2;
-    println!("\n| transport | unbatched Mmsg/s | batched Mmsg/s | ring ÷ this (unbatched) | ring ÷ this (batched) |");
+    let get = |name: &str, batched: bool| {
+        results
+            .iter()
+            .find(|r| r.0 == name && r.1 == batched)
+            .unwrap()
+            .2
+    };
+    println!(
+        "\n| transport | unbatched Mmsg/s | batched Mmsg/s | ring ÷ this (unbatched) | ring ÷ this (batched) |"
+    );
     println!("|---|---:|---:|---:|---:|");
     for (name, _) in cases {
         let (u, b) = (get(name, false), get(name, true));

@@ -154,7 +154,10 @@ impl CallTable {
 
     /// Allocates an entry in state PENDING.
     pub fn begin(&self) -> Result<CallId, CallError> {
-        let idx = self.lock_free().pop().ok_or(CallError::TableFull(self.entries.len()))?;
+        let idx = self
+            .lock_free()
+            .pop()
+            .ok_or(CallError::TableFull(self.entries.len()))?;
         let e = &self.entries[idx as usize];
         let generation = e.generation.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
         e.code.store(0, Ordering::Relaxed);
@@ -163,8 +166,13 @@ impl CallTable {
     }
 
     fn entry(&self, id: CallId) -> Result<&Entry, CallError> {
-        let e = self.entries.get(id.index()).ok_or(CallError::UnknownCall(id.0))?;
-        if e.generation.load(Ordering::Acquire) != id.generation() || e.status.load(Ordering::Acquire) == STATUS_FREE {
+        let e = self
+            .entries
+            .get(id.index())
+            .ok_or(CallError::UnknownCall(id.0))?;
+        if e.generation.load(Ordering::Acquire) != id.generation()
+            || e.status.load(Ordering::Acquire) == STATUS_FREE
+        {
             return Err(CallError::UnknownCall(id.0));
         }
         Ok(e)
@@ -254,7 +262,11 @@ impl PendingCall {
             let s = self.table.status(self.id)?;
             if s == CallStatus::Finished {
                 let (code, out) = self.table.complete(self.id)?;
-                return if code == 0 { Ok(out) } else { Err(CallError::Failed(code)) };
+                return if code == 0 {
+                    Ok(out)
+                } else {
+                    Err(CallError::Failed(code))
+                };
             }
             if Instant::now() >= deadline {
                 return Err(CallError::Timeout(s));
@@ -337,7 +349,9 @@ impl Caller {
                 self.sender.publish();
                 fail(&self.table, CallError::Encode(enc_err.unwrap_or_default()))
             }
-            Ok(SendOutcome::Full) | Ok(SendOutcome::Dropped) => fail(&self.table, CallError::ChannelFull),
+            Ok(SendOutcome::Full) | Ok(SendOutcome::Dropped) => {
+                fail(&self.table, CallError::ChannelFull)
+            }
             Err(e) => fail(&self.table, CallError::Send(e)),
         }
     }
@@ -375,15 +389,26 @@ pub fn parse_request(msg: &[u8]) -> Result<Request<'_>, CallError> {
     let ty = match msg[10] {
         1 => CallType::In,
         2 => CallType::InOut,
-        t => return Err(CallError::Malformed(format!("call type {t} is neither IN (1) nor INOUT (2)"))),
+        t => {
+            return Err(CallError::Malformed(format!(
+                "call type {t} is neither IN (1) nor INOUT (2)"
+            )));
+        }
     };
     let invocation = match msg[11] {
         0 => Invocation::Simple,
         1 => Invocation::Extended,
-        v => return Err(CallError::Malformed(format!("invocation {v} is neither simple (0) nor extended (1)"))),
+        v => {
+            return Err(CallError::Malformed(format!(
+                "invocation {v} is neither simple (0) nor extended (1)"
+            )));
+        }
     };
     if msg[12] != ENC_POSTCARD {
-        return Err(CallError::Malformed(format!("unknown encoding tag {}", msg[12])));
+        return Err(CallError::Malformed(format!(
+            "unknown encoding tag {}",
+            msg[12]
+        )));
     }
     Ok(Request {
         id,
@@ -460,7 +485,7 @@ mod tests {
     use sidecore_types::Delivery;
 
     fn pair(slots: usize) -> (Caller, Callee) {
-        let (p, mut c) = Ring::new(RingConfig {
+        let (p, mut c) = Ring::create(RingConfig {
             slots,
             release_batch: 1,
             ..RingConfig::default()
@@ -477,7 +502,12 @@ mod tests {
     fn extended_call_goes_pending_acked_finished() {
         let (mut caller, mut callee) = pair(8);
         let call = caller
-            .call(7, &(3u32, "hello".to_string()), CallType::InOut, Invocation::Extended)
+            .call(
+                7,
+                &(3u32, "hello".to_string()),
+                CallType::InOut,
+                Invocation::Extended,
+            )
             .unwrap();
         assert_eq!(call.status().unwrap(), CallStatus::Pending);
         let mut seen_in_handler = None;
@@ -500,7 +530,9 @@ mod tests {
     #[test]
     fn acked_is_set_before_the_handler_runs() {
         let (mut caller, mut callee) = pair(8);
-        let call = caller.call(1, &5u8, CallType::InOut, Invocation::Extended).unwrap();
+        let call = caller
+            .call(1, &5u8, CallType::InOut, Invocation::Extended)
+            .unwrap();
         let probe = call.clone();
         callee
             .serve_one(
@@ -517,7 +549,9 @@ mod tests {
     #[test]
     fn simple_call_skips_acked() {
         let (mut caller, mut callee) = pair(8);
-        let call = caller.call(1, &5u8, CallType::In, Invocation::Simple).unwrap();
+        let call = caller
+            .call(1, &5u8, CallType::In, Invocation::Simple)
+            .unwrap();
         let probe = call.clone();
         callee
             .serve_one(
@@ -543,11 +577,17 @@ mod tests {
                 to: CallStatus::Pending
             })
         );
-        assert!(t.advance(id, CallStatus::Acked).is_err(), "no self-transition");
+        assert!(
+            t.advance(id, CallStatus::Acked).is_err(),
+            "no self-transition"
+        );
         t.finish(id, 0, b"x").unwrap();
         assert!(t.advance(id, CallStatus::Acked).is_err());
         t.complete(id).unwrap();
-        assert!(matches!(t.status(id), Err(CallError::UnknownCall(_))), "freed id is stale");
+        assert!(
+            matches!(t.status(id), Err(CallError::UnknownCall(_))),
+            "freed id is stale"
+        );
         let id2 = t.begin().unwrap();
         assert_ne!(id, id2, "a reused entry gets a new generation");
     }
@@ -561,24 +601,47 @@ mod tests {
 
     #[test]
     fn malformed_requests_are_rejected_with_a_reason() {
-        assert!(parse_request(&[0; 3]).err().unwrap().to_string().contains("shorter"));
+        assert!(
+            parse_request(&[0; 3])
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("shorter")
+        );
         let mut m = [0u8; 16];
         m[10] = 9;
-        assert!(parse_request(&m).err().unwrap().to_string().contains("call type 9"));
+        assert!(
+            parse_request(&m)
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("call type 9")
+        );
         m[10] = 1;
         m[11] = 0;
         m[12] = 77;
-        assert!(parse_request(&m).err().unwrap().to_string().contains("encoding tag 77"));
+        assert!(
+            parse_request(&m)
+                .err()
+                .unwrap()
+                .to_string()
+                .contains("encoding tag 77")
+        );
     }
 
     #[test]
     fn undecodable_arguments_fail_the_call() {
         let (mut caller, mut callee) = pair(8);
         // 0xff is a varint with its continuation bit set and nothing after it.
-        let call = caller.call(1, &u8::MAX, CallType::InOut, Invocation::Extended).unwrap();
+        let call = caller
+            .call(1, &u8::MAX, CallType::InOut, Invocation::Extended)
+            .unwrap();
         let r = callee.serve_one(|r| r.decode::<u64>(), |_, _| (0, vec![]));
         assert!(matches!(r, Err(CallError::Decode { .. })));
-        assert!(matches!(call.wait(Duration::from_secs(1)), Err(CallError::Failed(_))));
+        assert!(matches!(
+            call.wait(Duration::from_secs(1)),
+            Err(CallError::Failed(_))
+        ));
     }
 
     #[test]
@@ -588,7 +651,10 @@ mod tests {
             let mut n = 0;
             while n < 500 {
                 if callee
-                    .serve_one(|r| r.decode::<u32>(), |_, v| (0, encode_result(&(v * 2)).unwrap()))
+                    .serve_one(
+                        |r| r.decode::<u32>(),
+                        |_, v| (0, encode_result(&(v * 2)).unwrap()),
+                    )
                     .unwrap()
                 {
                     n += 1;
@@ -599,7 +665,9 @@ mod tests {
             let call = loop {
                 match caller.call(3, &i, CallType::InOut, Invocation::Extended) {
                     Ok(c) => break c,
-                    Err(CallError::ChannelFull) | Err(CallError::TableFull(_)) => std::thread::yield_now(),
+                    Err(CallError::ChannelFull) | Err(CallError::TableFull(_)) => {
+                        std::thread::yield_now()
+                    }
                     Err(e) => panic!("{e}"),
                 }
             };

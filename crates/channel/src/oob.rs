@@ -23,7 +23,10 @@ pub enum OobMessage {
     /// The runtime asks you to stop, with the reason.
     Stop { reason: String },
     /// An application-level control message.
-    Control { from: String, body: serde_json::Value },
+    Control {
+        from: String,
+        body: serde_json::Value,
+    },
     /// A management event about another offcode (e.g. a watchdog expiry).
     Event { about: String, what: String },
 }
@@ -107,7 +110,9 @@ impl OobDirectory {
     /// Sends `msg` to the endpoint named `to`, without waiting.
     pub fn send(&self, to: &str, msg: OobMessage) -> Result<(), OobError> {
         let map = self.inner.read().unwrap_or_else(|p| p.into_inner());
-        let tx = map.get(to).ok_or_else(|| OobError::Unknown(to.to_string()))?;
+        let tx = map
+            .get(to)
+            .ok_or_else(|| OobError::Unknown(to.to_string()))?;
         tx.try_send(msg).map_err(|e| match e {
             TrySendError::Full(_) => OobError::Full(to.to_string()),
             TrySendError::Disconnected(_) => OobError::Unknown(to.to_string()),
@@ -123,7 +128,10 @@ impl OobDirectory {
     }
 
     fn unregister(&self, name: &str) {
-        self.inner.write().unwrap_or_else(|p| p.into_inner()).remove(name);
+        self.inner
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(name);
     }
 }
 
@@ -143,8 +151,14 @@ mod tests {
             },
         )
         .unwrap();
-        assert!(matches!(a.try_recv(), Some(OobMessage::ChannelAvailable { .. })));
-        assert_eq!(d.open("app/a").err(), Some(OobError::Duplicate("app/a".into())));
+        assert!(matches!(
+            a.try_recv(),
+            Some(OobMessage::ChannelAvailable { .. })
+        ));
+        assert_eq!(
+            d.open("app/a").err(),
+            Some(OobError::Duplicate("app/a".into()))
+        );
         drop(a);
         assert_eq!(
             d.send("app/a", OobMessage::Stop { reason: "x".into() }),
@@ -157,10 +171,21 @@ mod tests {
         let d = OobDirectory::new();
         let _a = d.open("x").unwrap();
         for _ in 0..OobDirectory::DEPTH {
-            d.send("x", OobMessage::Stop { reason: String::new() }).unwrap();
+            d.send(
+                "x",
+                OobMessage::Stop {
+                    reason: String::new(),
+                },
+            )
+            .unwrap();
         }
         assert_eq!(
-            d.send("x", OobMessage::Stop { reason: String::new() }),
+            d.send(
+                "x",
+                OobMessage::Stop {
+                    reason: String::new()
+                }
+            ),
             Err(OobError::Full("x".into()))
         );
     }

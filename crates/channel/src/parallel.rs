@@ -46,7 +46,11 @@ impl Drop for Shared {
 impl Shared {
     fn slot(&self, pos: u64) -> *mut u8 {
         // SAFETY: the masked index is inside the allocation.
-        unsafe { self.buf.as_ptr().add((pos & self.mask) as usize * self.slot_size) }
+        unsafe {
+            self.buf
+                .as_ptr()
+                .add((pos & self.mask) as usize * self.slot_size)
+        }
     }
     fn seq(&self, pos: u64) -> &AtomicU64 {
         // SAFETY: each slot starts with an aligned u64 sequence word that lives
@@ -56,11 +60,14 @@ impl Shared {
 }
 
 /// Builds a parallel work queue of `slots` slots of `slot_size` bytes.
-pub fn work_queue(slots: usize, slot_size: usize) -> Result<(WorkProducer, WorkConsumer), RingConfigError> {
+pub fn work_queue(
+    slots: usize,
+    slot_size: usize,
+) -> Result<(WorkProducer, WorkConsumer), RingConfigError> {
     if slots < 2 || !slots.is_power_of_two() {
         return Err(RingConfigError::Slots(slots));
     }
-    if slot_size < 32 || slot_size % 16 != 0 {
+    if slot_size < 32 || !slot_size.is_multiple_of(16) {
         return Err(RingConfigError::SlotSize(slot_size));
     }
     let too_large = RingConfigError::TooLarge { slots, slot_size };
@@ -105,7 +112,10 @@ impl WorkProducer {
     }
 
     /// Writes a message in place; returns `Ok(false)` when the queue is full.
-    pub fn try_send_with(&mut self, fill: impl FnOnce(&mut [u8]) -> usize) -> Result<bool, MessageTooLarge> {
+    pub fn try_send_with(
+        &mut self,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<bool, MessageTooLarge> {
         let pos = self.tail;
         if self.shared.seq(pos).load(Ordering::Acquire) != pos {
             return Ok(false);
@@ -113,7 +123,8 @@ impl WorkProducer {
         let cap = self.payload_capacity();
         // SAFETY: seq == pos means every worker has freed this slot for this lap
         // and no worker can claim it until we store pos + 1.
-        let payload = unsafe { std::slice::from_raw_parts_mut(self.shared.slot(pos).add(SLOT_HEADER), cap) };
+        let payload =
+            unsafe { std::slice::from_raw_parts_mut(self.shared.slot(pos).add(SLOT_HEADER), cap) };
         let len = fill(payload);
         if len > cap {
             return Err(MessageTooLarge { len, capacity: cap });
@@ -167,10 +178,12 @@ impl WorkConsumer {
         loop {
             let seq = sh.seq(pos).load(Ordering::Acquire);
             if seq == pos + 1 {
-                match sh
-                    .head
-                    .compare_exchange_weak(pos, pos + 1, Ordering::AcqRel, Ordering::Relaxed)
-                {
+                match sh.head.compare_exchange_weak(
+                    pos,
+                    pos + 1,
+                    Ordering::AcqRel,
+                    Ordering::Relaxed,
+                ) {
                     Ok(_) => {
                         // SAFETY: we won the claim for `pos`; the acquire load of
                         // its seq synchronised with the producer's write.

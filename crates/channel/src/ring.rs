@@ -80,7 +80,9 @@ pub enum RingConfigError {
     SlotSize(usize),
     #[error("a ring needs at least one consumer, got {0}")]
     Consumers(usize),
-    #[error("ring batch sizes must be at least 1, got publish {publish}, release {release} (for {slots} slots)")]
+    #[error(
+        "ring batch sizes must be at least 1, got publish {publish}, release {release} (for {slots} slots)"
+    )]
     Batch {
         slots: usize,
         publish: usize,
@@ -96,7 +98,7 @@ impl RingConfig {
         if self.slots < 2 || !self.slots.is_power_of_two() {
             return Err(RingConfigError::Slots(self.slots));
         }
-        if self.slot_size < 32 || self.slot_size % 16 != 0 {
+        if self.slot_size < 32 || !self.slot_size.is_multiple_of(16) {
             return Err(RingConfigError::SlotSize(self.slot_size));
         }
         if self.consumers == 0 {
@@ -109,7 +111,11 @@ impl RingConfig {
                 release: self.release_batch,
             });
         }
-        if self.slots.checked_mul(self.slot_size).is_none_or(|b| b > isize::MAX as usize / 2) {
+        if self
+            .slots
+            .checked_mul(self.slot_size)
+            .is_none_or(|b| b > isize::MAX as usize / 2)
+        {
             return Err(RingConfigError::TooLarge {
                 slots: self.slots,
                 slot_size: self.slot_size,
@@ -212,13 +218,14 @@ pub struct Ring;
 
 impl Ring {
     /// Builds a ring and returns its producer and `config.consumers` consumers.
-    pub fn new(config: RingConfig) -> Result<(Producer, Vec<Consumer>), RingConfigError> {
+    pub fn create(config: RingConfig) -> Result<(Producer, Vec<Consumer>), RingConfigError> {
         config.validate()?;
         let bytes = config.slots * config.slot_size;
-        let layout = Layout::from_size_align(bytes, 128).map_err(|_| RingConfigError::TooLarge {
-            slots: config.slots,
-            slot_size: config.slot_size,
-        })?;
+        let layout =
+            Layout::from_size_align(bytes, 128).map_err(|_| RingConfigError::TooLarge {
+                slots: config.slots,
+                slot_size: config.slot_size,
+            })?;
         // SAFETY: layout has non-zero size (slots >= 2, slot_size >= 32).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(buf) = NonNull::new(raw) else {
@@ -409,11 +416,7 @@ impl SlotMut<'_> {
             "commit of {len} bytes into a {}-byte slot",
             self.producer.payload_cap
         );
-        let p: *mut Producer = self.producer;
-        std::mem::forget(self);
-        // SAFETY: `p` came from the `&mut Producer` this SlotMut held exclusively;
-        // we forgot `self`, so no other reference to the producer exists.
-        unsafe { (*p).commit_slot(len) }
+        self.producer.commit_slot(len)
     }
 
     /// Sets the length that `Deref` exposes (for writers that append).
@@ -428,7 +431,9 @@ impl Deref for SlotMut<'_> {
         let cap = self.producer.payload_cap;
         // SAFETY: the slot at `next` belongs to the producer until it is
         // published; its payload spans `payload_cap` bytes inside the buffer.
-        unsafe { std::slice::from_raw_parts(self.producer.shared.payload_ptr(self.producer.next), cap) }
+        unsafe {
+            std::slice::from_raw_parts(self.producer.shared.payload_ptr(self.producer.next), cap)
+        }
     }
 }
 
@@ -437,7 +442,12 @@ impl DerefMut for SlotMut<'_> {
         let cap = self.producer.payload_cap;
         // SAFETY: as in `deref`; we hold `&mut Producer`, so this is the only
         // live reference to the slot's payload.
-        unsafe { std::slice::from_raw_parts_mut(self.producer.shared.payload_ptr(self.producer.next), cap) }
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.producer.shared.payload_ptr(self.producer.next),
+                cap,
+            )
+        }
     }
 }
 
@@ -505,12 +515,18 @@ impl Consumer {
         // release store, which followed its write of the length.
         let len = unsafe { self.shared.len_ptr(self.head).read() } as usize;
         let len = len.min(self.shared.slot_size - SLOT_HEADER);
-        Ok(SlotRef { consumer: self, len })
+        Ok(SlotRef {
+            consumer: self,
+            len,
+        })
     }
 
     /// Number of messages ready to read, as far as the published tail says.
     pub fn available(&self) -> u64 {
-        self.shared.tail.load(Ordering::Acquire).saturating_sub(self.head)
+        self.shared
+            .tail
+            .load(Ordering::Acquire)
+            .saturating_sub(self.head)
     }
 
     /// Hands every slot read so far back to the producer.
@@ -564,7 +580,12 @@ impl Deref for SlotRef<'_> {
         // SAFETY: the slot at `head` is published (stamp checked with acquire in
         // try_recv) and cannot be rewritten until this consumer releases it,
         // which happens only after this SlotRef is dropped.
-        unsafe { std::slice::from_raw_parts(self.consumer.shared.payload_ptr(self.consumer.head), self.len) }
+        unsafe {
+            std::slice::from_raw_parts(
+                self.consumer.shared.payload_ptr(self.consumer.head),
+                self.len,
+            )
+        }
     }
 }
 
@@ -580,7 +601,7 @@ mod tests {
     use super::*;
 
     fn ring(slots: usize, consumers: usize) -> (Producer, Vec<Consumer>) {
-        Ring::new(RingConfig {
+        Ring::create(RingConfig {
             slots,
             consumers,
             ..RingConfig::default()
@@ -590,13 +611,26 @@ mod tests {
 
     #[test]
     fn config_errors_name_the_field() {
-        let bad = |c: RingConfig| Ring::new(c).err().unwrap().to_string();
+        let bad = |c: RingConfig| Ring::create(c).err().unwrap().to_string();
         let d = RingConfig::default();
         assert!(bad(RingConfig { slots: 3, ..d }).contains("power of two"));
         assert!(bad(RingConfig { slot_size: 40, ..d }).contains("slot_size"));
         assert!(bad(RingConfig { consumers: 0, ..d }).contains("consumer"));
-        assert!(bad(RingConfig { publish_batch: 0, ..d }).contains("batch"));
-        assert!(bad(RingConfig { slots: 1 << 60, slot_size: 1 << 10, ..d }).contains("too large"));
+        assert!(
+            bad(RingConfig {
+                publish_batch: 0,
+                ..d
+            })
+            .contains("batch")
+        );
+        assert!(
+            bad(RingConfig {
+                slots: 1 << 60,
+                slot_size: 1 << 10,
+                ..d
+            })
+            .contains("too large")
+        );
     }
 
     #[test]
@@ -618,7 +652,7 @@ mod tests {
 
     #[test]
     fn unpublished_messages_are_invisible_until_publish() {
-        let (mut p, mut cs) = Ring::new(RingConfig {
+        let (mut p, mut cs) = Ring::create(RingConfig {
             slots: 8,
             publish_batch: 4,
             ..RingConfig::default()
@@ -640,7 +674,7 @@ mod tests {
 
     #[test]
     fn full_ring_refuses_until_consumer_releases() {
-        let (mut p, mut cs) = Ring::new(RingConfig {
+        let (mut p, mut cs) = Ring::create(RingConfig {
             slots: 4,
             release_batch: 4,
             ..RingConfig::default()
@@ -672,7 +706,7 @@ mod tests {
 
     #[test]
     fn slowest_multicast_consumer_holds_the_producer() {
-        let (mut p, mut cs) = Ring::new(RingConfig {
+        let (mut p, mut cs) = Ring::create(RingConfig {
             slots: 2,
             consumers: 2,
             release_batch: 1,

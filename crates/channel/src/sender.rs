@@ -83,7 +83,10 @@ impl Sender {
     /// Writes a message in place: `fill` receives the slot and returns the
     /// number of bytes it wrote. Never blocks.
     #[inline]
-    pub fn try_send_with(&mut self, fill: impl FnOnce(&mut [u8]) -> usize) -> Result<SendOutcome, SendError> {
+    pub fn try_send_with(
+        &mut self,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<SendOutcome, SendError> {
         if self.producer.is_disconnected() {
             return Err(SendError::Disconnected);
         }
@@ -118,14 +121,21 @@ impl Sender {
 
     /// Sends `msg`, waiting for space on a reliable channel until `deadline`
     /// (or for ever when `None`). An unreliable channel never waits.
-    pub fn send_blocking(&mut self, msg: &[u8], deadline: Option<Instant>) -> Result<SendOutcome, SendError> {
+    pub fn send_blocking(
+        &mut self,
+        msg: &[u8],
+        deadline: Option<Instant>,
+    ) -> Result<SendOutcome, SendError> {
         let backoff = Backoff::new();
         let mut counted = false;
         loop {
             match self.try_send(msg)? {
                 SendOutcome::Full => {
                     if !counted {
-                        self.producer.stats().full_waits.fetch_add(1, Ordering::Relaxed);
+                        self.producer
+                            .stats()
+                            .full_waits
+                            .fetch_add(1, Ordering::Relaxed);
                         counted = true;
                     }
                     if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -145,7 +155,10 @@ impl Sender {
         match self.delivery {
             Delivery::Reliable => SendOutcome::Full,
             Delivery::Unreliable => {
-                self.producer.stats().dropped.fetch_add(1, Ordering::Relaxed);
+                self.producer
+                    .stats()
+                    .dropped
+                    .fetch_add(1, Ordering::Relaxed);
                 SendOutcome::Dropped
             }
         }
@@ -158,7 +171,7 @@ mod tests {
     use crate::ring::{Ring, RingConfig};
 
     fn sender(delivery: Delivery) -> (Sender, Vec<crate::ring::Consumer>) {
-        let (p, c) = Ring::new(RingConfig {
+        let (p, c) = Ring::create(RingConfig {
             slots: 2,
             ..RingConfig::default()
         })

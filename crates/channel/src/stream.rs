@@ -41,7 +41,11 @@ pub enum StreamError {
     #[error("peer {peer} closed the channel")]
     Closed { peer: String },
     #[error("peer {peer}: message of {len} bytes exceeds the {max}-byte frame limit")]
-    TooLarge { peer: String, len: usize, max: usize },
+    TooLarge {
+        peer: String,
+        len: usize,
+        max: usize,
+    },
 }
 
 /// A malformed wire header, independent of any socket.
@@ -209,13 +213,21 @@ impl StreamSender {
                 Err(e) => last = Some((a.to_string(), e)),
             }
         }
-        let (peer, source) = last.unwrap_or_else(|| ("?".into(), io::Error::new(ErrorKind::NotFound, "no address")));
+        let (peer, source) = last.unwrap_or_else(|| {
+            (
+                "?".into(),
+                io::Error::new(ErrorKind::NotFound, "no address"),
+            )
+        });
         Err(StreamError::Io { peer, source })
     }
 
     /// Opens `channel` over an already connected socket.
     pub fn over(sock: TcpStream, channel: &str, delivery: Delivery) -> Result<Self, StreamError> {
-        let peer = sock.peer_addr().map(|a| a.to_string()).unwrap_or_else(|_| "?".into());
+        let peer = sock
+            .peer_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| "?".into());
         let io_err = |source| StreamError::Io {
             peer: peer.clone(),
             source,
@@ -272,7 +284,8 @@ impl StreamSender {
                 }
             }
         }
-        self.out.extend_from_slice(&(msg.len() as u32).to_le_bytes());
+        self.out
+            .extend_from_slice(&(msg.len() as u32).to_le_bytes());
         self.out.extend_from_slice(msg);
         self.sent += 1;
         Ok(SendOutcome::Sent)
@@ -290,7 +303,11 @@ impl StreamSender {
     fn flush_blocking(&mut self) -> Result<(), StreamError> {
         while self.written < self.out.len() {
             match self.sock.write(&self.out[self.written..]) {
-                Ok(0) => return Err(StreamError::Closed { peer: self.peer.clone() }),
+                Ok(0) => {
+                    return Err(StreamError::Closed {
+                        peer: self.peer.clone(),
+                    });
+                }
                 Ok(n) => self.written += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::yield_now(),
@@ -305,7 +322,11 @@ impl StreamSender {
     fn try_flush(&mut self) -> Result<(), StreamError> {
         while self.written < self.out.len() {
             match self.sock.write(&self.out[self.written..]) {
-                Ok(0) => return Err(StreamError::Closed { peer: self.peer.clone() }),
+                Ok(0) => {
+                    return Err(StreamError::Closed {
+                        peer: self.peer.clone(),
+                    });
+                }
                 Ok(n) => self.written += n,
                 Err(e) if e.kind() == ErrorKind::Interrupted => {}
                 Err(e) if e.kind() == ErrorKind::WouldBlock => break,
@@ -323,8 +344,13 @@ impl StreamSender {
     }
 
     fn io(&self, source: io::Error) -> StreamError {
-        if matches!(source.kind(), ErrorKind::BrokenPipe | ErrorKind::ConnectionReset) {
-            return StreamError::Closed { peer: self.peer.clone() };
+        if matches!(
+            source.kind(),
+            ErrorKind::BrokenPipe | ErrorKind::ConnectionReset
+        ) {
+            return StreamError::Closed {
+                peer: self.peer.clone(),
+            };
         }
         StreamError::Io {
             peer: self.peer.clone(),
@@ -388,7 +414,10 @@ impl StreamReceiver {
                 Err(problem) => return Err(StreamError::Protocol { peer, problem }),
             }
             if Instant::now() > deadline {
-                return Err(io_err(io::Error::new(ErrorKind::TimedOut, "no hello before the deadline")));
+                return Err(io_err(io::Error::new(
+                    ErrorKind::TimedOut,
+                    "no hello before the deadline",
+                )));
             }
             match s.read(&mut chunk) {
                 Ok(0) => return Err(StreamError::Closed { peer }),
@@ -468,7 +497,8 @@ impl StreamReceiver {
 
     fn has_full_frame(&self) -> bool {
         let b = &self.decoder.buf[self.decoder.start..];
-        b.len() >= 4 && b.len() >= 4 + u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize
+        b.len() >= 4
+            && b.len() >= 4 + u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize
     }
 
     fn fill(&mut self) -> Result<(), StreamError> {
@@ -510,7 +540,10 @@ mod tests {
     #[test]
     fn hello_round_trips_and_bad_ones_are_named() {
         let h = encode_hello("records");
-        assert_eq!(parse_hello(&h).unwrap(), Some(("records".to_string(), h.len())));
+        assert_eq!(
+            parse_hello(&h).unwrap(),
+            Some(("records".to_string(), h.len()))
+        );
         assert_eq!(parse_hello(&h[..4]).unwrap(), None);
         let e = parse_hello(b"GET / HTTP/1.1").unwrap_err();
         assert!(e.to_string().contains("not a sidecore channel"), "{e}");
@@ -545,6 +578,9 @@ mod tests {
     fn oversized_frame_is_refused() {
         let mut d = FrameDecoder::new(16);
         d.feed(&100u32.to_le_bytes());
-        assert_eq!(d.next_frame().unwrap_err(), WireError::FrameTooLarge { len: 100, max: 16 });
+        assert_eq!(
+            d.next_frame().unwrap_err(),
+            WireError::FrameTooLarge { len: 100, max: 16 }
+        );
     }
 }

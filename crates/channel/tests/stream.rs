@@ -15,7 +15,9 @@ fn reliable_stream_delivers_in_order_then_closes() {
     let l = StreamListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let sender = thread::spawn(move || {
-        let mut s = StreamSender::connect(addr, "records", Delivery::Reliable, Duration::from_secs(5)).unwrap();
+        let mut s =
+            StreamSender::connect(addr, "records", Delivery::Reliable, Duration::from_secs(5))
+                .unwrap();
         for i in 0..100_000u32 {
             let len = (i % 200) as usize;
             let mut m = vec![(i % 251) as u8; len + 4];
@@ -57,7 +59,10 @@ fn a_peer_that_is_not_sidecore_is_named_in_the_error() {
         s.write_all(b"GET / HTTP/1.1\r\n\r\n").unwrap();
         thread::sleep(Duration::from_millis(200));
     });
-    let err = l.accept(Duration::from_secs(5)).err().expect("bad hello must fail");
+    let err = l
+        .accept(Duration::from_secs(5))
+        .err()
+        .expect("bad hello must fail");
     let msg = err.to_string();
     assert!(msg.contains("127.0.0.1:"), "names the peer: {msg}");
     assert!(msg.contains("not a sidecore channel"), "{msg}");
@@ -69,12 +74,16 @@ fn wrong_channel_name_is_reported() {
     let l = StreamListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let t = thread::spawn(move || {
-        let _s = StreamSender::connect(addr, "other", Delivery::Reliable, Duration::from_secs(5)).unwrap();
+        let _s = StreamSender::connect(addr, "other", Delivery::Reliable, Duration::from_secs(5))
+            .unwrap();
         thread::sleep(Duration::from_millis(100));
     });
     let r = l.accept(Duration::from_secs(5)).unwrap();
     let e = r.expect_channel("records").unwrap_err().to_string();
-    assert!(e.contains("expected channel `records`, peer opened `other`"), "{e}");
+    assert!(
+        e.contains("expected channel `records`, peer opened `other`"),
+        "{e}"
+    );
     t.join().unwrap();
 }
 
@@ -82,7 +91,8 @@ fn wrong_channel_name_is_reported() {
 fn unreliable_stream_never_blocks_and_counts_drops() {
     let l = StreamListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
-    let mut s = StreamSender::connect(addr, "bulk", Delivery::Unreliable, Duration::from_secs(5)).unwrap();
+    let mut s =
+        StreamSender::connect(addr, "bulk", Delivery::Unreliable, Duration::from_secs(5)).unwrap();
     let r = l.accept(Duration::from_secs(5)).unwrap();
     // Nobody reads: the socket buffers and the local buffer fill, then drops start.
     let msg = vec![0u8; 60_000];

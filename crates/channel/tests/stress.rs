@@ -49,24 +49,34 @@ fn message(i: u64) -> [u8; 16] {
 #[test]
 fn reliable_unicast_delivers_everything_in_order() {
     for publish_batch in [1, 16] {
-        let (p, mut cs) = Ring::new(config(64, 1, publish_batch)).unwrap();
+        let (p, mut cs) = Ring::create(config(64, 1, publish_batch)).unwrap();
         let c = cs.pop().unwrap();
         let reader = thread::spawn(move || drain(c));
         let mut s = Sender::new(p, Delivery::Reliable);
         for i in 0..N {
-            assert_eq!(s.send_blocking(&message(i), None).unwrap(), SendOutcome::Sent);
+            assert_eq!(
+                s.send_blocking(&message(i), None).unwrap(),
+                SendOutcome::Sent
+            );
         }
         assert_eq!(s.stats().dropped.load(Ordering::Relaxed), 0);
         drop(s);
         let got = reader.join().unwrap();
-        assert_eq!(got.len() as u64, N, "reliable: no loss (batch {publish_batch})");
-        assert!(got.iter().enumerate().all(|(i, &v)| v == i as u64), "in order");
+        assert_eq!(
+            got.len() as u64,
+            N,
+            "reliable: no loss (batch {publish_batch})"
+        );
+        assert!(
+            got.iter().enumerate().all(|(i, &v)| v == i as u64),
+            "in order"
+        );
     }
 }
 
 #[test]
 fn unreliable_unicast_counts_every_drop_and_keeps_order() {
-    let (p, mut cs) = Ring::new(config(16, 1, 1)).unwrap();
+    let (p, mut cs) = Ring::create(config(16, 1, 1)).unwrap();
     let mut c = cs.pop().unwrap();
     let reader = thread::spawn(move || {
         // A slow reader, so the ring overflows.
@@ -93,20 +103,30 @@ fn unreliable_unicast_counts_every_drop_and_keeps_order() {
             SendOutcome::Full => panic!("an unreliable channel never reports Full"),
         }
     }
-    assert_eq!(s.stats().dropped.load(Ordering::Relaxed), dropped, "every drop is counted");
+    assert_eq!(
+        s.stats().dropped.load(Ordering::Relaxed),
+        dropped,
+        "every drop is counted"
+    );
     drop(s);
     let got = reader.join().unwrap();
     assert_eq!(got.len() as u64, sent, "everything not dropped arrives");
     assert_eq!(sent + dropped, N);
     assert!(dropped > 0, "the slow reader must have caused drops");
-    assert!(got.windows(2).all(|w| w[0] < w[1]), "survivors stay in order");
+    assert!(
+        got.windows(2).all(|w| w[0] < w[1]),
+        "survivors stay in order"
+    );
 }
 
 #[test]
 fn multicast_fans_out_every_message_to_every_consumer() {
     const CONSUMERS: usize = 3;
-    let (p, cs) = Ring::new(config(128, CONSUMERS, 8)).unwrap();
-    let readers: Vec<_> = cs.into_iter().map(|c| thread::spawn(move || drain(c))).collect();
+    let (p, cs) = Ring::create(config(128, CONSUMERS, 8)).unwrap();
+    let readers: Vec<_> = cs
+        .into_iter()
+        .map(|c| thread::spawn(move || drain(c)))
+        .collect();
     let mut s = Sender::new(p, Delivery::Reliable);
     for i in 0..N / 2 {
         s.send_blocking(&message(i), None).unwrap();
@@ -121,8 +141,11 @@ fn multicast_fans_out_every_message_to_every_consumer() {
 
 #[test]
 fn unreliable_multicast_drops_are_counted_once_for_all_consumers() {
-    let (p, cs) = Ring::new(config(8, 2, 1)).unwrap();
-    let readers: Vec<_> = cs.into_iter().map(|c| thread::spawn(move || drain(c))).collect();
+    let (p, cs) = Ring::create(config(8, 2, 1)).unwrap();
+    let readers: Vec<_> = cs
+        .into_iter()
+        .map(|c| thread::spawn(move || drain(c)))
+        .collect();
     let mut s = Sender::new(p, Delivery::Unreliable);
     let mut sent = 0;
     for i in 0..N / 4 {
@@ -134,7 +157,11 @@ fn unreliable_multicast_drops_are_counted_once_for_all_consumers() {
     drop(s);
     for r in readers {
         let got = r.join().unwrap();
-        assert_eq!(got.len() as u64, sent, "each consumer sees exactly what was sent");
+        assert_eq!(
+            got.len() as u64,
+            sent,
+            "each consumer sees exactly what was sent"
+        );
     }
     assert_eq!(sent + dropped, N / 4);
 }

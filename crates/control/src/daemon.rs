@@ -31,6 +31,9 @@ pub struct UpReport {
     pub placements: Vec<(String, String, String)>,
 }
 
+/// What one offcode of a running app holds: (PE id, cpu share, memory).
+type Hold = (String, f64, u64);
+
 /// The daemon.
 pub struct Daemon {
     rt: Arc<Runtime>,
@@ -38,7 +41,7 @@ pub struct Daemon {
     opts: DaemonOptions,
     inventory: Mutex<Option<Inventory>>,
     /// What each running app holds: PE id → (cpu, memory).
-    held: Mutex<BTreeMap<AppId, Vec<(String, f64, u64)>>>,
+    held: Mutex<BTreeMap<AppId, Vec<Hold>>>,
     shutdown: (Mutex<bool>, Condvar),
 }
 
@@ -68,7 +71,8 @@ impl Daemon {
     /// The machine's PEs (probed once).
     pub fn inventory(&self) -> Inventory {
         let mut inv = self.inventory.lock().unwrap_or_else(|p| p.into_inner());
-        inv.get_or_insert_with(|| sidecore_pe::discover(&self.opts.discover)).clone()
+        inv.get_or_insert_with(|| sidecore_pe::discover(&self.opts.discover))
+            .clone()
     }
 
     /// The PEs with what running apps hold subtracted.
@@ -93,26 +97,50 @@ impl Daemon {
 
     /// Plans a loaded manifest against the free PEs.
     pub fn plan(&self, manifest: &sidecore_manifest::Manifest) -> Result<Plan, String> {
-        sidecore_runtime::plan(manifest, &self.free_inventory(), &self.registry, &self.opts.solve).map_err(|e| e.to_string())
+        sidecore_runtime::plan(
+            manifest,
+            &self.free_inventory(),
+            &self.registry,
+            &self.opts.solve,
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// Deploys a plan made from `manifest`.
-    pub fn deploy(&self, manifest: &sidecore_manifest::Manifest, plan: &Plan) -> Result<UpReport, String> {
-        let id = self.rt.deploy(plan, &self.registry).map_err(|e| e.to_string())?;
+    pub fn deploy(
+        &self,
+        manifest: &sidecore_manifest::Manifest,
+        plan: &Plan,
+    ) -> Result<UpReport, String> {
+        let id = self
+            .rt
+            .deploy(plan, &self.registry)
+            .map_err(|e| e.to_string())?;
         let holds = plan
             .offcodes
             .iter()
             .zip(&manifest.offcodes)
             .map(|(p, m)| {
                 let t = m.target(p.pe_kind);
-                (p.pe.clone(), t.and_then(|t| t.cpu).unwrap_or(m.cpu), t.and_then(|t| t.memory).unwrap_or(m.memory))
+                (
+                    p.pe.clone(),
+                    t.and_then(|t| t.cpu).unwrap_or(m.cpu),
+                    t.and_then(|t| t.memory).unwrap_or(m.memory),
+                )
             })
             .collect();
-        self.held.lock().unwrap_or_else(|p| p.into_inner()).insert(id, holds);
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(id, holds);
         Ok(UpReport {
             id,
             app: plan.app.clone(),
-            placements: plan.offcodes.iter().map(|o| (o.name.clone(), o.pe.clone(), o.reason.clone())).collect(),
+            placements: plan
+                .offcodes
+                .iter()
+                .map(|o| (o.name.clone(), o.pe.clone(), o.reason.clone()))
+                .collect(),
         })
     }
 
@@ -125,16 +153,33 @@ impl Daemon {
     pub fn down(&self, app: Option<&str>) -> Result<Vec<String>, String> {
         let targets: Vec<(AppId, String)> = match app {
             Some(which) => {
-                let id = self.rt.find(which).ok_or_else(|| format!("no app named `{which}` (see `sidecore ps`)"))?;
-                let name = self.rt.status().into_iter().find(|a| a.id == id).map(|a| a.name).unwrap_or_default();
+                let id = self
+                    .rt
+                    .find(which)
+                    .ok_or_else(|| format!("no app named `{which}` (see `sidecore ps`)"))?;
+                let name = self
+                    .rt
+                    .status()
+                    .into_iter()
+                    .find(|a| a.id == id)
+                    .map(|a| a.name)
+                    .unwrap_or_default();
                 vec![(id, name)]
             }
-            None => self.rt.status().into_iter().map(|a| (a.id, a.name)).collect(),
+            None => self
+                .rt
+                .status()
+                .into_iter()
+                .map(|a| (a.id, a.name))
+                .collect(),
         };
         let mut out = Vec::new();
         for (id, name) in targets {
             self.rt.stop_app(id);
-            self.held.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            self.held
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&id);
             out.push(name);
         }
         Ok(out)
@@ -147,8 +192,18 @@ impl Daemon {
             Request::Up { manifest } => match self.up(Path::new(&manifest)) {
                 Ok(r) => Response::Ok {
                     message: Some(format!("deployed {} (id {})", r.app, r.id)),
-                    apps: to_wire(&self.ps().into_iter().filter(|a| a.id == r.id).collect::<Vec<_>>()),
-                    lines: r.placements.iter().map(|(o, pe, why)| format!("{o} → {pe}: {why}")).collect(),
+                    apps: to_wire(
+                        &self
+                            .ps()
+                            .into_iter()
+                            .filter(|a| a.id == r.id)
+                            .collect::<Vec<_>>(),
+                    ),
+                    lines: r
+                        .placements
+                        .iter()
+                        .map(|(o, pe, why)| format!("{o} → {pe}: {why}"))
+                        .collect(),
                 },
                 Err(e) => Response::error(e),
             },
@@ -196,7 +251,9 @@ impl Daemon {
     pub fn wait_shutdown(&self, timeout: Duration) -> bool {
         let (m, c) = &self.shutdown;
         let g = m.lock().unwrap_or_else(|p| p.into_inner());
-        let (g, _) = c.wait_timeout_while(g, timeout, |s| !*s).unwrap_or_else(|p| p.into_inner());
+        let (g, _) = c
+            .wait_timeout_while(g, timeout, |s| !*s)
+            .unwrap_or_else(|p| p.into_inner());
         *g
     }
 

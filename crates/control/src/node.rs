@@ -40,7 +40,9 @@ impl NodeListener {
                         Ok((s, _)) => {
                             let _ = answer(s, &info);
                         }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                            std::thread::sleep(Duration::from_millis(20))
+                        }
                         Err(_) => std::thread::sleep(Duration::from_millis(100)),
                     }
                 }
@@ -77,7 +79,10 @@ fn answer(s: TcpStream, info: &NodeInfo) -> std::io::Result<()> {
     let reply = match serde_json::from_str::<Hello>(line.trim()) {
         Ok(h) if h.op == "hello" => serde_json::to_string(info).unwrap_or_default(),
         Ok(h) => format!(r#"{{"error":"unknown op {:?}"}}"#, h.op),
-        Err(e) => format!(r#"{{"error":"bad hello: {}"}}"#, e.to_string().replace('"', "'")),
+        Err(e) => format!(
+            r#"{{"error":"bad hello: {}"}}"#,
+            e.to_string().replace('"', "'")
+        ),
     };
     w.write_all(format!("{reply}\n").as_bytes())
 }

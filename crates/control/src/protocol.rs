@@ -56,7 +56,9 @@ pub type AppStatusWire = serde_json::Value;
 
 /// Converts runtime status for the wire.
 pub fn to_wire(apps: &[AppStatus]) -> Vec<AppStatusWire> {
-    apps.iter().map(|a| serde_json::to_value(a).unwrap_or(serde_json::Value::Null)).collect()
+    apps.iter()
+        .map(|a| serde_json::to_value(a).unwrap_or(serde_json::Value::Null))
+        .collect()
 }
 
 /// Parses one request line; the error says what is wrong with it.
@@ -70,11 +72,21 @@ mod tests {
 
     #[test]
     fn requests_round_trip_and_bad_ones_explain() {
-        let r = Request::Down { app: Some("x".into()) };
+        let r = Request::Down {
+            app: Some("x".into()),
+        };
         let s = serde_json::to_string(&r).unwrap();
         assert_eq!(s, r#"{"op":"down","app":"x"}"#);
         assert_eq!(parse_request(&s).unwrap(), r);
-        assert!(parse_request(r#"{"op":"explode"}"#).unwrap_err().contains("unknown variant `explode`"));
-        assert!(parse_request("not json").unwrap_err().starts_with("bad control request"));
+        assert!(
+            parse_request(r#"{"op":"explode"}"#)
+                .unwrap_err()
+                .contains("unknown variant `explode`")
+        );
+        assert!(
+            parse_request("not json")
+                .unwrap_err()
+                .starts_with("bad control request")
+        );
     }
 }

@@ -43,7 +43,8 @@ impl ControlServer {
     /// Binds `path` and serves `daemon` on a background thread.
     pub fn start(daemon: Arc<Daemon>, path: &Path) -> Result<ControlServer, String> {
         if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+            std::fs::create_dir_all(dir)
+                .map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
         }
         let listener = match UnixListener::bind(path) {
             Ok(l) => l,
@@ -55,8 +56,10 @@ impl ControlServer {
                     ));
                 }
                 // A stale socket from a daemon that died: replace it.
-                std::fs::remove_file(path).map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
-                UnixListener::bind(path).map_err(|e| format!("cannot bind {}: {e}", path.display()))?
+                std::fs::remove_file(path)
+                    .map_err(|e| format!("cannot remove stale socket {}: {e}", path.display()))?;
+                UnixListener::bind(path)
+                    .map_err(|e| format!("cannot bind {}: {e}", path.display()))?
             }
             Err(e) => return Err(format!("cannot bind {}: {e}", path.display())),
         };
@@ -104,7 +107,9 @@ fn serve(listener: UnixListener, daemon: Arc<Daemon>, stop: Arc<AtomicBool>) {
                     tracing::debug!("control connection: {e}");
                 }
             }
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(Duration::from_millis(20)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
             Err(e) => {
                 tracing::warn!("control socket accept failed: {e}");
                 std::thread::sleep(Duration::from_millis(100));
@@ -127,7 +132,8 @@ fn connection(stream: UnixStream, daemon: &Daemon) -> std::io::Result<()> {
             Ok(req) => daemon.handle(req),
             Err(e) => Response::error(e),
         };
-        let mut out = serde_json::to_string(&resp).unwrap_or_else(|e| format!(r#"{{"status":"error","error":"{e}"}}"#));
+        let mut out = serde_json::to_string(&resp)
+            .unwrap_or_else(|e| format!(r#"{{"status":"error","error":"{e}"}}"#));
         out.push('\n');
         writer.write_all(out.as_bytes())?;
     }
@@ -138,15 +144,19 @@ use std::io::Read as _;
 
 /// Sends one request to the daemon at `path` and returns its response.
 pub fn request(path: &Path, req: &Request, timeout: Duration) -> Result<Response, String> {
-    let mut s = UnixStream::connect(path).map_err(|e| format!("no sidecore daemon at {}: {e}", path.display()))?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let mut s = UnixStream::connect(path)
+        .map_err(|e| format!("no sidecore daemon at {}: {e}", path.display()))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
     let mut line = serde_json::to_string(req).map_err(|e| e.to_string())?;
     line.push('\n');
-    s.write_all(line.as_bytes()).map_err(|e| format!("cannot send to {}: {e}", path.display()))?;
+    s.write_all(line.as_bytes())
+        .map_err(|e| format!("cannot send to {}: {e}", path.display()))?;
     s.shutdown(std::net::Shutdown::Write).ok();
     let mut answer = String::new();
     BufReader::new(s)
         .read_line(&mut answer)
         .map_err(|e| format!("no answer from {}: {e}", path.display()))?;
-    serde_json::from_str(answer.trim()).map_err(|e| format!("bad answer from {}: {e}", path.display()))
+    serde_json::from_str(answer.trim())
+        .map_err(|e| format!("bad answer from {}: {e}", path.display()))
 }

@@ -33,6 +33,7 @@ fn main() {
             explain: false,
             bandwidth_objective: std::env::var("NO_BW").is_err(),
             solver_log: std::env::var("LOG").is_ok(),
+            aggregate: std::env::var("NO_AGG").is_err(),
             time_limit: std::env::var("TL")
                 .ok()
                 .and_then(|t| t.parse().ok())

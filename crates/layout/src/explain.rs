@@ -300,6 +300,61 @@ fn cheap_reason(
     Some(Why::Constrained { constraints })
 }
 
+/// Were all stages proved optimal (or trivial)?
+fn proven(stages: &[crate::StageStats]) -> bool {
+    stages
+        .iter()
+        .all(|s| s.status.starts_with("optimal") || s.status == "trivial")
+}
+
+/// Re-solve with offcode `n` forced off the host and compare. `None` when that
+/// cannot be decided within `budget` (or the comparison would not be sound).
+fn forced_reason(
+    p: &Problem,
+    opts: &SolveOptions,
+    layout: &Layout,
+    n: usize,
+    budget: Option<std::time::Duration>,
+) -> Option<Why> {
+    let mut active = Active::all(p);
+    active.forced = Some(n);
+    let fprep = prepare(p, &active);
+    let sub_opts = SolveOptions {
+        time_limit: budget,
+        ..opts.clone()
+    };
+    let deadline = budget.map(|t| std::time::Instant::now() + t);
+    match optimise_prep(p, &fprep, &sub_opts, deadline, true).ok()? {
+        None => Some(Why::Conflict {
+            conflict: conflict(p, &active).ok()?,
+        }),
+        Some(opt) => {
+            if !proven(&opt.stages) {
+                return None;
+            }
+            let (_, w, cross) = crate::model::assignment(p, &fprep, &opt.choice);
+            let eps = 1e-9 * layout.cross_bandwidth.max(1.0);
+            if w < layout.offloaded_weight {
+                Some(Why::LessWeight {
+                    best: layout.offloaded_weight,
+                    forced: w,
+                })
+            } else if w > layout.offloaded_weight {
+                None
+            } else if cross > layout.cross_bandwidth + eps {
+                Some(Why::MoreBandwidth {
+                    best: layout.cross_bandwidth,
+                    forced: cross,
+                })
+            } else if cross < layout.cross_bandwidth - eps {
+                None
+            } else {
+                Some(Why::Tie)
+            }
+        }
+    }
+}
+
 fn reason(p: &Problem, layout: &Layout, n: usize, why: Why) -> Reason {
     let k = layout.assignment[n];
     Reason {
@@ -330,45 +385,32 @@ pub(crate) fn reasons(
     opts: &SolveOptions,
     layout: &Layout,
 ) -> Result<Vec<Reason>, LayoutError> {
-    if p.offcodes.len() > opts.explain_max_offcodes {
+    // Comparing against a layout only makes sense if it is proved optimal.
+    if p.offcodes.len() > opts.explain_max_offcodes || !proven(&layout.stats.stages) {
         return Ok(brief_reasons(p, layout));
     }
     let prep = prepare(p, &Active::all(p));
     let mut out = Vec::with_capacity(p.offcodes.len());
+    let start = std::time::Instant::now();
+    let deadline = opts.explain_time_limit.map(|t| start + t);
+    let mut left = (0..p.offcodes.len())
+        .filter(|&n| cheap_reason(p, &prep, layout, n, true).is_none())
+        .count();
     for n in 0..p.offcodes.len() {
         let why = match cheap_reason(p, &prep, layout, n, true) {
             Some(w) => w,
             None => {
-                let mut active = Active::all(p);
-                active.forced = Some(n);
-                let fprep = prepare(p, &active);
-                let sub_opts = SolveOptions {
-                    time_limit: None,
-                    ..opts.clone()
+                // Share what is left of the explanation budget among the offcodes
+                // still to explain; any failure falls back to the cheap reason.
+                let now = std::time::Instant::now();
+                let share = deadline.map(|d| d.saturating_duration_since(now) / left.max(1) as u32);
+                left = left.saturating_sub(1);
+                let forced = match share {
+                    Some(t) if t.is_zero() => None,
+                    _ => forced_reason(p, opts, layout, n, share),
                 };
-                match optimise_prep(p, &fprep, &sub_opts, None, true)? {
-                    None => Why::Conflict {
-                        conflict: conflict(p, &active)?,
-                    },
-                    Some(opt) => {
-                        let (_, w, cross) = crate::model::assignment(p, &fprep, &opt.choice);
-                        if w < layout.offloaded_weight {
-                            Why::LessWeight {
-                                best: layout.offloaded_weight,
-                                forced: w,
-                            }
-                        } else if cross
-                            > layout.cross_bandwidth + 1e-9 * layout.cross_bandwidth.max(1.0)
-                        {
-                            Why::MoreBandwidth {
-                                best: layout.cross_bandwidth,
-                                forced: cross,
-                            }
-                        } else {
-                            Why::Tie
-                        }
-                    }
-                }
+                forced
+                    .unwrap_or_else(|| cheap_reason(p, &prep, layout, n, false).unwrap_or(Why::Tie))
             }
         };
         out.push(reason(p, layout, n, why));

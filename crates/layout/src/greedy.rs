@@ -3,13 +3,30 @@
 
 use sidecore_types::ConstraintKind;
 
-use crate::model::{Active, Dsu, Prep, fits, host_of, prepare};
+use crate::model::{Active, Dsu, Prep, add_demand, fits, host_of, prepare, sub_demand};
 use crate::{LayoutError, Problem};
 
-/// Greedy first-fit on pull groups: gang components (closed under asym-gang) are
-/// offloaded heaviest first onto the first non-host candidate with room; the rest stay
-/// on the host. `None` when this simple rule finds no feasible layout.
-pub(crate) fn greedy_prep(prep: &Prep) -> Option<Vec<usize>> {
+/// How the greedy orders its work and picks a PE.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Rule {
+    /// Heaviest (priority weight) first, first non-host candidate with room: what a
+    /// runtime deploying in `OFFLOAD_PRIORITY` order does. The benchmark baseline.
+    FirstFit,
+    /// Best weight per unit of (normalised) demand first, onto the fullest candidate
+    /// that still has room: a better start for the solver.
+    DensityBestFit,
+}
+
+/// Greedy on pull groups: gang components (closed under asym-gang) are offloaded in
+/// the rule's order onto a non-host candidate with room; the rest stay on the host.
+/// `None` when this simple rule finds no feasible layout.
+pub(crate) fn greedy_prep(prep: &Prep, rule: Rule) -> Option<Vec<usize>> {
+    greedy_from(prep, rule, None)
+}
+
+/// The greedy, optionally starting from a feasible layout `init` whose offloaded
+/// groups stay where they are: then it only tries to offload more ("fill").
+pub(crate) fn greedy_from(prep: &Prep, rule: Rule, init: Option<&[usize]>) -> Option<Vec<usize>> {
     let ng = prep.groups.len();
     let kk = prep.caps.len();
     let mut dsu = Dsu::new(ng);
@@ -40,12 +57,66 @@ pub(crate) fn greedy_prep(prep: &Prep) -> Option<Vec<usize>> {
             .sum::<u64>()
     };
     let mut order = roots.clone();
-    order.sort_by_key(|&c| (!must_off(c), std::cmp::Reverse(weight(c)), c));
+    // Normalised size of a group: its smallest max-over-resources share of a candidate.
+    let share = |pe: usize, d: &[f64; 3]| -> f64 {
+        (0..3)
+            .map(|r| match prep.caps[pe][r] {
+                Some(cap) if cap > 0.0 => d[r] / cap,
+                Some(_) if d[r] > 0.0 => f64::INFINITY,
+                _ => 0.0,
+            })
+            .fold(0.0, f64::max)
+    };
+    let size = |c: usize| -> f64 {
+        members[c]
+            .iter()
+            .map(|&g| {
+                prep.groups[g]
+                    .cands
+                    .iter()
+                    .filter(|cd| !prep.is_host(cd.pe))
+                    .map(|cd| share(cd.pe, &cd.demand))
+                    .fold(f64::INFINITY, f64::min)
+            })
+            .sum()
+    };
+    match rule {
+        Rule::FirstFit => {
+            order.sort_by_key(|&c| (!must_off(c), std::cmp::Reverse(weight(c)), c));
+        }
+        Rule::DensityBestFit => {
+            let key: Vec<f64> = (0..ng)
+                .map(|c| {
+                    if comp[c] == c {
+                        weight(c) as f64 / size(c).max(1e-9)
+                    } else {
+                        0.0
+                    }
+                })
+                .collect();
+            order.sort_by(|&a, &b| {
+                (!must_off(a))
+                    .cmp(&!must_off(b))
+                    .then(key[b].total_cmp(&key[a]))
+                    .then(a.cmp(&b))
+            });
+        }
+    }
 
     let mut used = vec![[0.0f64; 3]; kk];
     let mut choice: Vec<Option<usize>> = vec![None; ng];
     // 0 = undecided, 1 = offloaded, 2 = host.
     let mut state = vec![0u8; ng];
+    if let Some(init) = init {
+        for (g, &i) in init.iter().enumerate() {
+            let cd = prep.groups[g].cands[i];
+            if !prep.is_host(cd.pe) {
+                add_demand(&mut used[cd.pe], &cd.demand);
+                choice[g] = Some(i);
+                state[comp[g]] = 1;
+            }
+        }
+    }
     for &c in &order {
         if state[c] != 0 {
             continue;
@@ -76,18 +147,24 @@ pub(crate) fn greedy_prep(prep: &Prep) -> Option<Vec<usize>> {
             'place: for &x in &closure {
                 for &g in &members[x] {
                     let grp = &prep.groups[g];
-                    let slot = grp.cands.iter().enumerate().find(|(_, cd)| {
+                    let fitting = grp.cands.iter().enumerate().filter(|(_, cd)| {
                         !prep.is_host(cd.pe)
                             && (0..3).all(|r| {
                                 prep.caps[cd.pe][r]
                                     .is_none_or(|cap| fits(used[cd.pe][r] + cd.demand[r], cap))
                             })
                     });
+                    let slot = match rule {
+                        Rule::FirstFit => fitting.into_iter().next(),
+                        Rule::DensityBestFit => fitting.max_by(|(_, x), (_, y)| {
+                            share(x.pe, &used[x.pe])
+                                .total_cmp(&share(y.pe, &used[y.pe]))
+                                .then(y.pe.cmp(&x.pe))
+                        }),
+                    };
                     match slot {
                         Some((i, cd)) => {
-                            for r in 0..3 {
-                                used[cd.pe][r] += cd.demand[r];
-                            }
+                            add_demand(&mut used[cd.pe], &cd.demand);
                             placed.push((g, i));
                         }
                         None => {
@@ -111,8 +188,8 @@ pub(crate) fn greedy_prep(prep: &Prep) -> Option<Vec<usize>> {
         }
     }
     // Everything not offloaded goes to the host, if it can and there is room.
-    for g in 0..ng {
-        if choice[g].is_some() {
+    for (g, slot) in choice.iter_mut().enumerate() {
+        if slot.is_some() {
             continue;
         }
         let (i, cd) = prep.groups[g]
@@ -120,15 +197,15 @@ pub(crate) fn greedy_prep(prep: &Prep) -> Option<Vec<usize>> {
             .iter()
             .enumerate()
             .find(|(_, cd)| prep.is_host(cd.pe))?;
-        for r in 0..3 {
-            used[cd.pe][r] += cd.demand[r];
-            if let Some(cap) = prep.caps[cd.pe][r] {
-                if !fits(used[cd.pe][r], cap) {
-                    return None;
-                }
-            }
+        add_demand(&mut used[cd.pe], &cd.demand);
+        let room = prep.caps[cd.pe]
+            .iter()
+            .zip(&used[cd.pe])
+            .all(|(cap, u)| cap.is_none_or(|cap| fits(*u, cap)));
+        if !room {
+            return None;
         }
-        choice[g] = Some(i);
+        *slot = Some(i);
     }
     // Asym-gang a -> b with a offloaded and b on the host cannot arise (closures), nor
     // can a split gang component; the result is feasible by construction.
@@ -140,7 +217,8 @@ pub(crate) fn greedy_prep(prep: &Prep) -> Option<Vec<usize>> {
 pub fn greedy(problem: &Problem) -> Result<Option<Vec<usize>>, LayoutError> {
     crate::validate::validate(problem)?;
     let prep = prepare(problem, &Active::all(problem));
-    Ok(greedy_prep(&prep).map(|choice| crate::model::assignment(problem, &prep, &choice).0))
+    Ok(greedy_prep(&prep, Rule::FirstFit)
+        .map(|choice| crate::model::assignment(problem, &prep, &choice).0))
 }
 
 /// Check an assignment (offcode -> PE index) against every constraint and capacity.
@@ -173,14 +251,11 @@ pub fn check(problem: &Problem, assignment: &[usize]) -> Result<(u64, f64), Stri
             Some(pe.memory as f64),
             pe.slots.map(f64::from),
         ];
-        for r in 0..3 {
-            if let Some(cap) = caps[r] {
-                if !fits(used[k][r], cap) {
-                    return Err(format!(
-                        "PE `{}`: resource {r} used {} > capacity {cap}",
-                        pe.id, used[k][r]
-                    ));
-                }
+        for ((cap, u), r) in caps.iter().zip(&used[k]).zip(crate::Resource::ALL) {
+            if let Some(cap) = cap
+                && !fits(*u, *cap)
+            {
+                return Err(format!("PE `{}`: {r} used {u} > capacity {cap}", pe.id));
             }
         }
     }
@@ -207,4 +282,76 @@ pub fn check(problem: &Problem, assignment: &[usize]) -> Result<(u64, f64), Stri
         .map(|f| f.bandwidth)
         .fold(0.0, |a, b| a + b); // not `sum`: an empty f64 sum is -0.0
     Ok((weight, cross))
+}
+
+/// Local search for the bandwidth objective: move an offloaded group to another
+/// non-host candidate with room when that keeps more flow traffic on one PE. Moves
+/// between non-host PEs leave every `O` unchanged, so the offloaded weight, gang and
+/// asym-gang constraints hold; capacities are checked. Used to polish the solver's
+/// starting point and any layout the time limit cut short.
+pub(crate) fn improve_bandwidth(p: &Problem, prep: &Prep, choice: &mut [usize]) {
+    let ng = prep.groups.len();
+    let mut adj: Vec<Vec<(usize, f64)>> = vec![Vec::new(); ng];
+    for f in &p.flows {
+        let (a, b) = (prep.group_of[f.a], prep.group_of[f.b]);
+        if a != b && f.bandwidth > 0.0 {
+            adj[a].push((b, f.bandwidth));
+            adj[b].push((a, f.bandwidth));
+        }
+    }
+    let pe_of = |choice: &[usize], g: usize| prep.groups[g].cands[choice[g]].pe;
+    let mut used = vec![[0.0f64; 3]; prep.caps.len()];
+    for (g, &i) in choice.iter().enumerate() {
+        let c = &prep.groups[g].cands[i];
+        add_demand(&mut used[c.pe], &c.demand);
+    }
+    for _pass in 0..8 {
+        let mut improved = false;
+        for g in 0..ng {
+            let here = pe_of(choice, g);
+            if prep.is_host(here) || adj[g].is_empty() {
+                continue;
+            }
+            let mut gain_at: Vec<(usize, f64)> = Vec::new();
+            for &(h, bw) in &adj[g] {
+                let k = pe_of(choice, h);
+                match gain_at.iter_mut().find(|(pe, _)| *pe == k) {
+                    Some(e) => e.1 += bw,
+                    None => gain_at.push((k, bw)),
+                }
+            }
+            let stay = gain_at
+                .iter()
+                .find(|(k, _)| *k == here)
+                .map_or(0.0, |e| e.1);
+            let mut best: Option<(usize, f64)> = None;
+            for (i, c) in prep.groups[g].cands.iter().enumerate() {
+                if c.pe == here || prep.is_host(c.pe) {
+                    continue;
+                }
+                let gain = gain_at
+                    .iter()
+                    .find(|(k, _)| *k == c.pe)
+                    .map_or(0.0, |e| e.1)
+                    - stay;
+                let room = (0..3).all(|r| {
+                    prep.caps[c.pe][r].is_none_or(|cap| fits(used[c.pe][r] + c.demand[r], cap))
+                });
+                if gain > 1e-9 && room && best.is_none_or(|(_, b)| gain > b) {
+                    best = Some((i, gain));
+                }
+            }
+            if let Some((i, _)) = best {
+                let old = prep.groups[g].cands[choice[g]];
+                let new = prep.groups[g].cands[i];
+                sub_demand(&mut used[old.pe], &old.demand);
+                add_demand(&mut used[new.pe], &new.demand);
+                choice[g] = i;
+                improved = true;
+            }
+        }
+        if !improved {
+            break;
+        }
+    }
 }

@@ -13,7 +13,44 @@
 //! An infeasible problem is explained by an irreducible set of conflicting constraints
 //! found with a deletion filter; every offcode gets a reason for where it went.
 //!
+//! Large problems: PEs that are interchangeable (same capacities, same candidacy and
+//! demand for every offcode) are first merged into classes. That aggregated model is a
+//! relaxation: its optimum bounds the offloaded weight, and its solution, packed back
+//! onto the real PEs, is the starting point (and is optimal whenever it meets the
+//! bound). Within `SolveOptions::time_limit` the best layout found is returned and
+//! `SolveStats::stages` says, per stage, whether it was proved optimal and the gap.
+//!
 //! Sans-IO: nothing here touches files, sockets or the clock beyond timing the solve.
+//!
+//! ```
+//! use sidecore_layout::{Candidate, ConstraintSpec, OffcodeSpec, PeSpec, Problem, SolveOptions, solve};
+//! use sidecore_types::{ConstraintKind, PeKind};
+//!
+//! let pe = |id: &str, kind| PeSpec { id: id.into(), kind, cpu: 1.0, memory: 1 << 30, slots: None };
+//! let oc = |name: &str, pes: &[usize]| OffcodeSpec {
+//!     name: name.into(),
+//!     weight: 2,
+//!     candidates: pes.iter().map(|&pe| Candidate { pe, cpu: 0.4, memory: 1 << 20 }).collect(),
+//! };
+//! let problem = Problem {
+//!     pes: vec![pe("host", PeKind::Host), pe("core:1", PeKind::Core)],
+//!     offcodes: vec![oc("socket", &[0, 1]), oc("checksum", &[0, 1])],
+//!     constraints: vec![ConstraintSpec {
+//!         kind: ConstraintKind::Pull,
+//!         a: 0,
+//!         b: 1,
+//!         origin: "examples/socket.toml:30:1".into(),
+//!     }],
+//!     flows: vec![],
+//! };
+//! let layout = solve(&problem, &SolveOptions::default()).unwrap();
+//! assert_eq!(layout.assignment, vec![1, 1]);
+//! assert_eq!(
+//!     layout.reasons[0].to_string(),
+//!     "`socket` offloaded to core:1: offloading it adds weight 2; \
+//!      pulled with `checksum` (examples/socket.toml:30:1)"
+//! );
+//! ```
 
 mod explain;
 mod greedy;
@@ -33,6 +70,7 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<Layout, LayoutErr
     let start = Instant::now();
     validate::validate(problem)?;
     let mut layout = model::optimise(problem, opts, start)?;
+    layout.stats.time = start.elapsed();
     if opts.explain {
         let t = Instant::now();
         layout.reasons = explain::reasons(problem, opts, &layout)?;
@@ -40,6 +78,5 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<Layout, LayoutErr
     } else {
         layout.reasons = explain::brief_reasons(problem, &layout);
     }
-    layout.stats.time = start.elapsed();
     Ok(layout)
 }

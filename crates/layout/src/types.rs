@@ -69,8 +69,10 @@ pub struct Flow {
 /// How to solve.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SolveOptions {
-    /// Wall-clock budget for both objectives together. When it runs out the best
-    /// layout found so far is returned and `stats.stages` records the gap.
+    /// Wall-clock budget for both objectives together (default 10 s). When it runs
+    /// out the best layout found so far is returned and `stats.stages` records the
+    /// status and gap. Proving optimality of a tightly packed layout is NP-hard and
+    /// can take far longer than finding it.
     pub time_limit: Option<Duration>,
     /// Explain every offcode left on the host by re-solving with it forced off the
     /// host (only for problems of at most `explain_max_offcodes` offcodes; larger
@@ -78,6 +80,9 @@ pub struct SolveOptions {
     pub explain: bool,
     /// The size limit for the re-solving explanations.
     pub explain_max_offcodes: usize,
+    /// Budget for all re-solving explanations together (default 5 s); an offcode
+    /// whose re-solve does not finish in its share gets the cheaper reason.
+    pub explain_time_limit: Option<Duration>,
     /// Relative MIP gap accepted for the bandwidth objective (0 = prove optimality).
     /// The offload objective is always solved to optimality (it is integral).
     pub bandwidth_gap: f64,
@@ -88,18 +93,23 @@ pub struct SolveOptions {
     pub bandwidth_objective: bool,
     /// Let HiGHS print its log to stdout (for studying a slow solve).
     pub solver_log: bool,
+    /// First solve the model with identical PEs merged (a relaxation), pack its
+    /// solution onto the real PEs and use it as bound and starting point.
+    pub aggregate: bool,
 }
 
 impl Default for SolveOptions {
     fn default() -> Self {
         SolveOptions {
-            time_limit: None,
+            time_limit: Some(Duration::from_secs(10)),
             explain: true,
             explain_max_offcodes: 64,
+            explain_time_limit: Some(Duration::from_secs(5)),
             bandwidth_gap: 0.0,
             warm_start: true,
             bandwidth_objective: true,
             solver_log: false,
+            aggregate: true,
         }
     }
 }
@@ -145,7 +155,8 @@ pub struct StageStats {
     pub time: Duration,
     /// The objective value of the returned solution.
     pub objective: f64,
-    /// Relative gap between it and the best bound (0 when proved optimal).
+    /// Relative gap between it and the best bound (0 when proved optimal; infinite,
+    /// `null` in JSON, when the time limit came before any bound).
     pub gap: f64,
     /// `optimal`, `time-limit`, `trivial` (no decision left), `warm-start`.
     pub status: String,

@@ -183,7 +183,7 @@ fn arb_problem() -> impl Strategy<Value = Problem> {
         let cand = (0u32..100, 0u32..=3, 0u64..=2);
         // The flag keeps most rows non-empty (an empty row is a one-line conflict).
         let oc = (
-            1u32..=4,
+            0u32..=4,
             prop::collection::vec(cand, npe),
             prop::bool::weighted(0.9),
         );
@@ -278,6 +278,61 @@ fn arb_problem() -> impl Strategy<Value = Problem> {
                 }
             })
     })
+}
+
+/// Like `arb_problem`, but every non-host PE is identical (same capacities, and each
+/// offcode can run on all of them or none, with one demand): exercises merging
+/// identical PEs into classes and packing the aggregated solution back.
+fn arb_symmetric_problem() -> impl Strategy<Value = Problem> {
+    arb_problem().prop_map(|mut p| {
+        let host = p.pes.iter().position(|x| x.kind == PeKind::Host);
+        let twins: Vec<usize> = (0..p.pes.len()).filter(|&k| Some(k) != host).collect();
+        let Some(&first) = twins.first() else {
+            return p;
+        };
+        let proto = p.pes[first].clone();
+        for &k in &twins {
+            p.pes[k].kind = proto.kind;
+            p.pes[k].cpu = proto.cpu;
+            p.pes[k].memory = proto.memory;
+            p.pes[k].slots = proto.slots;
+        }
+        for oc in &mut p.offcodes {
+            let proto = oc.candidates.iter().find(|c| Some(c.pe) != host).copied();
+            oc.candidates.retain(|c| Some(c.pe) == host);
+            if let Some(c) = proto {
+                oc.candidates
+                    .extend(twins.iter().map(|&k| Candidate { pe: k, ..c }));
+            }
+        }
+        p
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 500, ..ProptestConfig::default() })]
+
+    #[test]
+    fn identical_pes_agree_with_brute_force(p in arb_symmetric_problem()) {
+        let expect = brute(&p);
+        for aggregate in [true, false] {
+            let opts = SolveOptions { aggregate, explain: false, ..SolveOptions::default() };
+            match solve(&p, &opts) {
+                Ok(layout) => {
+                    let (w, cross) = expect.expect("brute force finds a layout too");
+                    prop_assert!(valid(&p, &layout.assignment));
+                    prop_assert_eq!(layout.offloaded_weight, w);
+                    prop_assert!((layout.cross_bandwidth - cross).abs() < 1e-6,
+                        "aggregate={} cross {} vs brute {}", aggregate, layout.cross_bandwidth, cross);
+                }
+                Err(LayoutError::Infeasible(conflict)) => {
+                    prop_assert!(expect.is_none());
+                    assert_irreducible(&p, &conflict);
+                }
+                Err(e) => prop_assert!(false, "unexpected error {e}"),
+            }
+        }
+    }
 }
 
 proptest! {

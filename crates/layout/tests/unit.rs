@@ -240,6 +240,31 @@ fn cpu_capacity_keeps_the_heaviest() {
 }
 
 #[test]
+fn explanation_budget_falls_back_to_cheap_reasons() {
+    let p = Problem {
+        pes: vec![
+            pe("host", PeKind::Host, 8.0),
+            pe("core:1", PeKind::Core, 1.0),
+        ],
+        offcodes: vec![
+            oc("low", 1, &[(0, 0.5), (1, 0.5)]),
+            oc("high", 4, &[(0, 0.5), (1, 0.5)]),
+            oc("normal", 2, &[(0, 0.5), (1, 0.5)]),
+        ],
+        ..Default::default()
+    };
+    let opts = SolveOptions {
+        explain_time_limit: Some(std::time::Duration::ZERO),
+        ..Default::default()
+    };
+    let l = solve(&p, &opts).unwrap();
+    assert_eq!(
+        l.reasons[0].to_string(),
+        "`low` on host: no room on its non-host candidates: core:1 cpu (1 of 1 used, needs 0.5)"
+    );
+}
+
+#[test]
 fn memory_and_slot_capacity() {
     let mut pes = vec![
         pe("host", PeKind::Host, 8.0),
@@ -648,4 +673,60 @@ fn time_limit_still_returns_a_layout() {
     let l = solve(&p, &opts).unwrap();
     check(&p, &l.assignment).unwrap();
     assert!(!l.stats.stages.is_empty());
+}
+
+/// Found by the property test: HiGHS reported an error, not infeasibility, for this
+/// problem's feasibility model when its objective was all zero.
+#[test]
+fn infeasible_memory_and_asym_gang_is_explained() {
+    let pe = |id: &str, kind, cpu| PeSpec {
+        id: id.into(),
+        kind,
+        cpu,
+        memory: 2,
+        slots: None,
+    };
+    let oc = |name: &str, m: [u64; 3]| OffcodeSpec {
+        name: name.into(),
+        weight: 1,
+        candidates: (0..3)
+            .map(|k| Candidate {
+                pe: k,
+                cpu: 0.0,
+                memory: m[k],
+            })
+            .collect(),
+    };
+    let p = Problem {
+        pes: vec![
+            pe("pe0", PeKind::Host, 0.25),
+            pe("pe1", PeKind::Core, 0.75),
+            pe("pe2", PeKind::Core, 0.75),
+        ],
+        offcodes: vec![
+            oc("o0", [1, 1, 1]),
+            oc("o1", [2, 2, 2]),
+            oc("o2", [0, 2, 2]),
+            oc("o3", [0, 0, 0]),
+            oc("o4", [1, 1, 1]),
+        ],
+        constraints: vec![
+            con(ConstraintKind::Pull, 2, 0, 1),
+            con(ConstraintKind::AsymGang, 1, 2, 2),
+            con(ConstraintKind::AsymGang, 0, 1, 3),
+        ],
+        flows: vec![],
+    };
+    // o0+o2 (pulled, 3 bytes off the host, 1 on it) and o1 (2 bytes) cannot share
+    // any PE of 2 bytes, and o1 -> o2 ties them: every placement overflows memory.
+    assert_eq!(
+        conflict(&p),
+        vec![
+            "asym-gang(`o1` -> `o2`) at examples/x.toml:2:1",
+            "memory capacity of pe0 (2 bytes)",
+            "memory capacity of pe1 (2 bytes)",
+            "memory capacity of pe2 (2 bytes)",
+            "pull(`o2`, `o0`) at examples/x.toml:1:1",
+        ]
+    );
 }

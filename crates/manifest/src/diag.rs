@@ -22,7 +22,9 @@ pub struct Sources {
 
 impl fmt::Debug for Sources {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Sources").field("paths", &self.paths).finish()
+        f.debug_struct("Sources")
+            .field("paths", &self.paths)
+            .finish()
     }
 }
 
@@ -35,7 +37,10 @@ impl Sources {
 
     /// The text of a file.
     pub fn text(&self, id: FileId) -> &str {
-        self.files.get(id).map(|f| f.source().as_str()).unwrap_or("")
+        self.files
+            .get(id)
+            .map(|f| f.source().as_str())
+            .unwrap_or("")
     }
 
     /// The path a file was read from.
@@ -45,7 +50,10 @@ impl Sources {
 
     /// The display name of a file.
     pub fn name(&self, id: FileId) -> String {
-        self.files.name(id).map(|n| n.to_string()).unwrap_or_default()
+        self.files
+            .name(id)
+            .map(|n| n.to_string())
+            .unwrap_or_default()
     }
 
     /// The file already loaded from `path`, if any.
@@ -136,7 +144,13 @@ pub(crate) struct Report {
 
 impl Report {
     /// An error at `span` of `file`.
-    pub fn error(&mut self, file: FileId, span: Range<usize>, message: impl Into<String>, label: impl Into<String>) -> &mut Diagnostic<FileId> {
+    pub fn error(
+        &mut self,
+        file: FileId,
+        span: Range<usize>,
+        message: impl Into<String>,
+        label: impl Into<String>,
+    ) -> &mut Diagnostic<FileId> {
         self.diagnostics.push(
             Diagnostic::error()
                 .with_message(message.into())
@@ -151,8 +165,14 @@ impl Report {
 }
 
 /// Adds a secondary label to a diagnostic.
-pub(crate) fn also(d: &mut Diagnostic<FileId>, file: FileId, span: Range<usize>, message: impl Into<String>) {
-    d.labels.push(Label::secondary(file, span).with_message(message.into()));
+pub(crate) fn also(
+    d: &mut Diagnostic<FileId>,
+    file: FileId,
+    span: Range<usize>,
+    message: impl Into<String>,
+) {
+    d.labels
+        .push(Label::secondary(file, span).with_message(message.into()));
 }
 
 /// Adds a note to a diagnostic.

@@ -32,5 +32,7 @@ mod model;
 mod raw;
 
 pub use diag::{FileId, ManifestError, Origin, Sources};
-pub use load::{DEFAULT_CPU, DEFAULT_MEMORY, MAX_IMPORT_DEPTH, MAX_SLOT_SIZE, MAX_SLOTS, load, parse_str};
+pub use load::{
+    DEFAULT_CPU, DEFAULT_MEMORY, MAX_IMPORT_DEPTH, MAX_SLOT_SIZE, MAX_SLOTS, load, parse_str,
+};
 pub use model::*;

@@ -69,7 +69,8 @@ fn is_name(s: &str, allow_dot: bool) -> bool {
     let mut chars = s.chars();
     matches!(chars.next(), Some(c) if c.is_ascii_alphabetic())
         && s.len() <= 64
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || (allow_dot && c == '.'))
+        && chars
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || (allow_dot && c == '.'))
 }
 
 fn keyword<T: std::str::FromStr<Err = sidecore_types::UnknownKeyword>>(
@@ -81,7 +82,12 @@ fn keyword<T: std::str::FromStr<Err = sidecore_types::UnknownKeyword>>(
     match v.get_ref().parse::<T>() {
         Ok(k) => Some(k),
         Err(e) => {
-            report.error(file, v.span(), format!("`{field}`: {e}"), format!("not a valid {}", e.what));
+            report.error(
+                file,
+                v.span(),
+                format!("`{field}`: {e}"),
+                format!("not a valid {}", e.what),
+            );
             None
         }
     }
@@ -97,7 +103,10 @@ fn guid(report: &mut Report, file: FileId, v: &S<String>, field: &str) -> Option
                 format!("`{field}` must be a 128-bit GUID, got `{}`", v.get_ref()),
                 "not a GUID",
             );
-            note(d, "write it like \"5b0c1e7a-2d43-4f4e-9b0a-6c1f0e6f2a01\" (`uuidgen` prints one)");
+            note(
+                d,
+                "write it like \"5b0c1e7a-2d43-4f4e-9b0a-6c1f0e6f2a01\" (`uuidgen` prints one)",
+            );
             None
         }
     }
@@ -118,7 +127,10 @@ fn memory(report: &mut Report, file: FileId, v: &S<toml::Value>, field: &str) ->
                 format!("`{field}` must be a positive size, got {}", v.get_ref()),
                 "not a size",
             );
-            note(d, "write a byte count (65536) or a size with a unit (\"64KiB\", \"16MiB\", \"1GiB\")");
+            note(
+                d,
+                "write a byte count (65536) or a size with a unit (\"64KiB\", \"16MiB\", \"1GiB\")",
+            );
             None
         }
     }
@@ -186,7 +198,12 @@ impl Loader {
     }
 
     /// Loads one file; `via` is the import that asked for it.
-    fn load_file(&mut self, path: &Path, text: Option<String>, via: Option<(FileId, Range<usize>)>) {
+    fn load_file(
+        &mut self,
+        path: &Path,
+        text: Option<String>,
+        via: Option<(FileId, Range<usize>)>,
+    ) {
         let canonical = if text.is_some() {
             path.to_path_buf()
         } else {
@@ -211,7 +228,10 @@ impl Loader {
                     format!("import cycle: {}", chain.join(" → ")),
                     "this import leads back to a file that is still being loaded",
                 );
-                note(d, "files may share offcodes through a third file, but must not import each other in a cycle");
+                note(
+                    d,
+                    "files may share offcodes through a third file, but must not import each other in a cycle",
+                );
             }
             return;
         }
@@ -246,7 +266,8 @@ impl Loader {
             Err(e) => {
                 let span = e.span().unwrap_or(0..0);
                 let msg = e.message().trim().to_string();
-                self.report.error(file, span, format!("invalid manifest: {msg}"), msg.clone());
+                self.report
+                    .error(file, span, format!("invalid manifest: {msg}"), msg.clone());
                 return;
             }
         };
@@ -273,7 +294,11 @@ impl Loader {
     }
 
     fn base_dir(&self, file: FileId) -> PathBuf {
-        self.sources.path(file).parent().map(Path::to_path_buf).unwrap_or_default()
+        self.sources
+            .path(file)
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_default()
     }
 
     fn file_contents(&mut self, file: FileId, raw: RawFile, is_root: bool) {
@@ -301,7 +326,10 @@ impl Loader {
                         "manifest `{}` declares no offcodes",
                         self.sources.name(file)
                     ))
-                    .with_labels(vec![codespan_reporting::diagnostic::Label::primary(file, 0..0)])
+                    .with_labels(vec![codespan_reporting::diagnostic::Label::primary(
+                        file,
+                        0..0,
+                    )])
                     .with_notes(vec!["add at least one [[offcode]] table".into()]),
             );
         }
@@ -358,9 +386,19 @@ impl Loader {
             .as_ref()
             .map(|p| keyword::<Priority>(r, file, p, "priority"))
             .unwrap_or(Some(Priority::Normal));
-        let watchdog = raw.watchdog_ms.as_ref().map(|v| millis(r, file, v, "watchdog_ms"));
-        let obsolete = raw.obsolete_ms.as_ref().map(|v| millis(r, file, v, "obsolete_ms"));
-        let cpu = raw.cpu.as_ref().map(|v| cpu_share(r, file, v, "cpu")).unwrap_or(Some(DEFAULT_CPU));
+        let watchdog = raw
+            .watchdog_ms
+            .as_ref()
+            .map(|v| millis(r, file, v, "watchdog_ms"));
+        let obsolete = raw
+            .obsolete_ms
+            .as_ref()
+            .map(|v| millis(r, file, v, "obsolete_ms"));
+        let cpu = raw
+            .cpu
+            .as_ref()
+            .map(|v| cpu_share(r, file, v, "cpu"))
+            .unwrap_or(Some(DEFAULT_CPU));
         let mem = raw
             .memory
             .as_ref()
@@ -372,7 +410,10 @@ impl Loader {
             r.error(
                 file,
                 imp.span(),
-                format!("`impl` `{}` is not a valid implementation name", imp.get_ref()),
+                format!(
+                    "`impl` `{}` is not a valid implementation name",
+                    imp.get_ref()
+                ),
                 "not a name",
             );
             ok = false;
@@ -389,7 +430,12 @@ impl Loader {
                     );
                     ok = false;
                 } else if list[..i].iter().any(|q| q.get_ref() == p.get_ref()) {
-                    r.error(file, p.span(), format!("{what} port `{}` is listed twice", p.get_ref()), "duplicate");
+                    r.error(
+                        file,
+                        p.span(),
+                        format!("{what} port `{}` is listed twice", p.get_ref()),
+                        "duplicate",
+                    );
                     ok = false;
                 }
             }
@@ -397,7 +443,11 @@ impl Loader {
         };
         ok &= ports(r, &raw.inputs, "input");
         ok &= ports(r, &raw.outputs, "output");
-        if let Some(dup) = raw.outputs.iter().find(|o| raw.inputs.iter().any(|i| i.get_ref() == o.get_ref())) {
+        if let Some(dup) = raw
+            .outputs
+            .iter()
+            .find(|o| raw.inputs.iter().any(|i| i.get_ref() == o.get_ref()))
+        {
             r.error(
                 file,
                 dup.span(),
@@ -408,7 +458,10 @@ impl Loader {
         }
         let interfaces = self.interfaces(file, &raw.interface);
         let targets = self.targets(file, &name, table_span.clone(), &raw.target);
-        let params_origin = raw.params.as_ref().map(|p| self.sources.origin(file, &p.span()));
+        let params_origin = raw
+            .params
+            .as_ref()
+            .map(|p| self.sources.origin(file, &p.span()));
         // Problems are already reported; keep the offcode (with stand-in values)
         // so that imports and channels naming it do not cascade into more errors.
         let duplicate = self.pending.iter().any(|p| p.offcode.name == name);
@@ -478,7 +531,10 @@ impl Loader {
         let mut ok = true;
         for (i, itf) in raw.iter().enumerate() {
             let itf = itf.get_ref();
-            if raw[..i].iter().any(|o| o.get_ref().name.get_ref() == itf.name.get_ref()) {
+            if raw[..i]
+                .iter()
+                .any(|o| o.get_ref().name.get_ref() == itf.name.get_ref())
+            {
                 r.error(
                     file,
                     itf.name.span(),
@@ -492,7 +548,9 @@ impl Loader {
             for (mi, m) in itf.methods.iter().enumerate() {
                 let m = m.get_ref();
                 let mid = match &m.id {
-                    Some(v) if (1..=u16::MAX as i64).contains(v.get_ref()) => Some(*v.get_ref() as u16),
+                    Some(v) if (1..=u16::MAX as i64).contains(v.get_ref()) => {
+                        Some(*v.get_ref() as u16)
+                    }
                     Some(v) => {
                         r.error(
                             file,
@@ -504,11 +562,18 @@ impl Loader {
                     }
                     None => Some(mi as u16 + 1),
                 };
-                if itf.methods[..mi].iter().any(|o| o.get_ref().name.get_ref() == m.name.get_ref()) {
+                if itf.methods[..mi]
+                    .iter()
+                    .any(|o| o.get_ref().name.get_ref() == m.name.get_ref())
+                {
                     r.error(
                         file,
                         m.name.span(),
-                        format!("method `{}` is declared twice in interface `{}`", m.name.get_ref(), itf.name.get_ref()),
+                        format!(
+                            "method `{}` is declared twice in interface `{}`",
+                            m.name.get_ref(),
+                            itf.name.get_ref()
+                        ),
                         "duplicate",
                     );
                     ok = false;
@@ -519,7 +584,11 @@ impl Loader {
                         r.error(
                             file,
                             t.span(),
-                            format!("unknown type `{}`; expected one of: {}", t.get_ref(), ValueType::KEYWORDS),
+                            format!(
+                                "unknown type `{}`; expected one of: {}",
+                                t.get_ref(),
+                                ValueType::KEYWORDS
+                            ),
                             "unknown type",
                         );
                     }
@@ -548,7 +617,10 @@ impl Loader {
                     r.error(
                         file,
                         itf.methods[mi].span(),
-                        format!("methods `{}` and `{}` share method id {}", o.name, m.name, m.id),
+                        format!(
+                            "methods `{}` and `{}` share method id {}",
+                            o.name, m.name, m.id
+                        ),
                         "duplicate method id",
                     );
                     ok = false;
@@ -566,7 +638,13 @@ impl Loader {
         ok.then_some(out)
     }
 
-    fn targets(&mut self, file: FileId, offcode: &str, table_span: Range<usize>, raw: &[S<RawTarget>]) -> Option<Vec<Target>> {
+    fn targets(
+        &mut self,
+        file: FileId,
+        offcode: &str,
+        table_span: Range<usize>,
+        raw: &[S<RawTarget>],
+    ) -> Option<Vec<Target>> {
         if raw.is_empty() {
             let d = self.report.error(
                 file,
@@ -574,7 +652,10 @@ impl Loader {
                 format!("offcode `{offcode}` declares no target"),
                 "in this offcode",
             );
-            note(d, "add at least one [[offcode.target]]; kind = \"host\" runs it on an ordinary thread");
+            note(
+                d,
+                "add at least one [[offcode.target]]; kind = \"host\" runs it on an ordinary thread",
+            );
             return None;
         }
         let mut out = Vec::new();
@@ -585,7 +666,10 @@ impl Loader {
                 ok = false;
                 continue;
             };
-            if raw[..i].iter().any(|o| o.get_ref().kind.get_ref() == t.kind.get_ref()) {
+            if raw[..i]
+                .iter()
+                .any(|o| o.get_ref().kind.get_ref() == t.kind.get_ref())
+            {
                 self.report.error(
                     file,
                     t.kind.span(),
@@ -605,7 +689,11 @@ impl Loader {
                             req.span(),
                             format!(
                                 "target kind `{kind}` has no property `{k}`; it understands: {}",
-                                if names.is_empty() { "none".to_string() } else { names.join(", ") }
+                                if names.is_empty() {
+                                    "none".to_string()
+                                } else {
+                                    names.join(", ")
+                                }
                             ),
                             "unknown property",
                         );
@@ -620,7 +708,9 @@ impl Loader {
                             self.report.error(
                                 file,
                                 req.span(),
-                                format!("property `{k}` of target `{kind}` must be a {ty}, got {v}"),
+                                format!(
+                                    "property `{k}` of target `{kind}` must be a {ty}, got {v}"
+                                ),
                                 "wrong type",
                             );
                             ok = false;
@@ -630,9 +720,18 @@ impl Loader {
                     require.insert(k.clone(), pv);
                 }
             }
-            let cpu = t.cpu.as_ref().map(|v| cpu_share(&mut self.report, file, v, "target cpu"));
-            let mem = t.memory.as_ref().map(|v| memory(&mut self.report, file, v, "target memory"));
-            let module = t.module.as_ref().map(|m| self.base_dir(file).join(m.get_ref()));
+            let cpu = t
+                .cpu
+                .as_ref()
+                .map(|v| cpu_share(&mut self.report, file, v, "target cpu"));
+            let mem = t
+                .memory
+                .as_ref()
+                .map(|v| memory(&mut self.report, file, v, "target memory"));
+            let module = t
+                .module
+                .as_ref()
+                .map(|m| self.base_dir(file).join(m.get_ref()));
             if let (Some(m), Some(path)) = (&t.module, &module)
                 && self.allow_files
                 && !path.is_file()
@@ -640,7 +739,11 @@ impl Loader {
                 self.report.error(
                     file,
                     m.span(),
-                    format!("module `{}` does not exist (looked for {})", m.get_ref(), path.display()),
+                    format!(
+                        "module `{}` does not exist (looked for {})",
+                        m.get_ref(),
+                        path.display()
+                    ),
                     "missing file",
                 );
                 ok = false;
@@ -649,7 +752,14 @@ impl Loader {
                 self.report.error(
                     file,
                     t.kind.span(),
-                    format!("a `{kind}` target needs a `module` (the compiled {} to load)", if kind == PeKind::Wasm { ".wasm module" } else { "BPF object" }),
+                    format!(
+                        "a `{kind}` target needs a `module` (the compiled {} to load)",
+                        if kind == PeKind::Wasm {
+                            ".wasm module"
+                        } else {
+                            "BPF object"
+                        }
+                    ),
                     "no module given",
                 );
                 ok = false;
@@ -681,7 +791,9 @@ impl Loader {
         }
         let (app, description) = self.app.take().unwrap_or_else(|| {
             (
-                root.file_stem().map(|s| s.to_string_lossy().into_owned()).unwrap_or_else(|| "app".into()),
+                root.file_stem()
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|| "app".into()),
                 None,
             )
         });
@@ -707,21 +819,30 @@ impl Loader {
                 let imp = imp.get_ref();
                 let target = imp.offcode.get_ref();
                 let kind = match &imp.constraint {
-                    Some(c) => match keyword::<ConstraintKind>(&mut self.report, file, c, "constraint") {
-                        Some(k) => k,
-                        None => continue,
-                    },
+                    Some(c) => {
+                        match keyword::<ConstraintKind>(&mut self.report, file, c, "constraint") {
+                            Some(k) => k,
+                            None => continue,
+                        }
+                    }
                     None => ConstraintKind::Link,
                 };
                 let Some(to) = self.pending.iter().position(|p| p.offcode.name == *target) else {
-                    let known: Vec<_> = self.pending.iter().map(|p| format!("`{}`", p.offcode.name)).collect();
+                    let known: Vec<_> = self
+                        .pending
+                        .iter()
+                        .map(|p| format!("`{}`", p.offcode.name))
+                        .collect();
                     let d = self.report.error(
                         file,
                         imp.offcode.span(),
                         format!("import of unknown offcode `{target}`"),
                         "no offcode has this name",
                     );
-                    note(d, format!("offcodes in this application: {}", known.join(", ")));
+                    note(
+                        d,
+                        format!("offcodes in this application: {}", known.join(", ")),
+                    );
                     continue;
                 };
                 if to == from {
@@ -736,7 +857,8 @@ impl Loader {
                 if let Some(f) = &imp.file {
                     let want = self.base_dir(file).join(f.get_ref());
                     let decl = self.pending[to].file;
-                    let same = std::fs::canonicalize(&want).ok().as_deref() == Some(self.sources.path(decl));
+                    let same = std::fs::canonicalize(&want).ok().as_deref()
+                        == Some(self.sources.path(decl));
                     if !same && self.allow_files {
                         let d = self.report.error(
                             file,
@@ -744,7 +866,12 @@ impl Loader {
                             format!("`{}` does not declare offcode `{target}`", f.get_ref()),
                             "not in that file",
                         );
-                        also(d, decl, self.pending[to].name_span.clone(), "it is declared here");
+                        also(
+                            d,
+                            decl,
+                            self.pending[to].name_span.clone(),
+                            "it is declared here",
+                        );
                         continue;
                     }
                 }
@@ -761,7 +888,12 @@ impl Loader {
                         ),
                         "id mismatch",
                     );
-                    also(d, self.pending[to].file, self.pending[to].id_span.clone(), "actual id");
+                    also(
+                        d,
+                        self.pending[to].file,
+                        self.pending[to].id_span.clone(),
+                        "actual id",
+                    );
                     continue;
                 }
                 out.push(Constraint {
@@ -787,11 +919,24 @@ impl Loader {
             let name = ch.name.get_ref();
             let mut ok = true;
             if !is_name(name, true) {
-                self.report.error(file, ch.name.span(), format!("channel name `{name}` is not a valid name"), "not a name");
+                self.report.error(
+                    file,
+                    ch.name.span(),
+                    format!("channel name `{name}` is not a valid name"),
+                    "not a name",
+                );
                 ok = false;
             }
-            if let Some((pf, prev)) = channels[..ci].iter().find(|(_, c)| c.get_ref().name.get_ref() == name) {
-                let d = self.report.error(file, ch.name.span(), format!("channel `{name}` is declared twice"), "second declaration");
+            if let Some((pf, prev)) = channels[..ci]
+                .iter()
+                .find(|(_, c)| c.get_ref().name.get_ref() == name)
+            {
+                let d = self.report.error(
+                    file,
+                    ch.name.span(),
+                    format!("channel `{name}` is declared twice"),
+                    "second declaration",
+                );
                 also(d, *pf, prev.get_ref().name.span(), "first declared here");
                 ok = false;
             }
@@ -801,15 +946,32 @@ impl Loader {
                 OneOrMany::Many(v) => v.clone(),
             };
             if to_raw.is_empty() {
-                self.report.error(file, ch.to.span(), format!("channel `{name}` has no receiver"), "empty `to`");
+                self.report.error(
+                    file,
+                    ch.to.span(),
+                    format!("channel `{name}` has no receiver"),
+                    "empty `to`",
+                );
                 ok = false;
             }
-            let to: Vec<Option<Endpoint>> = to_raw.iter().map(|t| self.endpoint(file, t, false)).collect();
+            let to: Vec<Option<Endpoint>> = to_raw
+                .iter()
+                .map(|t| self.endpoint(file, t, false))
+                .collect();
             let mut props = ChannelProps::default();
             let r = &mut self.report;
-            let cast = ch.cast.as_ref().map(|c| keyword::<Cast>(r, file, c, "cast"));
-            let order = ch.order.as_ref().map(|c| keyword::<Order>(r, file, c, "order"));
-            let delivery = ch.delivery.as_ref().map(|c| keyword::<Delivery>(r, file, c, "delivery"));
+            let cast = ch
+                .cast
+                .as_ref()
+                .map(|c| keyword::<Cast>(r, file, c, "cast"));
+            let order = ch
+                .order
+                .as_ref()
+                .map(|c| keyword::<Order>(r, file, c, "order"));
+            let delivery = ch
+                .delivery
+                .as_ref()
+                .map(|c| keyword::<Delivery>(r, file, c, "delivery"));
             match cast {
                 Some(Some(c)) => props.cast = c,
                 Some(None) => ok = false,
@@ -844,7 +1006,10 @@ impl Loader {
                     format!("unicast channel `{name}` has {} receivers; a sequential unicast channel joins exactly two offcodes", to_raw.len()),
                     "more than one receiver",
                 );
-                note(d, "use cast = \"multicast\" to give every message to each receiver, or order = \"parallel\" to share the messages among them");
+                note(
+                    d,
+                    "use cast = \"multicast\" to give every message to each receiver, or order = \"parallel\" to share the messages among them",
+                );
                 ok = false;
             }
             if props.cast == Cast::Multicast && to_raw.len() < 2 {
@@ -867,11 +1032,13 @@ impl Loader {
             }
             if let Some(s) = &ch.slots {
                 let v = *s.get_ref();
-                if v < 2 || v > MAX_SLOTS || (v as u64).count_ones() != 1 {
+                if !(2..=MAX_SLOTS).contains(&v) || (v as u64).count_ones() != 1 {
                     self.report.error(
                         file,
                         s.span(),
-                        format!("`slots` must be a power of two between 2 and {MAX_SLOTS}, got {v}"),
+                        format!(
+                            "`slots` must be a power of two between 2 and {MAX_SLOTS}, got {v}"
+                        ),
                         "bad slot count",
                     );
                     ok = false;
@@ -899,7 +1066,10 @@ impl Loader {
                     self.report.error(
                         file,
                         b.span(),
-                        format!("`bandwidth_mbps` must be a finite number ≥ 0, got {}", b.get_ref()),
+                        format!(
+                            "`bandwidth_mbps` must be a finite number ≥ 0, got {}",
+                            b.get_ref()
+                        ),
                         "bad estimate",
                     );
                     ok = false;
@@ -967,21 +1137,46 @@ impl Loader {
             return None;
         };
         let Some(idx) = self.pending.iter().position(|p| p.offcode.name == oc) else {
-            let known: Vec<_> = self.pending.iter().map(|p| format!("`{}`", p.offcode.name)).collect();
-            let d = self.report.error(file, raw.span(), format!("channel endpoint names unknown offcode `{oc}`"), "unknown offcode");
-            note(d, format!("offcodes in this application: {}", known.join(", ")));
+            let known: Vec<_> = self
+                .pending
+                .iter()
+                .map(|p| format!("`{}`", p.offcode.name))
+                .collect();
+            let d = self.report.error(
+                file,
+                raw.span(),
+                format!("channel endpoint names unknown offcode `{oc}`"),
+                "unknown offcode",
+            );
+            note(
+                d,
+                format!("offcodes in this application: {}", known.join(", ")),
+            );
             return None;
         };
         let p = &self.pending[idx];
         let (ports, spans, dir, other) = if output {
-            (&p.offcode.outputs, &p.output_spans, "output", &p.offcode.inputs)
+            (
+                &p.offcode.outputs,
+                &p.output_spans,
+                "output",
+                &p.offcode.inputs,
+            )
         } else {
-            (&p.offcode.inputs, &p.input_spans, "input", &p.offcode.outputs)
+            (
+                &p.offcode.inputs,
+                &p.input_spans,
+                "input",
+                &p.offcode.outputs,
+            )
         };
         let _ = spans;
         if !ports.iter().any(|q| q == port) {
             let hint = if other.iter().any(|q| q == port) {
-                format!("`{port}` is declared, but as an {}", if output { "input" } else { "output" })
+                format!(
+                    "`{port}` is declared, but as an {}",
+                    if output { "input" } else { "output" }
+                )
             } else if ports.is_empty() {
                 format!("`{oc}` declares no {dir} ports (add `{dir}s = [\"{port}\"]` to it)")
             } else {
@@ -992,7 +1187,11 @@ impl Loader {
                 file,
                 raw.span(),
                 format!("offcode `{oc}` has no {dir} port `{port}`"),
-                if output { "channel source" } else { "channel receiver" },
+                if output {
+                    "channel source"
+                } else {
+                    "channel receiver"
+                },
             );
             also(d, pf, ps, "offcode declared here");
             note(d, hint);

@@ -111,7 +111,8 @@ pub enum ValueType {
 }
 
 impl ValueType {
-    pub const KEYWORDS: &'static str = "bool, u8, u16, u32, u64, i8, i16, i32, i64, f32, f64, string, bytes";
+    pub const KEYWORDS: &'static str =
+        "bool, u8, u16, u32, u64, i8, i16, i32, i64, f32, f64, string, bytes";
 
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {

@@ -108,7 +108,10 @@ impl<'de> Deserialize<'de> for OneOrMany {
             fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<OneOrMany, E> {
                 Ok(OneOrMany::One(v.to_string()))
             }
-            fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<OneOrMany, A::Error> {
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut seq: A,
+            ) -> Result<OneOrMany, A::Error> {
                 let mut out = Vec::new();
                 while let Some(e) = seq.next_element::<S<String>>()? {
                     out.push(e);

@@ -44,7 +44,9 @@ fn expect(e: &str, what: &str, at: &str) {
 }
 
 fn offcode(name: &str, id: &str, extra: &str) -> String {
-    format!("[[offcode]]\nname = \"{name}\"\nid = \"{id}\"\n{extra}\n[[offcode.target]]\nkind = \"host\"\n")
+    format!(
+        "[[offcode]]\nname = \"{name}\"\nid = \"{id}\"\n{extra}\n[[offcode.target]]\nkind = \"host\"\n"
+    )
 }
 
 #[test]
@@ -54,18 +56,32 @@ fn the_built_in_example_loads() {
     assert_eq!(m.app, "checksum-demo");
     assert_eq!(m.offcodes.len(), 2);
     let src = &m.offcodes[0];
-    assert_eq!((src.name.as_str(), src.implementation.as_str()), ("source", "record-source"));
+    assert_eq!(
+        (src.name.as_str(), src.implementation.as_str()),
+        ("source", "record-source")
+    );
     assert_eq!(src.priority, Priority::High);
     assert_eq!(src.watchdog, Some(std::time::Duration::from_millis(1000)));
-    assert_eq!(src.targets.iter().map(|t| t.kind).collect::<Vec<_>>(), vec![PeKind::Core, PeKind::Host]);
+    assert_eq!(
+        src.targets.iter().map(|t| t.kind).collect::<Vec<_>>(),
+        vec![PeKind::Core, PeKind::Host]
+    );
     assert_eq!(src.interfaces[0].methods[1].id, 2);
     assert_eq!(m.constraints.len(), 1);
     assert_eq!(m.constraints[0].kind, ConstraintKind::Gang);
     let ch = &m.channels[0];
     assert_eq!((ch.from.offcode, ch.to[0].offcode), (0, 1));
-    assert_eq!((ch.props.cast, ch.props.order, ch.props.delivery), (Cast::Unicast, Order::Sequential, Delivery::Reliable));
+    assert_eq!(
+        (ch.props.cast, ch.props.order, ch.props.delivery),
+        (Cast::Unicast, Order::Sequential, Delivery::Reliable)
+    );
     assert_eq!((ch.props.slots, ch.props.slot_size), (4096, 128));
-    assert!(m.constraints[0].origin.to_string().contains("checksum.toml:"));
+    assert!(
+        m.constraints[0]
+            .origin
+            .to_string()
+            .contains("checksum.toml:")
+    );
 }
 
 #[test]
@@ -100,9 +116,24 @@ fn empty_manifest_is_refused() {
 
 #[test]
 fn bad_names_are_refused() {
-    expect(&err(&offcode("9lives", A, "")), "not a valid binding name", "main.toml:2:8");
-    expect(&err(&offcode("a", A, "inputs = [\"in.x\"]")), "not a valid port name", "main.toml:4:");
-    expect(&err(&format!("[app]\nname = \"has space\"\n{}", offcode("a", A, ""))), "app name", "main.toml:2:8");
+    expect(
+        &err(&offcode("9lives", A, "")),
+        "not a valid binding name",
+        "main.toml:2:8",
+    );
+    expect(
+        &err(&offcode("a", A, "inputs = [\"in.x\"]")),
+        "not a valid port name",
+        "main.toml:4:",
+    );
+    expect(
+        &err(&format!(
+            "[app]\nname = \"has space\"\n{}",
+            offcode("a", A, "")
+        )),
+        "app name",
+        "main.toml:2:8",
+    );
 }
 
 #[test]
@@ -114,26 +145,60 @@ fn duplicate_offcode_names_point_at_both() {
 
 #[test]
 fn bad_and_duplicate_guids() {
-    expect(&err(&offcode("a", "7070714", "")), "must be a 128-bit GUID, got `7070714`", "main.toml:3:6");
+    expect(
+        &err(&offcode("a", "7070714", "")),
+        "must be a 128-bit GUID, got `7070714`",
+        "main.toml:3:6",
+    );
     let e = err(&format!("{}{}", offcode("a", A, ""), offcode("b", A, "")));
-    expect(&e, "offcode `b` reuses the id of offcode `a`", "main.toml:9:6");
+    expect(
+        &e,
+        "offcode `b` reuses the id of offcode `a`",
+        "main.toml:9:6",
+    );
 }
 
 #[test]
 fn bad_attributes() {
-    expect(&err(&offcode("a", A, "priority = \"urgent\"")), "unknown priority `urgent`", "main.toml:4:12");
-    expect(&err(&offcode("a", A, "watchdog_ms = 0")), "positive number of milliseconds", "main.toml:4:15");
-    expect(&err(&offcode("a", A, "obsolete_ms = -5")), "`obsolete_ms` must be a positive", "main.toml:4:15");
-    expect(&err(&offcode("a", A, "cpu = 1.5")), "must be in (0, 1], got 1.5", "main.toml:4:7");
-    expect(&err(&offcode("a", A, "memory = \"16XB\"")), "`memory` must be a positive size", "main.toml:4:10");
-    expect(&err(&offcode("a", A, "memory = 0")), "`memory` must be a positive size", "main.toml:4:10");
+    expect(
+        &err(&offcode("a", A, "priority = \"urgent\"")),
+        "unknown priority `urgent`",
+        "main.toml:4:12",
+    );
+    expect(
+        &err(&offcode("a", A, "watchdog_ms = 0")),
+        "positive number of milliseconds",
+        "main.toml:4:15",
+    );
+    expect(
+        &err(&offcode("a", A, "obsolete_ms = -5")),
+        "`obsolete_ms` must be a positive",
+        "main.toml:4:15",
+    );
+    expect(
+        &err(&offcode("a", A, "cpu = 1.5")),
+        "must be in (0, 1], got 1.5",
+        "main.toml:4:7",
+    );
+    expect(
+        &err(&offcode("a", A, "memory = \"16XB\"")),
+        "`memory` must be a positive size",
+        "main.toml:4:10",
+    );
+    expect(
+        &err(&offcode("a", A, "memory = 0")),
+        "`memory` must be a positive size",
+        "main.toml:4:10",
+    );
 }
 
 #[test]
 fn targets_are_checked() {
     let e = err(&format!("[[offcode]]\nname = \"a\"\nid = \"{A}\"\n"));
     expect(&e, "offcode `a` declares no target", "main.toml:1:");
-    let e = err(&format!("[[offcode]]\nname = \"a\"\nid = \"{A}\"\n[[offcode.target]]\nkind = \"fpga\"\n"));
+    let e = err(&format!(
+        "[[offcode]]\nname = \"a\"\nid = \"{A}\"\n[[offcode.target]]\nkind = \"fpga\"\n"
+    ));
     expect(&e, "unknown PE kind `fpga`", "main.toml:5:8");
     assert!(e.contains("`core`"), "lists the kinds: {e}");
     let e = err(&offcode("a", A, "[[offcode.target]]\nkind = \"host\""));
@@ -141,12 +206,22 @@ fn targets_are_checked() {
     let e = err(&format!(
         "[[offcode]]\nname = \"a\"\nid = \"{A}\"\n[[offcode.target]]\nkind = \"core\"\nrequire = {{ colour = \"red\" }}\n"
     ));
-    expect(&e, "target kind `core` has no property `colour`; it understands: `isolated`, `cpu`, `numa`", "main.toml:6:11");
+    expect(
+        &e,
+        "target kind `core` has no property `colour`; it understands: `isolated`, `cpu`, `numa`",
+        "main.toml:6:11",
+    );
     let e = err(&format!(
         "[[offcode]]\nname = \"a\"\nid = \"{A}\"\n[[offcode.target]]\nkind = \"core\"\nrequire = {{ isolated = 3 }}\n"
     ));
-    expect(&e, "property `isolated` of target `core` must be a bool", "main.toml:6:");
-    let e = err(&format!("[[offcode]]\nname = \"a\"\nid = \"{A}\"\n[[offcode.target]]\nkind = \"wasm\"\n"));
+    expect(
+        &e,
+        "property `isolated` of target `core` must be a bool",
+        "main.toml:6:",
+    );
+    let e = err(&format!(
+        "[[offcode]]\nname = \"a\"\nid = \"{A}\"\n[[offcode.target]]\nkind = \"wasm\"\n"
+    ));
     expect(&e, "a `wasm` target needs a `module`", "main.toml:5:8");
     let e = err(&format!(
         "[[offcode]]\nname = \"a\"\nid = \"{A}\"\n[[offcode.target]]\nkind = \"wasm\"\nmodule = \"nope.wasm\"\n"
@@ -160,7 +235,11 @@ fn imports_are_checked() {
     expect(&e, "import of unknown offcode `ghost`", "main.toml:5:11");
     let e = err(&format!(
         "{}{}",
-        offcode("a", A, "[[offcode.import]]\noffcode = \"b\"\nconstraint = \"glue\""),
+        offcode(
+            "a",
+            A,
+            "[[offcode.import]]\noffcode = \"b\"\nconstraint = \"glue\""
+        ),
         offcode("b", B, "")
     ));
     expect(&e, "unknown constraint `glue`", "main.toml:6:14");
@@ -169,40 +248,101 @@ fn imports_are_checked() {
     expect(&e, "offcode `a` imports itself", "main.toml:5:11");
     let e = err(&format!(
         "{}{}",
-        offcode("a", A, &format!("[[offcode.import]]\noffcode = \"b\"\nid = \"{C}\"")),
+        offcode(
+            "a",
+            A,
+            &format!("[[offcode.import]]\noffcode = \"b\"\nid = \"{C}\"")
+        ),
         offcode("b", B, "")
     ));
-    expect(&e, &format!("import of `b` expects id {C}, but `b` has id {B}"), "main.toml:6:6");
+    expect(
+        &e,
+        &format!("import of `b` expects id {C}, but `b` has id {B}"),
+        "main.toml:6:6",
+    );
 }
 
 #[test]
 fn file_imports_missing_cyclic_and_wrong() {
-    let e = errs(&[("main.toml", &offcode("a", A, "[[offcode.import]]\noffcode = \"b\"\nfile = \"lib/b.toml\""))]);
+    let e = errs(&[(
+        "main.toml",
+        &offcode(
+            "a",
+            A,
+            "[[offcode.import]]\noffcode = \"b\"\nfile = \"lib/b.toml\"",
+        ),
+    )]);
     expect(&e, "cannot read imported manifest `", "main.toml:6:8");
 
-    let a = offcode("a", A, "[[offcode.import]]\noffcode = \"b\"\nfile = \"b.toml\"");
-    let b = offcode("b", B, "[[offcode.import]]\noffcode = \"a\"\nfile = \"main.toml\"");
+    let a = offcode(
+        "a",
+        A,
+        "[[offcode.import]]\noffcode = \"b\"\nfile = \"b.toml\"",
+    );
+    let b = offcode(
+        "b",
+        B,
+        "[[offcode.import]]\noffcode = \"a\"\nfile = \"main.toml\"",
+    );
     let e = errs(&[("main.toml", &a), ("b.toml", &b)]);
-    assert!(e.contains("import cycle: main.toml → b.toml → main.toml") || e.contains("import cycle:"), "{e}");
+    assert!(
+        e.contains("import cycle: main.toml → b.toml → main.toml") || e.contains("import cycle:"),
+        "{e}"
+    );
     expect(&e, "import cycle", "b.toml:6:8");
-    assert!(e.contains("main.toml") && e.contains("→"), "names the chain: {e}");
+    assert!(
+        e.contains("main.toml") && e.contains("→"),
+        "names the chain: {e}"
+    );
 
-    let a = offcode("a", A, "[[offcode.import]]\noffcode = \"c\"\nfile = \"b.toml\"");
-    let e = errs(&[("main.toml", &format!("{a}{}", offcode("c", C, ""))), ("b.toml", &offcode("b", B, ""))]);
-    expect(&e, "`b.toml` does not declare offcode `c`", "main.toml:5:11");
+    let a = offcode(
+        "a",
+        A,
+        "[[offcode.import]]\noffcode = \"c\"\nfile = \"b.toml\"",
+    );
+    let e = errs(&[
+        ("main.toml", &format!("{a}{}", offcode("c", C, ""))),
+        ("b.toml", &offcode("b", B, "")),
+    ]);
+    expect(
+        &e,
+        "`b.toml` does not declare offcode `c`",
+        "main.toml:5:11",
+    );
 }
 
 #[test]
 fn diamond_imports_load_each_file_once() {
     let main = format!(
         "{}{}",
-        offcode("a", A, "[[offcode.import]]\noffcode = \"b\"\nfile = \"b.toml\"\nconstraint = \"pull\""),
-        offcode("x", "11111111-1111-4111-8111-111111111111", "[[offcode.import]]\noffcode = \"c\"\nfile = \"c.toml\"")
+        offcode(
+            "a",
+            A,
+            "[[offcode.import]]\noffcode = \"b\"\nfile = \"b.toml\"\nconstraint = \"pull\""
+        ),
+        offcode(
+            "x",
+            "11111111-1111-4111-8111-111111111111",
+            "[[offcode.import]]\noffcode = \"c\"\nfile = \"c.toml\""
+        )
     );
-    let b = offcode("b", B, "[[offcode.import]]\noffcode = \"d\"\nfile = \"d.toml\"\nconstraint = \"asym-gang\"");
-    let c = offcode("c", C, "[[offcode.import]]\noffcode = \"d\"\nfile = \"d.toml\"\nconstraint = \"gang\"");
+    let b = offcode(
+        "b",
+        B,
+        "[[offcode.import]]\noffcode = \"d\"\nfile = \"d.toml\"\nconstraint = \"asym-gang\"",
+    );
+    let c = offcode(
+        "c",
+        C,
+        "[[offcode.import]]\noffcode = \"d\"\nfile = \"d.toml\"\nconstraint = \"gang\"",
+    );
     let d = offcode("d", "22222222-2222-4222-8222-222222222222", "");
-    let (_dir, m) = load_files(&[("main.toml", &main), ("b.toml", &b), ("c.toml", &c), ("d.toml", &d)]);
+    let (_dir, m) = load_files(&[
+        ("main.toml", &main),
+        ("b.toml", &b),
+        ("c.toml", &c),
+        ("d.toml", &d),
+    ]);
     let m = m.unwrap_or_else(|e| panic!("{e}"));
     let names: Vec<_> = m.offcodes.iter().map(|o| o.name.as_str()).collect();
     assert_eq!(names.len(), 5, "{names:?}");
@@ -213,44 +353,103 @@ fn diamond_imports_load_each_file_once() {
 }
 
 fn two(extra_a: &str, extra_b: &str, channel: &str) -> String {
-    format!("{}{}{}", offcode("a", A, extra_a), offcode("b", B, extra_b), channel)
+    format!(
+        "{}{}{}",
+        offcode("a", A, extra_a),
+        offcode("b", B, extra_b),
+        channel
+    )
 }
 
 #[test]
 fn channels_are_checked() {
-    let ports = |ch: &str| two("outputs = [\"out\"]\ninputs = [\"cmd\"]", "inputs = [\"in\"]", ch);
-    let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a\"\nto = \"b.in\"\n"));
-    expect(&e, "channel endpoint `a` must be written `offcode.port`", "main.toml:16:8");
-    let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"z.out\"\nto = \"b.in\"\n"));
-    expect(&e, "channel endpoint names unknown offcode `z`", "main.toml:16:8");
-    let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.inn\"\n"));
+    let ports = |ch: &str| {
+        two(
+            "outputs = [\"out\"]\ninputs = [\"cmd\"]",
+            "inputs = [\"in\"]",
+            ch,
+        )
+    };
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a\"\nto = \"b.in\"\n",
+    ));
+    expect(
+        &e,
+        "channel endpoint `a` must be written `offcode.port`",
+        "main.toml:16:8",
+    );
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"z.out\"\nto = \"b.in\"\n",
+    ));
+    expect(
+        &e,
+        "channel endpoint names unknown offcode `z`",
+        "main.toml:16:8",
+    );
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.inn\"\n",
+    ));
     expect(&e, "offcode `b` has no input port `inn`", "main.toml:17:6");
     assert!(e.contains("`b` declares input ports: in"), "{e}");
-    let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.cmd\"\nto = \"b.in\"\n"));
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a.cmd\"\nto = \"b.in\"\n",
+    ));
     expect(&e, "offcode `a` has no output port `cmd`", "main.toml:16:8");
     assert!(e.contains("declared, but as an input"), "{e}");
-    let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = [\"b.in\", \"a.cmd\"]\ncast = \"unicast\"\n"));
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = [\"b.in\", \"a.cmd\"]\ncast = \"unicast\"\n",
+    ));
     expect(&e, "unicast channel `c` has 2 receivers", "main.toml:17:6");
     assert!(e.contains("order = \"parallel\""), "{e}");
-    let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\ncast = \"multicast\"\n"));
-    expect(&e, "multicast channel `c` needs at least two receivers", "main.toml:17:6");
-    let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nslots = 1000\n"));
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\ncast = \"multicast\"\n",
+    ));
+    expect(
+        &e,
+        "multicast channel `c` needs at least two receivers",
+        "main.toml:17:6",
+    );
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nslots = 1000\n",
+    ));
     expect(&e, "`slots` must be a power of two", "main.toml:18:9");
-    let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nslot_size = 100\n"));
-    expect(&e, "`slot_size` must be a multiple of 16", "main.toml:18:13");
-    let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nbandwidth_mbps = -1.0\n"));
-    expect(&e, "`bandwidth_mbps` must be a finite number", "main.toml:18:18");
-    let e = err(&ports("[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\ndelivery = \"maybe\"\n"));
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nslot_size = 100\n",
+    ));
+    expect(
+        &e,
+        "`slot_size` must be a multiple of 16",
+        "main.toml:18:13",
+    );
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nbandwidth_mbps = -1.0\n",
+    ));
+    expect(
+        &e,
+        "`bandwidth_mbps` must be a finite number",
+        "main.toml:18:18",
+    );
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\ndelivery = \"maybe\"\n",
+    ));
     expect(&e, "unknown delivery `maybe`", "main.toml:18:12");
     let e = err(&ports(
         "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = [\"b.in\", \"a.cmd\"]\ncast = \"multicast\"\norder = \"parallel\"\n",
     ));
-    expect(&e, "cannot be both multicast and parallel", "main.toml:19:9");
+    expect(
+        &e,
+        "cannot be both multicast and parallel",
+        "main.toml:19:9",
+    );
 }
 
 #[test]
 fn channel_fan_in_fan_out_and_duplicates() {
-    let base = two("outputs = [\"out\"]\ninputs = [\"cmd\"]", "inputs = [\"in\"]\noutputs = [\"o2\"]", "");
+    let base = two(
+        "outputs = [\"out\"]\ninputs = [\"cmd\"]",
+        "inputs = [\"in\"]\noutputs = [\"o2\"]",
+        "",
+    );
     let e = err(&format!(
         "{base}[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\n[[channel]]\nname = \"c\"\nfrom = \"b.o2\"\nto = \"a.cmd\"\n"
     ));
@@ -258,11 +457,19 @@ fn channel_fan_in_fan_out_and_duplicates() {
     let e = err(&format!(
         "{base}[[channel]]\nname = \"c1\"\nfrom = \"a.out\"\nto = \"b.in\"\n[[channel]]\nname = \"c2\"\nfrom = \"a.out\"\nto = \"a.cmd\"\n"
     ));
-    expect(&e, "output `a.out` already feeds another channel", "main.toml:21:8");
+    expect(
+        &e,
+        "output `a.out` already feeds another channel",
+        "main.toml:21:8",
+    );
     let e = err(&format!(
         "{base}[[channel]]\nname = \"c1\"\nfrom = \"a.out\"\nto = \"b.in\"\n[[channel]]\nname = \"c2\"\nfrom = \"b.o2\"\nto = \"b.in\"\n"
     ));
-    expect(&e, "input `b.in` is already fed by another channel", "main.toml:22:6");
+    expect(
+        &e,
+        "input `b.in` is already fed by another channel",
+        "main.toml:22:6",
+    );
 }
 
 #[test]
@@ -291,21 +498,42 @@ fn every_problem_is_reported_not_just_the_first() {
         offcode("a", A, "priority = \"urgent\"\ncpu = 7.0"),
         offcode("b", "bad", "")
     ));
-    assert!(e.contains("unknown priority") && e.contains("must be in (0, 1]") && e.contains("128-bit GUID"), "{e}");
+    assert!(
+        e.contains("unknown priority")
+            && e.contains("must be in (0, 1]")
+            && e.contains("128-bit GUID"),
+        "{e}"
+    );
     // An offcode with a bad field still exists for references: no cascade.
     assert!(!e.contains("unknown offcode"), "{e}");
 }
 
 #[test]
 fn missing_root_file_is_named() {
-    let e = load(&PathBuf::from("/nonexistent/dir/app.toml")).unwrap_err().render(false);
-    assert!(e.contains("cannot read manifest `/nonexistent/dir/app.toml`"), "{e}");
+    let e = load(&PathBuf::from("/nonexistent/dir/app.toml"))
+        .unwrap_err()
+        .render(false);
+    assert!(
+        e.contains("cannot read manifest `/nonexistent/dir/app.toml`"),
+        "{e}"
+    );
 }
 
 #[test]
 fn text_manifests_refuse_file_imports() {
-    let e = parse_str("inline.toml", &offcode("a", A, "[[offcode.import]]\noffcode = \"b\"\nfile = \"b.toml\""))
-        .unwrap_err()
-        .render(false);
-    expect(&e, "file imports need a manifest on disk", "inline.toml:6:8");
+    let e = parse_str(
+        "inline.toml",
+        &offcode(
+            "a",
+            A,
+            "[[offcode.import]]\noffcode = \"b\"\nfile = \"b.toml\"",
+        ),
+    )
+    .unwrap_err()
+    .render(false);
+    expect(
+        &e,
+        "file imports need a manifest on disk",
+        "inline.toml:6:8",
+    );
 }

@@ -75,11 +75,17 @@ impl Metrics {
 }
 
 fn port(list: &[String], name: &str, direction: &'static str) -> Result<usize, OffcodeError> {
-    list.iter().position(|p| p == name).ok_or_else(|| OffcodeError::UnknownPort {
-        direction,
-        port: name.to_string(),
-        known: if list.is_empty() { "none".into() } else { list.join(", ") },
-    })
+    list.iter()
+        .position(|p| p == name)
+        .ok_or_else(|| OffcodeError::UnknownPort {
+            direction,
+            port: name.to_string(),
+            known: if list.is_empty() {
+                "none".into()
+            } else {
+                list.join(", ")
+            },
+        })
 }
 
 /// Phase-1 context: local resources only.
@@ -91,7 +97,11 @@ pub struct InitCx<'a> {
 
 impl<'a> InitCx<'a> {
     pub fn new(info: &'a OffcodeInfo, params: &'a toml::Table, metrics: &'a Metrics) -> Self {
-        InitCx { info, params, metrics }
+        InitCx {
+            info,
+            params,
+            metrics,
+        }
     }
 
     /// Who and where this offcode is.
@@ -151,18 +161,24 @@ impl<'a> RunCx<'a> {
 
     fn outlet(&mut self, out: OutputId) -> Result<&mut Outlet, OffcodeError> {
         let n = self.outlets.len();
-        self.outlets.get_mut(out.0).ok_or_else(|| OffcodeError::UnknownPort {
-            direction: "output",
-            port: format!("#{}", out.0),
-            known: format!("{n} outputs"),
-        })
+        self.outlets
+            .get_mut(out.0)
+            .ok_or_else(|| OffcodeError::UnknownPort {
+                direction: "output",
+                port: format!("#{}", out.0),
+                known: format!("{n} outputs"),
+            })
     }
 
     /// Writes a message straight into the channel's slot (zero copy): `fill`
     /// gets the slot and returns the bytes it wrote. `Full` on a reliable
     /// channel means nothing was sent: try again on a later turn.
     #[inline]
-    pub fn send(&mut self, out: OutputId, fill: impl FnOnce(&mut [u8]) -> usize) -> Result<SendOutcome, OffcodeError> {
+    pub fn send(
+        &mut self,
+        out: OutputId,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<SendOutcome, OffcodeError> {
         self.outlet(out)?.send_with(fill)
     }
 

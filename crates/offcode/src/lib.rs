@@ -21,10 +21,10 @@ mod context;
 mod ports;
 mod registry;
 
+pub use context::parse_params;
 pub use context::{InitCx, Metric, Metrics, OffcodeInfo, RunCx};
 pub use ports::{Inlet, Outlet};
-pub use context::parse_params;
-pub use registry::{BuildSpec, Factory, Implementation, Registry};
+pub use registry::{BuildSpec, Factory, Implementation, Registry, Validator};
 
 use sidecore_channel::oob::OobMessage;
 
@@ -86,8 +86,16 @@ pub trait Offcode: Send {
     }
 
     /// One message arrived on `input` (read in place: zero copy).
-    fn handle(&mut self, _cx: &mut RunCx<'_>, input: InputId, _msg: &[u8]) -> Result<(), OffcodeError> {
-        Err(OffcodeError::failed(format!("got a message on input {} but handles none", input.0)))
+    fn handle(
+        &mut self,
+        _cx: &mut RunCx<'_>,
+        input: InputId,
+        _msg: &[u8],
+    ) -> Result<(), OffcodeError> {
+        Err(OffcodeError::failed(format!(
+            "got a message on input {} but handles none",
+            input.0
+        )))
     }
 
     /// A turn of the run-to-completion loop; sources produce here.
@@ -96,7 +104,11 @@ pub trait Offcode: Send {
     }
 
     /// A message on the out-of-band channel; may answer with a value.
-    fn control(&mut self, _cx: &mut RunCx<'_>, _msg: &OobMessage) -> Result<Option<serde_json::Value>, OffcodeError> {
+    fn control(
+        &mut self,
+        _cx: &mut RunCx<'_>,
+        _msg: &OobMessage,
+    ) -> Result<Option<serde_json::Value>, OffcodeError> {
         Ok(None)
     }
 

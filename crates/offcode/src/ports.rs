@@ -27,7 +27,10 @@ pub enum Outlet {
 impl Outlet {
     /// Writes one message in place; `fill` returns its length.
     #[inline]
-    pub fn send_with(&mut self, fill: impl FnOnce(&mut [u8]) -> usize) -> Result<SendOutcome, OffcodeError> {
+    pub fn send_with(
+        &mut self,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<SendOutcome, OffcodeError> {
         match self {
             Outlet::Ring(s) => Ok(s.try_send_with(fill)?),
             Outlet::Parallel(p, delivery, dropped) => match p.try_send_with(fill) {
@@ -43,9 +46,12 @@ impl Outlet {
                 let mut buf = [0u8; 2048];
                 let n = fill(&mut buf);
                 if n > buf.len() {
-                    return Err(OffcodeError::Channel(format!("message of {n} bytes exceeds 2048")));
+                    return Err(OffcodeError::Channel(format!(
+                        "message of {n} bytes exceeds 2048"
+                    )));
                 }
-                s.send(&buf[..n]).map_err(|e| OffcodeError::Channel(e.to_string()))
+                s.send(&buf[..n])
+                    .map_err(|e| OffcodeError::Channel(e.to_string()))
             }
             Outlet::Unconnected(n) => {
                 *n += 1;
@@ -62,7 +68,9 @@ impl Outlet {
                 s.publish();
                 Ok(())
             }
-            Outlet::Stream(s) => s.publish().map_err(|e| OffcodeError::Channel(e.to_string())),
+            Outlet::Stream(s) => s
+                .publish()
+                .map_err(|e| OffcodeError::Channel(e.to_string())),
             Outlet::Parallel(..) | Outlet::Unconnected(_) => Ok(()),
         }
     }
@@ -89,7 +97,10 @@ impl Outlet {
     pub fn counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         match self {
-            Outlet::Ring(s) => (s.stats().published.load(Relaxed), s.stats().dropped.load(Relaxed)),
+            Outlet::Ring(s) => (
+                s.stats().published.load(Relaxed),
+                s.stats().dropped.load(Relaxed),
+            ),
             Outlet::Parallel(_, _, d) => (0, *d),
             Outlet::Stream(s) => s.counts(),
             Outlet::Unconnected(n) => (0, *n),

@@ -26,7 +26,11 @@ pub struct BuildSpec<'a> {
 }
 
 /// Builds an instance.
-pub type Factory = Arc<dyn Fn(&BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> + Send + Sync>;
+pub type Factory =
+    Arc<dyn Fn(&BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> + Send + Sync>;
+
+/// Checks parameters without building an instance.
+pub type Validator = Arc<dyn Fn(&toml::Table) -> Result<(), OffcodeError> + Send + Sync>;
 
 /// One implementation in the library.
 #[derive(Clone)]
@@ -40,7 +44,7 @@ pub struct Implementation {
     pub outputs: Option<Vec<String>>,
     pub factory: Factory,
     /// Checks parameters without building (for `sidecore check`).
-    pub validate: Option<Arc<dyn Fn(&toml::Table) -> Result<(), OffcodeError> + Send + Sync>>,
+    pub validate: Option<Validator>,
 }
 
 impl std::fmt::Debug for Implementation {
@@ -55,18 +59,23 @@ impl std::fmt::Debug for Implementation {
 impl Implementation {
     /// Checks that the manifest's ports are ones this implementation provides.
     pub fn check_ports(&self, inputs: &[String], outputs: &[String]) -> Result<(), String> {
-        let check = |have: &Option<Vec<String>>, want: &[String], what: &str| -> Result<(), String> {
-            if let Some(have) = have
-                && let Some(p) = want.iter().find(|p| !have.contains(p))
-            {
-                return Err(format!(
-                    "implementation `{}` has no {what} port `{p}` (it provides: {})",
-                    self.name,
-                    if have.is_empty() { "none".into() } else { have.join(", ") }
-                ));
-            }
-            Ok(())
-        };
+        let check =
+            |have: &Option<Vec<String>>, want: &[String], what: &str| -> Result<(), String> {
+                if let Some(have) = have
+                    && let Some(p) = want.iter().find(|p| !have.contains(p))
+                {
+                    return Err(format!(
+                        "implementation `{}` has no {what} port `{p}` (it provides: {})",
+                        self.name,
+                        if have.is_empty() {
+                            "none".into()
+                        } else {
+                            have.join(", ")
+                        }
+                    ));
+                }
+                Ok(())
+            };
         check(&self.inputs, inputs, "input")?;
         check(&self.outputs, outputs, "output")
     }

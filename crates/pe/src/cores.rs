@@ -25,7 +25,10 @@ impl CoreInfo {
     pub fn describe(&self) -> String {
         let mut s = format!("CPU {} (NUMA {}", self.cpu, self.numa);
         if self.siblings.len() > 1 {
-            s.push_str(&format!(", SMT siblings {}", cpulist::format(&self.siblings)));
+            s.push_str(&format!(
+                ", SMT siblings {}",
+                cpulist::format(&self.siblings)
+            ));
         }
         if self.isolated {
             s.push_str(", isolated");
@@ -56,7 +59,8 @@ pub fn allowed_cpus() -> Vec<u32> {
     // sched_getaffinity writes at most size_of::<cpu_set_t>() bytes into it.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     // SAFETY: pid 0 is this thread; the pointer and size describe `set`.
-    let rc = unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
+    let rc =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) };
     if rc != 0 {
         return Vec::new();
     }
@@ -71,26 +75,40 @@ pub fn pin_current_thread(cpu: u32) -> std::io::Result<()> {
     // SAFETY: zeroed cpu_set_t is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     if cpu as usize >= libc::CPU_SETSIZE as usize {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "CPU number too large"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "CPU number too large",
+        ));
     }
     // SAFETY: cpu < CPU_SETSIZE checked above.
     unsafe { libc::CPU_SET(cpu as usize, &mut set) };
     // SAFETY: pid 0 is the calling thread; the pointer and size describe `set`.
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// Restores the calling thread's affinity to every allowed CPU in `cpus`.
 pub fn unpin_current_thread(cpus: &[u32]) -> std::io::Result<()> {
     // SAFETY: zeroed cpu_set_t is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus.iter().filter(|&&c| (c as usize) < libc::CPU_SETSIZE as usize) {
+    for &c in cpus
+        .iter()
+        .filter(|&&c| (c as usize) < libc::CPU_SETSIZE as usize)
+    {
         // SAFETY: bound checked by the filter.
         unsafe { libc::CPU_SET(c as usize, &mut set) };
     }
     // SAFETY: as in pin_current_thread.
     let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc == 0 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
@@ -111,7 +129,12 @@ fn numa_of(cpu: u32) -> u32 {
         .ok()
         .and_then(|d| {
             d.filter_map(Result::ok)
-                .filter_map(|e| e.file_name().to_str().and_then(|n| n.strip_prefix("node")).and_then(|n| n.parse().ok()))
+                .filter_map(|e| {
+                    e.file_name()
+                        .to_str()
+                        .and_then(|n| n.strip_prefix("node"))
+                        .and_then(|n| n.parse().ok())
+                })
                 .next()
         })
         .unwrap_or(0)
@@ -130,7 +153,11 @@ pub fn probe(housekeeping: Option<&[u32]>) -> Cores {
         .and_then(|t| cpulist::parse(&t).ok())
         .unwrap_or_default();
     let allowed = allowed_cpus();
-    let default_hk = if allowed.len() > 2 { vec![allowed[0]] } else { vec![] };
+    let default_hk = if allowed.len() > 2 {
+        vec![allowed[0]]
+    } else {
+        vec![]
+    };
     let hk = housekeeping.map(<[u32]>::to_vec).unwrap_or(default_hk);
     let cores: Vec<CoreInfo> = online
         .iter()
@@ -163,7 +190,11 @@ pub fn probe(housekeeping: Option<&[u32]>) -> Cores {
         allowed.len(),
         cpulist::format(&allowed),
         dedicatable,
-        if isolated.is_empty() { "none".to_string() } else { cpulist::format(&isolated) }
+        if isolated.is_empty() {
+            "none".to_string()
+        } else {
+            cpulist::format(&isolated)
+        }
     );
     Cores {
         cores,
@@ -183,7 +214,10 @@ mod tests {
         assert!(c.allowed_count >= 1);
         let allowed = allowed_cpus();
         for core in &c.cores {
-            assert_eq!(core.not_dedicatable.is_none(), allowed.contains(&core.cpu) && (allowed.len() <= 2 || core.cpu != allowed[0]));
+            assert_eq!(
+                core.not_dedicatable.is_none(),
+                allowed.contains(&core.cpu) && (allowed.len() <= 2 || core.cpu != allowed[0])
+            );
         }
         assert!(mem_available() > 0);
     }

@@ -4,13 +4,24 @@
 /// Parses a CPU list; the error names the offending part.
 pub fn parse(text: &str) -> Result<Vec<u32>, String> {
     let mut out = Vec::new();
-    for part in text.trim().split(',').map(str::trim).filter(|p| !p.is_empty()) {
+    for part in text
+        .trim()
+        .split(',')
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
         let (lo, hi) = match part.split_once('-') {
             Some((a, b)) => (a, b),
             None => (part, part),
         };
-        let lo: u32 = lo.trim().parse().map_err(|_| format!("bad CPU number in `{part}`"))?;
-        let hi: u32 = hi.trim().parse().map_err(|_| format!("bad CPU number in `{part}`"))?;
+        let lo: u32 = lo
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad CPU number in `{part}`"))?;
+        let hi: u32 = hi
+            .trim()
+            .parse()
+            .map_err(|_| format!("bad CPU number in `{part}`"))?;
         if hi < lo || hi - lo > 65_536 {
             return Err(format!("bad CPU range `{part}`"));
         }
@@ -35,7 +46,11 @@ pub fn format(cpus: &[u32]) -> String {
             i += 1;
             end = v[i];
         }
-        parts.push(if start == end { start.to_string() } else { format!("{start}-{end}") });
+        parts.push(if start == end {
+            start.to_string()
+        } else {
+            format!("{start}-{end}")
+        });
         i += 1;
     }
     parts.join(",")

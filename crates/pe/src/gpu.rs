@@ -70,9 +70,12 @@ pub fn absent_reason() -> String {
     let drm = Path::new("/sys/class/drm").exists();
     let nv = Path::new("/proc/driver/nvidia/gpus").exists();
     match (drm, nv) {
-        (false, false) => "no GPU: no DRM devices in /sys/class/drm and no NVIDIA driver loaded".into(),
+        (false, false) => {
+            "no GPU: no DRM devices in /sys/class/drm and no NVIDIA driver loaded".into()
+        }
         (true, false) => "no GPU: /sys/class/drm lists no cards with a PCI vendor".into(),
-        _ => "no GPU usable: the NVIDIA driver is loaded but no card was found in /sys/class/drm".into(),
+        _ => "no GPU usable: the NVIDIA driver is loaded but no card was found in /sys/class/drm"
+            .into(),
     }
 }
 
@@ -90,7 +93,10 @@ mod tests {
         std::fs::create_dir_all(d.path().join("card1-HDMI-A-1")).unwrap();
         let g = probe_in(d.path());
         assert_eq!(g.len(), 1);
-        assert_eq!((g[0].index, g[0].vendor.as_str(), g[0].device.as_str()), (1, "nvidia", "0x2204"));
+        assert_eq!(
+            (g[0].index, g[0].vendor.as_str(), g[0].device.as_str()),
+            (1, "nvidia", "0x2204")
+        );
     }
 
     #[test]

@@ -25,7 +25,8 @@ pub struct KernelInfo {
     pub btf: bool,
     /// Ok if an XDP program could be attached to `lo` (and was detached again).
     pub xdp_attach: Result<(), String>,
-    /// RLIMIT_MEMLOCK, if finite (older kernels charge BPF memory to it).
+    /// RLIMIT_MEMLOCK, if finite and this kernel still charges BPF memory to
+    /// it (before 5.11; later kernels use the memory cgroup).
     pub memlock: Option<u64>,
 }
 
@@ -52,7 +53,16 @@ impl KernelInfo {
 fn insn(code: u8, dst: u8, src: u8, off: i16, imm: i32) -> [u8; 8] {
     let o = off.to_le_bytes();
     let i = imm.to_le_bytes();
-    [code, (src << 4) | (dst & 0xf), o[0], o[1], i[0], i[1], i[2], i[3]]
+    [
+        code,
+        (src << 4) | (dst & 0xf),
+        o[0],
+        o[1],
+        i[0],
+        i[1],
+        i[2],
+        i[3],
+    ]
 }
 
 fn bpf(cmd: libc::c_long, attr: &mut [u8; 128]) -> Result<OwnedFd, std::io::Error> {
@@ -124,14 +134,22 @@ pub fn probe() -> Result<KernelInfo, String> {
         rlim_cur: 0,
         rlim_max: 0,
     };
+    let rel = release();
+    let mut nums = rel
+        .split(|c: char| !c.is_ascii_digit())
+        .filter_map(|s| s.parse::<u32>().ok());
+    let charges_memlock = (nums.next().unwrap_or(0), nums.next().unwrap_or(0)) < (5, 11);
     // SAFETY: getrlimit writes into the struct we pass.
-    let memlock = if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0 && lim.rlim_cur != libc::RLIM_INFINITY {
+    let memlock = if charges_memlock
+        && unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut lim) } == 0
+        && lim.rlim_cur != libc::RLIM_INFINITY
+    {
         Some(lim.rlim_cur)
     } else {
         None
     };
     Ok(KernelInfo {
-        release: release(),
+        release: rel,
         jit,
         btf: std::path::Path::new("/sys/kernel/btf/vmlinux").exists(),
         xdp_attach,
@@ -150,10 +168,55 @@ mod tests {
         assert_eq!(insn(0xbf, 1, 6, -1, 0)[1], 0x61);
     }
 
+    /// The probes load programs: one at a time, so counts are not disturbed.
+    static PROBE: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+    /// Counts the kernel's BPF objects of one kind by walking their ids
+    /// (`BPF_PROG_GET_NEXT_ID` = 11, `BPF_LINK_GET_NEXT_ID` = 31).
+    fn count_ids(cmd: libc::c_long) -> usize {
+        let mut n = 0;
+        let mut id = 0u32;
+        loop {
+            let mut attr = [0u8; 128];
+            attr[0..4].copy_from_slice(&id.to_le_bytes());
+            // SAFETY: a zeroed bpf_attr with start_id set; the kernel writes next_id.
+            let rc =
+                unsafe { libc::syscall(libc::SYS_bpf, cmd, attr.as_mut_ptr(), attr.len() as u32) };
+            if rc != 0 {
+                return n;
+            }
+            id = u32::from_le_bytes(attr[4..8].try_into().unwrap());
+            n += 1;
+        }
+    }
+
+    /// The probe must not leave its program or its XDP link behind.
+    #[test]
+    fn probe_leaves_no_bpf_object_behind() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        let _g = PROBE.lock().unwrap_or_else(|p| p.into_inner());
+        let (progs, links) = (count_ids(11), count_ids(31));
+        let k = probe().unwrap();
+        assert_eq!(k.xdp_attach, Ok(()));
+        // The kernel frees programs after an RCU grace period: wait for it.
+        let t0 = std::time::Instant::now();
+        while (count_ids(11), count_ids(31)) != (progs, links)
+            && t0.elapsed() < std::time::Duration::from_secs(5)
+        {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(count_ids(11), progs, "program freed");
+        assert_eq!(count_ids(31), links, "XDP link detached and freed");
+    }
+
     /// Runs against the real kernel: as root on this machine it must load and
     /// attach; as another user it must fail with a reason, not panic.
     #[test]
     fn probe_reports_load_and_attach() {
+        let _g = PROBE.lock().unwrap_or_else(|p| p.into_inner());
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         match probe() {

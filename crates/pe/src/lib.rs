@@ -124,6 +124,9 @@ impl Default for DiscoverOptions {
     }
 }
 
+/// CPU capacity given to the host PE: large, because its threads time-share.
+pub const HOST_CPU_CAPACITY: f64 = 1024.0;
+
 /// Probes every kind of PE.
 pub fn discover(opts: &DiscoverOptions) -> Inventory {
     let mut inv = Inventory {
@@ -227,7 +230,10 @@ pub fn discover(opts: &DiscoverOptions) -> Inventory {
                         memory: info.memory,
                         slots: None,
                     },
-                    detail: format!("{} at {} (sidecore {}, {} CPUs)", info.name, n.addr, info.version, info.cpus),
+                    detail: format!(
+                        "{} at {} (sidecore {}, {} CPUs)",
+                        info.name, n.addr, info.version, info.cpus
+                    ),
                 });
             }
             Err(reason) => inv.absent.push(Absent {
@@ -264,12 +270,17 @@ pub fn discover(opts: &DiscoverOptions) -> Inventory {
         id: "host".into(),
         kind: PeKind::Host,
         props: BTreeMap::new(),
+        // Ordinary threads time-share the allowed CPUs, so the host is the
+        // fallback that always fits: its CPU is not a limit, its memory is.
         capacity: Capacity {
-            cpu: allowed.max(1) as f64,
+            cpu: HOST_CPU_CAPACITY,
             memory: mem,
             slots: None,
         },
-        detail: format!("ordinary threads on {allowed} allowed CPUs, {} MiB available", mem >> 20),
+        detail: format!(
+            "ordinary threads on {allowed} allowed CPUs, {} MiB available",
+            mem >> 20
+        ),
     });
     inv
 }

@@ -33,7 +33,8 @@ struct NodesFile {
 
 /// Reads a nodes file; errors name the file, line and column.
 pub fn load_nodes(path: &Path) -> Result<Vec<NodeConfig>, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read nodes file {}: {e}", path.display()))?;
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read nodes file {}: {e}", path.display()))?;
     parse_nodes(&path.display().to_string(), &text)
 }
 
@@ -44,20 +45,39 @@ pub fn parse_nodes(name: &str, text: &str) -> Result<Vec<NodeConfig>, String> {
             .span()
             .map(|s| {
                 let before = &text[..s.start.min(text.len())];
-                (before.matches('\n').count() + 1, before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1)
+                (
+                    before.matches('\n').count() + 1,
+                    before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1,
+                )
             })
             .unwrap_or((0, 0));
         format!("{name}:{line}:{col}: {}", e.message().trim())
     })?;
     for (i, n) in f.node.iter().enumerate() {
-        if n.name.is_empty() || !n.name.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_') {
-            return Err(format!("{name}: node #{} has an invalid name `{}`", i + 1, n.name));
+        if n.name.is_empty()
+            || !n
+                .name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(format!(
+                "{name}: node #{} has an invalid name `{}`",
+                i + 1,
+                n.name
+            ));
         }
         if f.node[..i].iter().any(|m| m.name == n.name) {
             return Err(format!("{name}: node `{}` is listed twice", n.name));
         }
-        if n.addr.to_socket_addrs().map(|mut a| a.next().is_none()).unwrap_or(true) {
-            return Err(format!("{name}: node `{}` has an unresolvable address `{}`", n.name, n.addr));
+        if n.addr
+            .to_socket_addrs()
+            .map(|mut a| a.next().is_none())
+            .unwrap_or(true)
+        {
+            return Err(format!(
+                "{name}: node `{}` has an unresolvable address `{}`",
+                n.name, n.addr
+            ));
         }
     }
     Ok(f.node)
@@ -88,15 +108,19 @@ pub fn probe(node: &NodeConfig, timeout: Duration) -> Result<NodeInfo, String> {
         .map_err(|e| format!("cannot resolve: {e}"))?
         .next()
         .ok_or("address resolves to nothing")?;
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("unreachable: {e}"))?;
-    s.set_read_timeout(Some(timeout)).map_err(|e| e.to_string())?;
-    s.set_write_timeout(Some(timeout)).map_err(|e| e.to_string())?;
+    let mut s =
+        TcpStream::connect_timeout(&addr, timeout).map_err(|e| format!("unreachable: {e}"))?;
+    s.set_read_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
+    s.set_write_timeout(Some(timeout))
+        .map_err(|e| e.to_string())?;
     let hello = serde_json::to_string(&Hello {
         op: "hello".into(),
         version: NODE_PROTOCOL,
     })
     .map_err(|e| e.to_string())?;
-    s.write_all(format!("{hello}\n").as_bytes()).map_err(|e| format!("send failed: {e}"))?;
+    s.write_all(format!("{hello}\n").as_bytes())
+        .map_err(|e| format!("send failed: {e}"))?;
     let mut line = String::new();
     BufReader::new(s.take(64 * 1024))
         .read_line(&mut line)
@@ -104,9 +128,13 @@ pub fn probe(node: &NodeConfig, timeout: Duration) -> Result<NodeInfo, String> {
     if line.is_empty() {
         return Err("closed the connection without answering".into());
     }
-    let info: NodeInfo = serde_json::from_str(line.trim()).map_err(|e| format!("not a sidecore node (bad hello answer: {e})"))?;
+    let info: NodeInfo = serde_json::from_str(line.trim())
+        .map_err(|e| format!("not a sidecore node (bad hello answer: {e})"))?;
     if info.protocol != NODE_PROTOCOL {
-        return Err(format!("speaks node protocol {}, this side {NODE_PROTOCOL}", info.protocol));
+        return Err(format!(
+            "speaks node protocol {}, this side {NODE_PROTOCOL}",
+            info.protocol
+        ));
     }
     Ok(info)
 }
@@ -121,12 +149,23 @@ mod tests {
     #[test]
     fn nodes_file_errors_name_the_spot() {
         let e = parse_nodes("nodes.toml", "[[node]]\nname = \"b\"\nadress = \"x\"\n").unwrap_err();
-        assert!(e.starts_with("nodes.toml:3:1:") && e.contains("unknown field `adress`"), "{e}");
-        let e = parse_nodes("n.toml", "[[node]]\nname = \"b c\"\naddr = \"127.0.0.1:1\"\n").unwrap_err();
+        assert!(
+            e.starts_with("nodes.toml:3:1:") && e.contains("unknown field `adress`"),
+            "{e}"
+        );
+        let e = parse_nodes(
+            "n.toml",
+            "[[node]]\nname = \"b c\"\naddr = \"127.0.0.1:1\"\n",
+        )
+        .unwrap_err();
         assert!(e.contains("invalid name `b c`"), "{e}");
         let e = parse_nodes("n.toml", "[[node]]\nname = \"b\"\naddr = \"nowhere\"\n").unwrap_err();
         assert!(e.contains("unresolvable address `nowhere`"), "{e}");
-        let ok = parse_nodes("n.toml", "[[node]]\nname = \"b\"\naddr = \"127.0.0.1:7400\"\n").unwrap();
+        let ok = parse_nodes(
+            "n.toml",
+            "[[node]]\nname = \"b\"\naddr = \"127.0.0.1:7400\"\n",
+        )
+        .unwrap();
         assert_eq!(ok[0].name, "b");
     }
 
@@ -155,7 +194,14 @@ mod tests {
             let _ = s.read(&mut buf);
             s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap();
         });
-        let e = probe(&NodeConfig { name: "web".into(), addr }, Duration::from_secs(2)).unwrap_err();
+        let e = probe(
+            &NodeConfig {
+                name: "web".into(),
+                addr,
+            },
+            Duration::from_secs(2),
+        )
+        .unwrap_err();
         assert!(e.contains("not a sidecore node"), "{e}");
         t.join().unwrap();
     }

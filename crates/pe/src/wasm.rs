@@ -15,14 +15,19 @@ const MODULE: &[u8] = &[
 /// Compiles and runs the probe module; `Err` says what failed.
 pub fn probe() -> Result<String, String> {
     let engine = wasmtime::Engine::default();
-    let module = wasmtime::Module::new(&engine, MODULE).map_err(|e| format!("wasmtime cannot compile a module: {e}"))?;
+    let module = wasmtime::Module::new(&engine, MODULE)
+        .map_err(|e| format!("wasmtime cannot compile a module: {e}"))?;
     let mut store = wasmtime::Store::new(&engine, ());
-    let instance = wasmtime::Instance::new(&mut store, &module, &[]).map_err(|e| format!("wasmtime cannot instantiate: {e}"))?;
+    let instance = wasmtime::Instance::new(&mut store, &module, &[])
+        .map_err(|e| format!("wasmtime cannot instantiate: {e}"))?;
     let f = instance
         .get_typed_func::<(), i32>(&mut store, "answer")
         .map_err(|e| format!("probe export missing: {e}"))?;
     match f.call(&mut store, ()) {
-        Ok(42) => Ok(format!("wasmtime (Cranelift JIT) on {}", std::env::consts::ARCH)),
+        Ok(42) => Ok(format!(
+            "wasmtime (Cranelift JIT) on {}",
+            std::env::consts::ARCH
+        )),
         Ok(v) => Err(format!("probe module returned {v}, expected 42")),
         Err(e) => Err(format!("probe module trapped: {e}")),
     }

@@ -28,7 +28,9 @@ use sidecore_offcode::{BuildSpec, Inlet, OffcodeInfo, Outlet, Registry};
 use sidecore_types::PeKind;
 
 use crate::events::{EventKind, EventLog};
-use crate::executor::{self, Command, ExecutorSpec, ExecutorState, IdlePolicy, OffcodeHandle, OffcodeState, Slot};
+use crate::executor::{
+    self, Command, ExecutorSpec, ExecutorState, IdlePolicy, OffcodeHandle, OffcodeState, Slot,
+};
 use crate::plan::{Plan, Transport};
 use crate::tree::{ResourceId, ResourceKind, ResourceTree};
 
@@ -62,7 +64,11 @@ pub enum DeployError {
     #[error("PE {pe}: {error}")]
     Executor { pe: String, error: String },
     #[error("offcode `{offcode}` on {pe}: {error}")]
-    Offcode { offcode: String, pe: String, error: String },
+    Offcode {
+        offcode: String,
+        pe: String,
+        error: String,
+    },
     #[error("an app named `{0}` is already running")]
     Duplicate(String),
 }
@@ -176,7 +182,11 @@ impl Runtime {
     /// Deploys a plan. On error nothing of it is left running.
     pub fn deploy(&self, plan: &Plan, registry: &Registry) -> Result<AppId, DeployError> {
         let _ = registry;
-        if self.apps().iter().any(|a| a.name == plan.app && a.state == AppState::Running) {
+        if self
+            .apps()
+            .iter()
+            .any(|a| a.name == plan.app && a.state == AppState::Running)
+        {
             return Err(DeployError::Duplicate(plan.app.clone()));
         }
         let app = plan.app.clone();
@@ -197,14 +207,22 @@ impl Runtime {
             instances.push(Some(inst));
         }
 
-        let root = self.tree.add(None, ResourceKind::App, format!("app {app}"), || {});
+        let root = self
+            .tree
+            .add(None, ResourceKind::App, format!("app {app}"), || {});
         match self.deploy_into(plan, id, root, instances) {
             Ok(entry) => {
                 self.apps().push(entry);
                 Ok(id)
             }
             Err(e) => {
-                self.events.emit(&app, "-", EventKind::App { message: format!("deployment failed: {e}; rolling back") });
+                self.events.emit(
+                    &app,
+                    "-",
+                    EventKind::App {
+                        message: format!("deployment failed: {e}; rolling back"),
+                    },
+                );
                 self.tree.teardown(root);
                 Err(e)
             }
@@ -238,7 +256,7 @@ impl Runtime {
             let slot_size = ch.props.slot_size as usize;
             match ch.transport {
                 Transport::Ring => {
-                    let (p, cs) = Ring::new(RingConfig {
+                    let (p, cs) = Ring::create(RingConfig {
                         slots,
                         slot_size,
                         consumers: ch.to.len(),
@@ -249,16 +267,18 @@ impl Runtime {
                         channel: ch.name.clone(),
                         error: e.to_string(),
                     })?;
-                    outlets[ch.from.0][ch.from.1] = Outlet::Ring(RingSender::new(p, ch.props.delivery));
+                    outlets[ch.from.0][ch.from.1] =
+                        Outlet::Ring(RingSender::new(p, ch.props.delivery));
                     for (c, &(oc, port)) in cs.into_iter().zip(&ch.to) {
                         inlets[oc][port] = Inlet::Ring(c);
                     }
                 }
                 Transport::WorkQueue => {
-                    let (p, c) = work_queue(slots, slot_size).map_err(|e| DeployError::Channel {
-                        channel: ch.name.clone(),
-                        error: e.to_string(),
-                    })?;
+                    let (p, c) =
+                        work_queue(slots, slot_size).map_err(|e| DeployError::Channel {
+                            channel: ch.name.clone(),
+                            error: e.to_string(),
+                        })?;
                     outlets[ch.from.0][ch.from.1] = Outlet::Parallel(p, ch.props.delivery, 0);
                     for &(oc, port) in &ch.to {
                         inlets[oc][port] = Inlet::Parallel(c.clone());
@@ -271,14 +291,20 @@ impl Runtime {
                     });
                 }
             }
-            connected[ch.from.0].push((ch.name.clone(), plan.offcodes[ch.from.0].outputs[ch.from.1].clone()));
+            connected[ch.from.0].push((
+                ch.name.clone(),
+                plan.offcodes[ch.from.0].outputs[ch.from.1].clone(),
+            ));
             for &(oc, port) in &ch.to {
                 connected[oc].push((ch.name.clone(), plan.offcodes[oc].inputs[port].clone()));
             }
             self.tree.add(
                 Some(root),
                 ResourceKind::Channel,
-                format!("channel {} ({:?}, {} x {} B)", ch.name, ch.transport, slots, slot_size),
+                format!(
+                    "channel {} ({:?}, {} x {} B)",
+                    ch.name, ch.transport, slots, slot_size
+                ),
                 || {},
             );
         }
@@ -292,7 +318,11 @@ impl Runtime {
         let mut execs: BTreeMap<String, Exec> = BTreeMap::new();
         let exec_name = |i: usize| -> String {
             let o = &plan.offcodes[i];
-            if o.pe_kind == PeKind::Host { format!("host/{}", o.name) } else { o.pe.clone() }
+            if o.pe_kind == PeKind::Host {
+                format!("host/{}", o.name)
+            } else {
+                o.pe.clone()
+            }
         };
         for i in 0..n {
             let name = exec_name(i);
@@ -305,16 +335,22 @@ impl Runtime {
                 pin: o.cpu,
                 idle: self.config.idle,
             };
-            let (tx, state, join) = executor::spawn(spec, app.clone(), self.events.clone()).map_err(|e| DeployError::Executor {
-                pe: o.pe.clone(),
-                error: e.to_string(),
-            })?;
+            let (tx, state, join) = executor::spawn(spec, app.clone(), self.events.clone())
+                .map_err(|e| DeployError::Executor {
+                    pe: o.pe.clone(),
+                    error: e.to_string(),
+                })?;
             let txc = tx.clone();
             let join = Mutex::new(Some(join));
             let node = self.tree.add(
                 Some(root),
                 ResourceKind::Executor,
-                format!("executor {name}{}", o.cpu.map(|c| format!(" (pinned to CPU {c})")).unwrap_or_default()),
+                format!(
+                    "executor {name}{}",
+                    o.cpu
+                        .map(|c| format!(" (pinned to CPU {c})"))
+                        .unwrap_or_default()
+                ),
                 move || {
                     let _ = txc.send(Command::Shutdown);
                     if let Some(j) = join.lock().unwrap_or_else(|p| p.into_inner()).take() {
@@ -329,7 +365,16 @@ impl Runtime {
         let handles: Vec<Arc<OffcodeHandle>> = plan
             .offcodes
             .iter()
-            .map(|o| Arc::new(OffcodeHandle::new(app, &o.name, &o.pe, &o.implementation.name, o.watchdog, o.obsolete)))
+            .map(|o| {
+                Arc::new(OffcodeHandle::new(
+                    app,
+                    &o.name,
+                    &o.pe,
+                    &o.implementation.name,
+                    o.watchdog,
+                    o.obsolete,
+                ))
+            })
             .collect();
         let mut landed = vec![false; n];
         let mut started_groups = vec![false; plan.groups.len()];
@@ -347,14 +392,31 @@ impl Runtime {
             let o = &plan.offcodes[i];
             let exec = &execs[&exec_name(i)];
             if let Some(why) = &o.fallback {
-                self.events.emit(app, &o.name, EventKind::Fallback { wanted: "its declared targets".into(), reason: why.clone() });
+                self.events.emit(
+                    app,
+                    &o.name,
+                    EventKind::Fallback {
+                        wanted: "its declared targets".into(),
+                        reason: why.clone(),
+                    },
+                );
             }
-            self.events.emit(app, &o.name, EventKind::Placed { pe: o.pe.clone(), reason: o.reason.clone() });
-            let oob = self.oob.open(&format!("{app}/{}", o.name)).map_err(|e| DeployError::Offcode {
-                offcode: o.name.clone(),
-                pe: o.pe.clone(),
-                error: e.to_string(),
-            })?;
+            self.events.emit(
+                app,
+                &o.name,
+                EventKind::Placed {
+                    pe: o.pe.clone(),
+                    reason: o.reason.clone(),
+                },
+            );
+            let oob =
+                self.oob
+                    .open(&format!("{app}/{}", o.name))
+                    .map_err(|e| DeployError::Offcode {
+                        offcode: o.name.clone(),
+                        pe: o.pe.clone(),
+                        error: e.to_string(),
+                    })?;
             let info = OffcodeInfo {
                 app: app.clone(),
                 name: o.name.clone(),
@@ -379,19 +441,29 @@ impl Runtime {
                 pe: o.pe.clone(),
                 error,
             };
-            exec.tx.send(Command::Land(Box::new(slot), rtx)).map_err(|_| fail("executor is gone".into()))?;
+            exec.tx
+                .send(Command::Land(Box::new(slot), rtx))
+                .map_err(|_| fail("executor is gone".into()))?;
             rrx.recv_timeout(COMMAND_TIMEOUT)
                 .map_err(|_| fail("no answer from its executor".into()))?
                 .map_err(fail)?;
             // The offcode's node: tearing it down stops it on its executor.
             let txc = exec.tx.clone();
             let name = o.name.clone();
-            self.tree.add(Some(exec.node), ResourceKind::Offcode, format!("offcode {}", o.name), move || {
-                let (ack_tx, ack_rx) = crossbeam_channel::bounded(1);
-                if txc.send(Command::Stop(name, "app stopped".into(), ack_tx)).is_ok() {
-                    let _ = ack_rx.recv_timeout(COMMAND_TIMEOUT);
-                }
-            });
+            self.tree.add(
+                Some(exec.node),
+                ResourceKind::Offcode,
+                format!("offcode {}", o.name),
+                move || {
+                    let (ack_tx, ack_rx) = crossbeam_channel::bounded(1);
+                    if txc
+                        .send(Command::Stop(name, "app stopped".into(), ack_tx))
+                        .is_ok()
+                    {
+                        let _ = ack_rx.recv_timeout(COMMAND_TIMEOUT);
+                    }
+                },
+            );
             landed[i] = true;
 
             let g = group_of[i];
@@ -445,7 +517,11 @@ impl Runtime {
                 id: a.id,
                 name: a.name.clone(),
                 state: a.state,
-                uptime_ms: a.finished.unwrap_or_else(Instant::now).duration_since(a.started).as_millis() as u64,
+                uptime_ms: a
+                    .finished
+                    .unwrap_or_else(Instant::now)
+                    .duration_since(a.started)
+                    .as_millis() as u64,
                 offcodes: a
                     .handles
                     .iter()
@@ -482,10 +558,21 @@ impl Runtime {
             let mut apps = self.apps();
             let pos = apps.iter().position(|a| a.id == id)?;
             let a = apps.remove(pos);
+            // Tell every offcode first, so none mistakes a peer that stops
+            // before it for a failure.
+            for h in &a.handles {
+                h.request_stop("app stopped");
+            }
             (a.root, a.name)
         };
         let released = self.tree.teardown(root);
-        self.events.emit(&name, "-", EventKind::App { message: format!("stopped; released {} resources", released.len()) });
+        self.events.emit(
+            &name,
+            "-",
+            EventKind::App {
+                message: format!("stopped; released {} resources", released.len()),
+            },
+        );
         Some(released)
     }
 
@@ -513,7 +600,11 @@ impl Runtime {
             self.stop_app(id);
         }
         self.stop.store(true, Ordering::Release);
-        if let Some(h) = self.supervisor.lock().unwrap_or_else(|p| p.into_inner()).take()
+        if let Some(h) = self
+            .supervisor
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
             && h.thread().id() != std::thread::current().id()
         {
             let _ = h.join();
@@ -555,7 +646,13 @@ impl Runtime {
                         && !h.state().is_final()
                         && h.stop_reason().is_none()
                     {
-                        self.events.emit(&a.name, &h.name, EventKind::Obsolete { lifetime_ms: life.as_millis() as u64 });
+                        self.events.emit(
+                            &a.name,
+                            &h.name,
+                            EventKind::Obsolete {
+                                lifetime_ms: life.as_millis() as u64,
+                            },
+                        );
                         h.request_stop(format!("obsolete after {} ms", life.as_millis()));
                     }
                 }
@@ -569,7 +666,13 @@ impl Runtime {
         for (root, name) in finished {
             // Everything has stopped: release the executors and channels.
             self.tree.teardown(root);
-            self.events.emit(&name, "-", EventKind::App { message: "all offcodes finished".into() });
+            self.events.emit(
+                &name,
+                "-",
+                EventKind::App {
+                    message: "all offcodes finished".into(),
+                },
+            );
         }
     }
 }

@@ -12,23 +12,40 @@ use serde::Serialize;
 #[serde(tag = "event", rename_all = "kebab-case")]
 pub enum EventKind {
     /// Placed on a PE (with the layout's reason).
-    Placed { pe: String, reason: String },
+    Placed {
+        pe: String,
+        reason: String,
+    },
     /// No implementation for the chosen PE: runs on the host instead.
-    Fallback { wanted: String, reason: String },
+    Fallback {
+        wanted: String,
+        reason: String,
+    },
     Initialized,
     Started,
     /// Finished by itself.
     Done,
     /// Missed its watchdog period.
-    WatchdogExpired { period_ms: u64, elapsed_ms: u64 },
+    WatchdogExpired {
+        period_ms: u64,
+        elapsed_ms: u64,
+    },
     /// Its obsolete time elapsed.
-    Obsolete { lifetime_ms: u64 },
+    Obsolete {
+        lifetime_ms: u64,
+    },
     /// Stopped (by request, by the watchdog, ...).
-    Stopped { reason: String },
+    Stopped {
+        reason: String,
+    },
     /// An error from the offcode.
-    Failed { error: String },
+    Failed {
+        error: String,
+    },
     /// A note about the app as a whole.
-    App { message: String },
+    App {
+        message: String,
+    },
 }
 
 /// One entry.
@@ -49,17 +66,33 @@ fn ser_ms<S: serde::Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
 
 impl std::fmt::Display for Event {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "[{:>9.3} ms] {}/{}: ", self.at.as_secs_f64() * 1e3, self.app, self.offcode)?;
+        write!(
+            f,
+            "[{:>9.3} ms] {}/{}: ",
+            self.at.as_secs_f64() * 1e3,
+            self.app,
+            self.offcode
+        )?;
         match &self.kind {
             EventKind::Placed { pe, reason } => write!(f, "placed on {pe} ({reason})"),
-            EventKind::Fallback { wanted, reason } => write!(f, "falls back to host instead of {wanted}: {reason}"),
+            EventKind::Fallback { wanted, reason } => {
+                write!(f, "falls back to host instead of {wanted}: {reason}")
+            }
             EventKind::Initialized => write!(f, "initialized"),
             EventKind::Started => write!(f, "started"),
             EventKind::Done => write!(f, "done"),
-            EventKind::WatchdogExpired { period_ms, elapsed_ms } => {
-                write!(f, "watchdog expired: no progress for {elapsed_ms} ms (period {period_ms} ms); stopping it")
+            EventKind::WatchdogExpired {
+                period_ms,
+                elapsed_ms,
+            } => {
+                write!(
+                    f,
+                    "watchdog expired: no progress for {elapsed_ms} ms (period {period_ms} ms); stopping it"
+                )
             }
-            EventKind::Obsolete { lifetime_ms } => write!(f, "obsolete after {lifetime_ms} ms; reaping it"),
+            EventKind::Obsolete { lifetime_ms } => {
+                write!(f, "obsolete after {lifetime_ms} ms; reaping it")
+            }
             EventKind::Stopped { reason } => write!(f, "stopped ({reason})"),
             EventKind::Failed { error } => write!(f, "failed: {error}"),
             EventKind::App { message } => write!(f, "{message}"),
@@ -100,7 +133,12 @@ impl EventLog {
             offcode: offcode.to_string(),
             kind,
         };
-        for s in self.subscribers.lock().unwrap_or_else(|p| p.into_inner()).iter() {
+        for s in self
+            .subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+        {
             s(&e);
         }
         let mut v = self.events.lock().unwrap_or_else(|p| p.into_inner());
@@ -113,16 +151,25 @@ impl EventLog {
 
     /// Calls `f` for every later event.
     pub fn subscribe(&self, f: impl Fn(&Event) + Send + Sync + 'static) {
-        self.subscribers.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(f));
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(Box::new(f));
     }
 
     /// All events so far.
     pub fn snapshot(&self) -> Vec<Event> {
-        self.events.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.events
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// Events of one app.
     pub fn of_app(&self, app: &str) -> Vec<Event> {
-        self.snapshot().into_iter().filter(|e| e.app == app).collect()
+        self.snapshot()
+            .into_iter()
+            .filter(|e| e.app == app)
+            .collect()
     }
 }

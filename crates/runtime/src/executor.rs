@@ -18,7 +18,9 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use sidecore_channel::oob::OobEndpoint;
-use sidecore_offcode::{Inlet, InitCx, InputId, Metrics, Offcode, OffcodeError, OffcodeInfo, Outlet, Progress, RunCx};
+use sidecore_offcode::{
+    InitCx, Inlet, InputId, Metrics, Offcode, OffcodeError, OffcodeInfo, Outlet, Progress, RunCx,
+};
 
 use crate::events::{EventKind, EventLog};
 
@@ -59,7 +61,10 @@ impl OffcodeState {
     }
     /// No longer running.
     pub fn is_final(self) -> bool {
-        matches!(self, OffcodeState::Done | OffcodeState::Stopped | OffcodeState::Failed)
+        matches!(
+            self,
+            OffcodeState::Done | OffcodeState::Stopped | OffcodeState::Failed
+        )
     }
 }
 
@@ -85,7 +90,14 @@ pub struct OffcodeHandle {
 }
 
 impl OffcodeHandle {
-    pub fn new(app: &str, name: &str, pe: &str, implementation: &str, watchdog: Option<Duration>, obsolete: Option<Duration>) -> Self {
+    pub fn new(
+        app: &str,
+        name: &str,
+        pe: &str,
+        implementation: &str,
+        watchdog: Option<Duration>,
+        obsolete: Option<Duration>,
+    ) -> Self {
         OffcodeHandle {
             app: app.into(),
             name: name.into(),
@@ -124,10 +136,14 @@ impl OffcodeHandle {
 
     /// Why it was asked to stop, if it was.
     pub fn stop_reason(&self) -> Option<String> {
-        self.stop_reason.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.stop_reason
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
-    fn stop_requested(&self) -> bool {
+    /// True once a stop was asked for.
+    pub fn stop_requested(&self) -> bool {
         self.stop_requested.load(Ordering::Acquire)
     }
 }
@@ -209,7 +225,12 @@ impl ExecutorState {
             return None;
         }
         let since = Duration::from_nanos(self.since.load(Ordering::Acquire));
-        let h = self.handles.lock().unwrap_or_else(|p| p.into_inner()).get(cur - 1).cloned()?;
+        let h = self
+            .handles
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(cur - 1)
+            .cloned()?;
         Some((h, self.epoch.elapsed().saturating_sub(since)))
     }
 }
@@ -234,7 +255,11 @@ pub fn spawn(
     spec: ExecutorSpec,
     app: String,
     events: EventLog,
-) -> std::io::Result<(Sender<Command>, Arc<ExecutorState>, std::thread::JoinHandle<()>)> {
+) -> std::io::Result<(
+    Sender<Command>,
+    Arc<ExecutorState>,
+    std::thread::JoinHandle<()>,
+)> {
     let (tx, rx) = crossbeam_channel::unbounded();
     let state = Arc::new(ExecutorState::new(&spec.name));
     let st = Arc::clone(&state);
@@ -242,11 +267,11 @@ pub fn spawn(
     let join = std::thread::Builder::new()
         .name(format!("sc-{}", spec.name))
         .spawn(move || {
-            if let Some(cpu) = spec.pin {
-                if let Err(e) = sidecore_pe::cores::pin_current_thread(cpu) {
-                    let _ = ready_tx.send(Err(format!("cannot pin to CPU {cpu}: {e}")));
-                    return;
-                }
+            if let Some(cpu) = spec.pin
+                && let Err(e) = sidecore_pe::cores::pin_current_thread(cpu)
+            {
+                let _ = ready_tx.send(Err(format!("cannot pin to CPU {cpu}: {e}")));
+                return;
             }
             let _ = ready_tx.send(Ok(()));
             run(spec, app, rx, st, events);
@@ -261,7 +286,13 @@ pub fn spawn(
     }
 }
 
-fn run(spec: ExecutorSpec, app: String, rx: Receiver<Command>, state: Arc<ExecutorState>, events: EventLog) {
+fn run(
+    spec: ExecutorSpec,
+    app: String,
+    rx: Receiver<Command>,
+    state: Arc<ExecutorState>,
+    events: EventLog,
+) {
     let mut slots: Vec<Running> = Vec::new();
     let mut idle_turns: u64 = 0;
     loop {
@@ -287,7 +318,8 @@ fn run(spec: ExecutorSpec, app: String, rx: Receiver<Command>, state: Arc<Execut
                             slot.handle.set_state(OffcodeState::Initialized);
                             events.emit(&app, &slot.info.name, EventKind::Initialized);
                             let index = {
-                                let mut hs = state.handles.lock().unwrap_or_else(|p| p.into_inner());
+                                let mut hs =
+                                    state.handles.lock().unwrap_or_else(|p| p.into_inner());
                                 hs.push(Arc::clone(&slot.handle));
                                 hs.len() - 1
                             };
@@ -300,7 +332,13 @@ fn run(spec: ExecutorSpec, app: String, rx: Receiver<Command>, state: Arc<Execut
                         }
                         Err(e) => {
                             slot.handle.set_state(OffcodeState::Failed);
-                            events.emit(&app, &slot.info.name, EventKind::Failed { error: format!("initialize: {e}") });
+                            events.emit(
+                                &app,
+                                &slot.info.name,
+                                EventKind::Failed {
+                                    error: format!("initialize: {e}"),
+                                },
+                            );
                             let _ = reply.send(Err(format!("initialize: {e}")));
                         }
                     }
@@ -320,7 +358,13 @@ fn run(spec: ExecutorSpec, app: String, rx: Receiver<Command>, state: Arc<Execut
                                 }
                                 Err(e) => {
                                     s.handle.set_state(OffcodeState::Failed);
-                                    events.emit(&app, &name, EventKind::Failed { error: format!("start: {e}") });
+                                    events.emit(
+                                        &app,
+                                        &name,
+                                        EventKind::Failed {
+                                            error: format!("start: {e}"),
+                                        },
+                                    );
                                     Err(format!("start: {e}"))
                                 }
                             }
@@ -337,7 +381,13 @@ fn run(spec: ExecutorSpec, app: String, rx: Receiver<Command>, state: Arc<Execut
                 }
                 Command::Shutdown => {
                     for r in slots.drain(..).rev() {
-                        finish(&app, &events, r.slot, Some("shutdown".into()), OffcodeState::Stopped);
+                        finish(
+                            &app,
+                            &events,
+                            r.slot,
+                            Some("shutdown".into()),
+                            OffcodeState::Stopped,
+                        );
                     }
                     return;
                 }
@@ -357,7 +407,11 @@ fn run(spec: ExecutorSpec, app: String, rx: Receiver<Command>, state: Arc<Execut
             if handle.stop_requested() {
                 let reason = handle.stop_reason().unwrap_or_else(|| "requested".into());
                 let r = slots.remove(i);
-                let final_state = if handle.state() == OffcodeState::Failed { OffcodeState::Failed } else { OffcodeState::Stopped };
+                let final_state = if handle.state() == OffcodeState::Failed {
+                    OffcodeState::Failed
+                } else {
+                    OffcodeState::Stopped
+                };
                 finish(&app, &events, r.slot, Some(reason), final_state);
                 continue;
             }
@@ -389,7 +443,11 @@ fn run(spec: ExecutorSpec, app: String, rx: Receiver<Command>, state: Arc<Execut
                         elapsed_ms: took.as_millis() as u64,
                     },
                 );
-                handle.request_stop(format!("watchdog: a turn took {} ms, period {} ms", took.as_millis(), wd.as_millis()));
+                handle.request_stop(format!(
+                    "watchdog: a turn took {} ms, period {} ms",
+                    took.as_millis(),
+                    wd.as_millis()
+                ));
             }
             match outcome {
                 Ok(TurnOutcome::Progress) => progress = true,
@@ -401,11 +459,31 @@ fn run(spec: ExecutorSpec, app: String, rx: Receiver<Command>, state: Arc<Execut
                     finish(&app, &events, r.slot, None, OffcodeState::Done);
                     continue;
                 }
+                Err(_) if handle.stop_requested() => {
+                    // Being stopped already (e.g. the app is going down and a
+                    // peer went first): an error now is part of stopping.
+                    let reason = handle.stop_reason().unwrap_or_else(|| "requested".into());
+                    let r = slots.remove(i);
+                    finish(&app, &events, r.slot, Some(reason), OffcodeState::Stopped);
+                    continue;
+                }
                 Err(e) => {
                     handle.set_state(OffcodeState::Failed);
-                    events.emit(&app, &handle.name, EventKind::Failed { error: e.to_string() });
+                    events.emit(
+                        &app,
+                        &handle.name,
+                        EventKind::Failed {
+                            error: e.to_string(),
+                        },
+                    );
                     let r = slots.remove(i);
-                    finish(&app, &events, r.slot, Some(format!("error: {e}")), OffcodeState::Failed);
+                    finish(
+                        &app,
+                        &events,
+                        r.slot,
+                        Some(format!("error: {e}")),
+                        OffcodeState::Failed,
+                    );
                     continue;
                 }
             }
@@ -460,7 +538,11 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
         offcode.control(&mut cx, &msg)?;
     }
     // Back-pressure: take no more input than the reliable outputs can absorb.
-    let room = outlets.iter_mut().map(Outlet::free).min().unwrap_or(u64::MAX);
+    let room = outlets
+        .iter_mut()
+        .map(Outlet::free)
+        .min()
+        .unwrap_or(u64::MAX);
     let burst = BURST.min(room.min(BURST as u64) as usize);
     if burst > 0 {
         for (i, inlet) in inlets.iter_mut().enumerate() {
@@ -492,15 +574,31 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
 }
 
 /// Calls `stop` and drops the slot (closing its channel ends).
-fn finish(app: &str, events: &EventLog, mut slot: Box<Slot>, reason: Option<String>, state: OffcodeState) {
+fn finish(
+    app: &str,
+    events: &EventLog,
+    mut slot: Box<Slot>,
+    reason: Option<String>,
+    state: OffcodeState,
+) {
     let mut cx = RunCx::new(&slot.info, &mut slot.outlets, Instant::now());
     if let Err(e) = slot.offcode.stop(&mut cx) {
-        events.emit(app, &slot.info.name, EventKind::Failed { error: format!("stop: {e}") });
+        events.emit(
+            app,
+            &slot.info.name,
+            EventKind::Failed {
+                error: format!("stop: {e}"),
+            },
+        );
     }
     let _ = cx.flush();
     if !slot.handle.state().is_final() || state != OffcodeState::Done {
         let keep_failed = slot.handle.state() == OffcodeState::Failed;
-        slot.handle.set_state(if keep_failed { OffcodeState::Failed } else { state });
+        slot.handle.set_state(if keep_failed {
+            OffcodeState::Failed
+        } else {
+            state
+        });
     }
     if let Some(reason) = reason {
         events.emit(app, &slot.info.name, EventKind::Stopped { reason });

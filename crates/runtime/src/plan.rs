@@ -18,7 +18,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use serde::Serialize;
-use sidecore_layout::{Candidate, ConstraintSpec, Flow, Layout, LayoutError, OffcodeSpec, PeSpec, Problem, SolveOptions};
+use sidecore_layout::{
+    Candidate, ConstraintSpec, Flow, Layout, LayoutError, OffcodeSpec, PeSpec, Problem,
+    SolveOptions,
+};
 use sidecore_manifest::Manifest;
 use sidecore_offcode::{Implementation, Registry};
 use sidecore_pe::Inventory;
@@ -113,7 +116,12 @@ pub enum PlanError {
     Layout(#[from] LayoutError),
 }
 
-fn impl_for<'r>(registry: &'r Registry, oc: &sidecore_manifest::Offcode, kind: PeKind, has_module: bool) -> Result<&'r Implementation, String> {
+fn impl_for<'r>(
+    registry: &'r Registry,
+    oc: &sidecore_manifest::Offcode,
+    kind: PeKind,
+    has_module: bool,
+) -> Result<&'r Implementation, String> {
     if has_module {
         let loader = Registry::loader_name(kind);
         return registry
@@ -121,18 +129,30 @@ fn impl_for<'r>(registry: &'r Registry, oc: &sidecore_manifest::Offcode, kind: P
             .ok_or_else(|| format!("this sidecore has no loader for {kind} modules"));
     }
     match registry.get(&oc.implementation) {
-        None => Err(format!("the library has no implementation `{}`", oc.implementation)),
+        None => Err(format!(
+            "the library has no implementation `{}`",
+            oc.implementation
+        )),
         Some(i) if !i.kinds.contains(&kind) => Err(format!(
             "implementation `{}` does not run on {kind} (it runs on: {})",
             oc.implementation,
-            i.kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
+            i.kinds
+                .iter()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
         )),
         Some(i) => Ok(i),
     }
 }
 
 /// Builds the layout problem and solves it into a plan.
-pub fn plan(manifest: &Manifest, inventory: &Inventory, registry: &Registry, opts: &SolveOptions) -> Result<Plan, PlanError> {
+pub fn plan(
+    manifest: &Manifest,
+    inventory: &Inventory,
+    registry: &Registry,
+    opts: &SolveOptions,
+) -> Result<Plan, PlanError> {
     let pes: Vec<PeSpec> = inventory
         .pes
         .iter()
@@ -157,8 +177,12 @@ pub fn plan(manifest: &Manifest, inventory: &Inventory, registry: &Registry, opt
             if t.kind == PeKind::Host {
                 host_impl_declared = impl_ok.is_ok();
             }
-            let of_kind: Vec<(usize, &sidecore_pe::Pe)> =
-                inventory.pes.iter().enumerate().filter(|(_, p)| p.kind == t.kind).collect();
+            let of_kind: Vec<(usize, &sidecore_pe::Pe)> = inventory
+                .pes
+                .iter()
+                .enumerate()
+                .filter(|(_, p)| p.kind == t.kind)
+                .collect();
             if of_kind.is_empty() {
                 let why = inventory
                     .absent
@@ -169,7 +193,11 @@ pub fn plan(manifest: &Manifest, inventory: &Inventory, registry: &Registry, opt
                     .join("; ");
                 excluded.push(Excluded {
                     pe: t.kind.to_string(),
-                    why: if why.is_empty() { format!("this machine has no {} PE", t.kind) } else { why },
+                    why: if why.is_empty() {
+                        format!("this machine has no {} PE", t.kind)
+                    } else {
+                        why
+                    },
                 });
                 continue;
             }
@@ -182,7 +210,10 @@ pub fn plan(manifest: &Manifest, inventory: &Inventory, registry: &Registry, opt
                     continue;
                 }
                 if let Err(e) = pe.satisfies(&t.require) {
-                    excluded.push(Excluded { pe: pe.id.clone(), why: e });
+                    excluded.push(Excluded {
+                        pe: pe.id.clone(),
+                        why: e,
+                    });
                     continue;
                 }
                 candidates.push(Candidate {
@@ -207,13 +238,20 @@ pub fn plan(manifest: &Manifest, inventory: &Inventory, registry: &Registry, opt
             });
         }
         if candidates.is_empty() {
-            let why: Vec<String> = excluded.iter().map(|e| format!("{}: {}", e.pe, e.why)).collect();
+            let why: Vec<String> = excluded
+                .iter()
+                .map(|e| format!("{}: {}", e.pe, e.why))
+                .collect();
             return Err(PlanError::Offcode {
                 offcode: oc.name.clone(),
                 origin: oc.origin.to_string(),
                 problem: format!(
                     "no PE can run it and no host implementation exists ({})",
-                    if why.is_empty() { "no targets".into() } else { why.join("; ") }
+                    if why.is_empty() {
+                        "no targets".into()
+                    } else {
+                        why.join("; ")
+                    }
                 ),
             });
         }
@@ -268,14 +306,19 @@ pub fn plan(manifest: &Manifest, inventory: &Inventory, registry: &Registry, opt
                 problem,
             })?
             .clone();
-        implementation.check_ports(&oc.inputs, &oc.outputs).map_err(|problem| PlanError::Offcode {
-            offcode: oc.name.clone(),
-            origin: oc.origin.to_string(),
-            problem,
-        })?;
+        implementation
+            .check_ports(&oc.inputs, &oc.outputs)
+            .map_err(|problem| PlanError::Offcode {
+                offcode: oc.name.clone(),
+                origin: oc.origin.to_string(),
+                problem,
+            })?;
         let declared_non_host = oc.targets.iter().any(|t| t.kind != PeKind::Host);
         let fallback = (pe.kind == PeKind::Host && declared_non_host).then(|| {
-            let mut why: Vec<String> = excluded_all[i].iter().map(|e| format!("{}: {}", e.pe, e.why)).collect();
+            let mut why: Vec<String> = excluded_all[i]
+                .iter()
+                .map(|e| format!("{}: {}", e.pe, e.why))
+                .collect();
             why.push(layout.reasons[i].to_string());
             why.join("; ")
         });
@@ -305,8 +348,14 @@ pub fn plan(manifest: &Manifest, inventory: &Inventory, registry: &Registry, opt
     let mut channels = Vec::new();
     for ch in &manifest.channels {
         let port_of = |oc: usize, port: &str, outputs: bool| {
-            let list = if outputs { &offcodes[oc].outputs } else { &offcodes[oc].inputs };
-            list.iter().position(|p| p == port).expect("validated by the manifest")
+            let list = if outputs {
+                &offcodes[oc].outputs
+            } else {
+                &offcodes[oc].inputs
+            };
+            list.iter()
+                .position(|p| p == port)
+                .expect("validated by the manifest")
         };
         let on_node = |oc: usize| offcodes[oc].pe_kind == PeKind::Node;
         let remote = on_node(ch.from.offcode) || ch.to.iter().any(|t| on_node(t.offcode));
@@ -319,8 +368,15 @@ pub fn plan(manifest: &Manifest, inventory: &Inventory, registry: &Registry, opt
         };
         channels.push(PlannedChannel {
             name: ch.name.clone(),
-            from: (ch.from.offcode, port_of(ch.from.offcode, &ch.from.port, true)),
-            to: ch.to.iter().map(|t| (t.offcode, port_of(t.offcode, &t.port, false))).collect(),
+            from: (
+                ch.from.offcode,
+                port_of(ch.from.offcode, &ch.from.port, true),
+            ),
+            to: ch
+                .to
+                .iter()
+                .map(|t| (t.offcode, port_of(t.offcode, &t.port, false)))
+                .collect(),
             props: ch.props,
             transport,
         });

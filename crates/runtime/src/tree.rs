@@ -114,7 +114,11 @@ impl ResourceTree {
     /// Marks a node released without running its teardown (it went away on its
     /// own, e.g. an offcode that finished). Its live children are torn down.
     pub fn forget(&self, id: ResourceId) {
-        let children = self.lock().get(id.0).map(|n| n.children.clone()).unwrap_or_default();
+        let children = self
+            .lock()
+            .get(id.0)
+            .map(|n| n.children.clone())
+            .unwrap_or_default();
         let mut order = Vec::new();
         for c in children.into_iter().rev() {
             self.teardown_inner(c, &mut order);
@@ -131,13 +135,22 @@ impl ResourceTree {
         nodes
             .iter()
             .filter(|n| n.alive)
-            .map(|n| (n.kind, n.label.clone(), n.parent.map(|p| nodes[p].label.clone())))
+            .map(|n| {
+                (
+                    n.kind,
+                    n.label.clone(),
+                    n.parent.map(|p| nodes[p].label.clone()),
+                )
+            })
             .collect()
     }
 
     /// Number of live resources of `kind`.
     pub fn count(&self, kind: ResourceKind) -> usize {
-        self.lock().iter().filter(|n| n.alive && n.kind == kind).count()
+        self.lock()
+            .iter()
+            .filter(|n| n.alive && n.kind == kind)
+            .count()
     }
 }
 
@@ -162,7 +175,10 @@ mod tests {
         let _o3 = t.add(Some(e2), ResourceKind::Offcode, "c", rec("c"));
         let order = t.teardown(app);
         assert_eq!(order, vec!["c", "core:1", "b", "a", "core:0", "app"]);
-        assert_eq!(*log.lock().unwrap(), vec!["c", "core:1", "b", "a", "core:0", "app"]);
+        assert_eq!(
+            *log.lock().unwrap(),
+            vec!["c", "core:1", "b", "a", "core:0", "app"]
+        );
         assert!(t.live().is_empty());
         assert!(t.teardown(app).is_empty(), "a second teardown does nothing");
     }
@@ -185,7 +201,9 @@ mod tests {
         let t = ResourceTree::new();
         let ran = Arc::new(Mutex::new(false));
         let r = Arc::clone(&ran);
-        let a = t.add(None, ResourceKind::Offcode, "a", move || *r.lock().unwrap() = true);
+        let a = t.add(None, ResourceKind::Offcode, "a", move || {
+            *r.lock().unwrap() = true
+        });
         t.forget(a);
         assert!(!*ran.lock().unwrap());
         assert!(t.live().is_empty());

@@ -11,7 +11,11 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
         Ok(m) => m,
         Err(e) => {
             eprint!("{}", e.render(crate::stderr_is_tty()));
-            eprintln!("{}: {} problem(s) found", path.display(), e.diagnostics.len());
+            eprintln!(
+                "{}: {} problem(s) found",
+                path.display(),
+                e.diagnostics.len()
+            );
             return Ok(ExitCode::from(2));
         }
     };
@@ -28,7 +32,10 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                 oc.origin,
                 oc.name,
                 oc.implementation,
-                reg.iter().map(|i| i.name.as_str()).collect::<Vec<_>>().join(", ")
+                reg.iter()
+                    .map(|i| i.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )),
             Some(imp) => {
                 if let Err(e) = imp.check_ports(&oc.inputs, &oc.outputs) {
@@ -40,14 +47,21 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                     let at = oc.params_origin.as_ref().unwrap_or(&oc.origin);
                     problems.push(format!("{at}: offcode `{}`: {e}", oc.name));
                 }
-                for t in native.iter().filter(|t| !imp.kinds.contains(&t.kind) && t.kind != PeKind::Host) {
+                for t in native
+                    .iter()
+                    .filter(|t| !imp.kinds.contains(&t.kind) && t.kind != PeKind::Host)
+                {
                     problems.push(format!(
                         "{}: offcode `{}`: implementation `{}` cannot run on `{}` (it runs on: {})",
                         t.origin,
                         oc.name,
                         imp.name,
                         t.kind,
-                        imp.kinds.iter().map(|k| k.to_string()).collect::<Vec<_>>().join(", ")
+                        imp.kinds
+                            .iter()
+                            .map(|k| k.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ));
                 }
             }
@@ -81,7 +95,11 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             m.offcodes.len(),
             m.constraints.len(),
             m.channels.len(),
-            m.offcodes.iter().map(|o| &o.file).collect::<std::collections::BTreeSet<_>>().len()
+            m.offcodes
+                .iter()
+                .map(|o| &o.file)
+                .collect::<std::collections::BTreeSet<_>>()
+                .len()
         );
     }
     Ok(ExitCode::SUCCESS)

@@ -29,11 +29,17 @@ pub struct DaemonArgs {
 }
 
 pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
-    let d = Daemon::new(crate::registry(), crate::up::daemon_options(&args.pe, args.spin)?);
+    let d = Daemon::new(
+        crate::registry(),
+        crate::up::daemon_options(&args.pe, args.spin)?,
+    );
     let socket = args.socket.path();
     let mut server = ControlServer::start(Arc::clone(&d), &socket).map_err(anyhow::Error::msg)?;
     let node = match &args.listen {
-        Some(addr) => Some(sidecore_control::node::NodeListener::start(addr, &args.name).map_err(anyhow::Error::msg)?),
+        Some(addr) => Some(
+            sidecore_control::node::NodeListener::start(addr, &args.name)
+                .map_err(anyhow::Error::msg)?,
+        ),
         None => None,
     };
     d.runtime().events().subscribe(|e| eprintln!("{e}"));
@@ -44,7 +50,9 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
     eprintln!(
         "sidecore daemon on {}{}",
         socket.display(),
-        node.as_ref().map(|n| format!(", node listener on {}", n.addr())).unwrap_or_default()
+        node.as_ref()
+            .map(|n| format!(", node listener on {}", n.addr()))
+            .unwrap_or_default()
     );
     while !term.load(Ordering::Acquire) && !d.wait_shutdown(Duration::from_millis(100)) {}
     d.stop_all();
@@ -64,13 +72,21 @@ pub fn spawn_daemon(socket: &Path, pe: &PeArgs, spin: bool) -> anyhow::Result<()
         cmd.arg("--nodes").arg(n);
     }
     if let Some(h) = &pe.housekeeping {
-        cmd.arg("--housekeeping").arg(h.iter().map(|c| c.to_string()).collect::<Vec<_>>().join(","));
+        cmd.arg("--housekeeping").arg(
+            h.iter()
+                .map(|c| c.to_string())
+                .collect::<Vec<_>>()
+                .join(","),
+        );
     }
     if spin {
         cmd.arg("--spin");
     }
     let log = socket.with_extension("log");
-    let out = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)?;
     cmd.stdin(std::process::Stdio::null())
         .stdout(out.try_clone()?)
         .stderr(out)
@@ -79,16 +95,25 @@ pub fn spawn_daemon(socket: &Path, pe: &PeArgs, spin: bool) -> anyhow::Result<()
     let deadline = Instant::now() + Duration::from_secs(10);
     while Instant::now() < deadline {
         if sidecore_control::request(socket, &Request::Ping, Duration::from_secs(1)).is_ok() {
-            eprintln!("started a sidecore daemon on {} (log: {})", socket.display(), log.display());
+            eprintln!(
+                "started a sidecore daemon on {} (log: {})",
+                socket.display(),
+                log.display()
+            );
             return Ok(());
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    anyhow::bail!("the daemon did not come up on {} (see {})", socket.display(), log.display())
+    anyhow::bail!(
+        "the daemon did not come up on {} (see {})",
+        socket.display(),
+        log.display()
+    )
 }
 
 fn call(socket: &SocketArgs, req: Request) -> anyhow::Result<Response> {
-    sidecore_control::request(&socket.path(), &req, Duration::from_secs(30)).map_err(anyhow::Error::msg)
+    sidecore_control::request(&socket.path(), &req, Duration::from_secs(30))
+        .map_err(anyhow::Error::msg)
 }
 
 pub fn ps(socket: &SocketArgs, json: bool) -> anyhow::Result<ExitCode> {
@@ -109,11 +134,19 @@ pub fn ps(socket: &SocketArgs, json: bool) -> anyhow::Result<ExitCode> {
                     a["state"].as_str().unwrap_or("?"),
                     a["uptime_ms"].as_u64().unwrap_or(0) as f64 / 1e3
                 );
-                println!("  {:<16} {:<12} {:<12} {:>12} {:>12} {:>9}  METRICS", "OFFCODE", "PE", "STATE", "HANDLED", "SENT", "DROPPED");
+                println!(
+                    "  {:<16} {:<12} {:<12} {:>12} {:>12} {:>9}  METRICS",
+                    "OFFCODE", "PE", "STATE", "HANDLED", "SENT", "DROPPED"
+                );
                 for o in a["offcodes"].as_array().into_iter().flatten() {
                     let metrics = o["metrics"]
                         .as_object()
-                        .map(|m| m.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(" "))
+                        .map(|m| {
+                            m.iter()
+                                .map(|(k, v)| format!("{k}={v}"))
+                                .collect::<Vec<_>>()
+                                .join(" ")
+                        })
                         .unwrap_or_default();
                     println!(
                         "  {:<16} {:<12} {:<12} {:>12} {:>12} {:>9}  {metrics}",
@@ -135,7 +168,11 @@ pub fn ps(socket: &SocketArgs, json: bool) -> anyhow::Result<ExitCode> {
     }
 }
 
-pub fn down(socket: &SocketArgs, app: Option<String>, stop_daemon: bool) -> anyhow::Result<ExitCode> {
+pub fn down(
+    socket: &SocketArgs,
+    app: Option<String>,
+    stop_daemon: bool,
+) -> anyhow::Result<ExitCode> {
     match call(socket, Request::Down { app })? {
         Response::Ok { message, .. } => println!("{}", message.unwrap_or_default()),
         Response::Error { error } => {

@@ -11,13 +11,21 @@ pub fn run(pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&inv)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("{:<12} {:<7} {:>6} {:>10}  DETAIL", "PE", "KIND", "CPU", "MEMORY");
+    println!(
+        "{:<12} {:<7} {:>6} {:>10}  DETAIL",
+        "PE", "KIND", "CPU", "MEMORY"
+    );
     for p in &inv.pes {
+        let cpu = if p.kind == sidecore_types::PeKind::Host {
+            "shared".to_string()
+        } else {
+            format!("{:.1}", p.capacity.cpu)
+        };
         println!(
-            "{:<12} {:<7} {:>6.1} {:>10}  {}",
+            "{:<12} {:<7} {:>6} {:>10}  {}",
             p.id,
             p.kind.to_string(),
-            p.capacity.cpu,
+            cpu,
             bytes(p.capacity.memory),
             p.detail
         );

@@ -41,7 +41,12 @@ pub fn run(path: &Path, pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
         println!("{}", serde_json::to_string_pretty(&v)?);
         return Ok(ExitCode::SUCCESS);
     }
-    println!("layout of `{}` ({} offcodes on {} PEs):", plan.app, plan.offcodes.len(), inv.pes.len());
+    println!(
+        "layout of `{}` ({} offcodes on {} PEs):",
+        plan.app,
+        plan.offcodes.len(),
+        inv.pes.len()
+    );
     for o in &plan.offcodes {
         println!("  {:<16} → {:<10} {}", o.name, o.pe, o.reason);
         if let Some(f) = &o.fallback {

@@ -52,7 +52,9 @@ pub struct SocketArgs {
 
 impl SocketArgs {
     fn path(&self) -> PathBuf {
-        self.socket.clone().unwrap_or_else(sidecore_control::default_socket)
+        self.socket
+            .clone()
+            .unwrap_or_else(sidecore_control::default_socket)
     }
 }
 
@@ -133,7 +135,10 @@ pub fn discover_options(pe: &PeArgs) -> anyhow::Result<sidecore_pe::DiscoverOpti
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_env("SIDECORE_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("SIDECORE_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
@@ -144,7 +149,11 @@ fn main() -> ExitCode {
         Command::Up(args) => up::run(args),
         Command::Daemon(args) => ctl::daemon(args),
         Command::Ps { json, socket } => ctl::ps(&socket, json),
-        Command::Down { app, daemon, socket } => ctl::down(&socket, app, daemon),
+        Command::Down {
+            app,
+            daemon,
+            socket,
+        } => ctl::down(&socket, app, daemon),
         Command::Events { app, socket } => ctl::events(&socket, app),
         Command::Ext(c) => c.run().map(|code| ExitCode::from(code as u8)),
         Command::Calibrate(c) => c.run().map(|code| ExitCode::from(code as u8)),
@@ -173,5 +182,9 @@ pub fn bytes(b: u64) -> String {
         v /= 1024.0;
         i += 1;
     }
-    if i == 0 { format!("{b} B") } else { format!("{v:.1} {}", U[i]) }
+    if i == 0 {
+        format!("{b} B")
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
 }

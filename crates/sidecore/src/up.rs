@@ -45,7 +45,11 @@ pub fn daemon_options(pe: &PeArgs, spin: bool) -> anyhow::Result<DaemonOptions> 
         discover: discover_options(pe)?,
         solve: Default::default(),
         runtime: RuntimeConfig {
-            idle: if spin { IdlePolicy::Spin } else { IdlePolicy::Adaptive },
+            idle: if spin {
+                IdlePolicy::Spin
+            } else {
+                IdlePolicy::Adaptive
+            },
             ..Default::default()
         },
     })
@@ -64,7 +68,8 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     };
     let daemon = Daemon::new(crate::registry(), daemon_options(&args.pe, args.spin)?);
     let socket = args.socket.path();
-    let mut server = ControlServer::start(Arc::clone(&daemon), &socket).map_err(anyhow::Error::msg)?;
+    let mut server =
+        ControlServer::start(Arc::clone(&daemon), &socket).map_err(anyhow::Error::msg)?;
     let plan = match daemon.plan(&manifest) {
         Ok(p) => p,
         Err(e) => {
@@ -110,7 +115,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
             break "signal".to_string();
         }
         if args.duration.is_some_and(|d| t0.elapsed() >= d) {
-            break format!("ran for {}", humantime::format_duration(args.duration.unwrap_or_default()));
+            break format!(
+                "ran for {}",
+                humantime::format_duration(args.duration.unwrap_or_default())
+            );
         }
         if daemon.shutting_down() {
             break "shutdown requested".into();
@@ -123,12 +131,19 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         }
         if !args.quiet && last_print.elapsed() >= Duration::from_secs(1) {
             let now = rates_base(&ps, report.id);
-            eprintln!("{}", progress_line(&last.1, &now, last.0.elapsed(), t0.elapsed()));
+            eprintln!(
+                "{}",
+                progress_line(&last.1, &now, last.0.elapsed(), t0.elapsed())
+            );
             last = (Instant::now(), now);
             last_print = Instant::now();
         }
     };
-    let final_status: Vec<AppStatus> = daemon.ps().into_iter().filter(|a| a.id == report.id).collect();
+    let final_status: Vec<AppStatus> = daemon
+        .ps()
+        .into_iter()
+        .filter(|a| a.id == report.id)
+        .collect();
     let elapsed = t0.elapsed();
     daemon.stop_all();
     server.stop();
@@ -140,7 +155,11 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
             }))?
         );
     } else {
-        println!("`{}` stopped ({why}) after {:.2} s", report.app, elapsed.as_secs_f64());
+        println!(
+            "`{}` stopped ({why}) after {:.2} s",
+            report.app,
+            elapsed.as_secs_f64()
+        );
         print_summary(&final_status, elapsed);
     }
     Ok(ExitCode::SUCCESS)
@@ -151,11 +170,22 @@ fn rates_base(ps: &[AppStatus], id: u64) -> Vec<(String, u64, u64)> {
     ps.iter()
         .filter(|a| a.id == id)
         .flat_map(|a| a.offcodes.iter())
-        .map(|o| (o.name.clone(), o.metrics.get("records").copied().unwrap_or(o.handled), o.dropped))
+        .map(|o| {
+            (
+                o.name.clone(),
+                o.metrics.get("records").copied().unwrap_or(o.handled),
+                o.dropped,
+            )
+        })
         .collect()
 }
 
-fn progress_line(before: &[(String, u64, u64)], now: &[(String, u64, u64)], dt: Duration, total: Duration) -> String {
+fn progress_line(
+    before: &[(String, u64, u64)],
+    now: &[(String, u64, u64)],
+    dt: Duration,
+    total: Duration,
+) -> String {
     let mut s = format!("[{:>6.1} s]", total.as_secs_f64());
     for (n, r, d) in now {
         let prev = before.iter().find(|b| &b.0 == n).map(|b| b.1).unwrap_or(0);

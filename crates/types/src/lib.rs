@@ -94,6 +94,9 @@ impl Priority {
     }
 }
 
+// `keyword_enum!` shares one derive list among all its enums, so the default
+// is written out here.
+#[allow(clippy::derivable_impls)]
 impl Default for Priority {
     fn default() -> Self {
         Priority::Normal

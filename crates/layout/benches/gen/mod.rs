@@ -38,7 +38,8 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
             id: format!("core:{}", i + 1),
             kind: PeKind::Core,
             cpu: 1.0,
-            memory: 512 * MIB,
+            // A dedicated core's share of host memory: rarely the binding resource.
+            memory: 2048 * MIB,
             slots: None,
         });
     }
@@ -87,6 +88,8 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
     let mean_native = 0.35 * 0.6 * offcodes as f64;
     let scale = (1.3 * offload_cpu / mean_native.max(1e-9)).min(2.5);
 
+    // Offcodes without a host build must be offloaded: at most two per core.
+    let mut device_only_left = 2 * cores.len();
     let mut ocs = Vec::with_capacity(offcodes);
     let mut builds = Vec::with_capacity(offcodes);
     for n in 0..offcodes {
@@ -95,9 +98,10 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
             Build::Native
         } else if r < 0.85 {
             Build::Wasm
-        } else if r < 0.95 {
+        } else if r < 0.95 || device_only_left == 0 {
             Build::Ebpf
         } else {
+            device_only_left -= 1;
             Build::DeviceOnly
         };
         let weight = match rng.random_range(0..10) {

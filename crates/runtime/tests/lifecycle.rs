@@ -1,0 +1,549 @@
+//! The deployment life cycle through the real runtime: manifests are planned by
+//! the real solver onto this machine's real cores and threads, offcodes run on
+//! pinned executors, and the assertions read the runtime's event log and
+//! status. Covered: two-phase start, priority order, host fallback, watchdog
+//! (a slow turn and a turn stuck right now), obsolete-time reaping, rollback
+//! of a failed deployment, teardown that leaves no thread behind, and the
+//! checksum pipeline end to end.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sidecore_offcode::{Implementation, InitCx, Offcode, OffcodeError, Progress, Registry, RunCx};
+use sidecore_pe::{DiscoverOptions, Inventory};
+use sidecore_runtime::{AppState, EventKind, OffcodeState, Runtime, RuntimeConfig};
+use sidecore_types::PeKind;
+
+/// Serialises the tests: they pin threads to the machine's few cores.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn inventory() -> Inventory {
+    sidecore_pe::discover(&DiscoverOptions {
+        probe_kernel: false,
+        probe_wasm: false,
+        housekeeping: Some(vec![]),
+        ..Default::default()
+    })
+}
+
+/// An offcode that idles (and can be told to stall or fail).
+struct Probe {
+    stall_until: Option<Arc<AtomicBool>>,
+    stall_for: Option<Duration>,
+    fail_init: bool,
+    stalled: bool,
+}
+
+impl Offcode for Probe {
+    fn initialize(&mut self, _cx: &mut InitCx<'_>) -> Result<(), OffcodeError> {
+        if self.fail_init {
+            return Err(OffcodeError::failed("cannot open the device"));
+        }
+        Ok(())
+    }
+    fn poll(&mut self, _cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
+        if !self.stalled {
+            if let Some(d) = self.stall_for {
+                self.stalled = true;
+                std::thread::sleep(d);
+            }
+            if let Some(flag) = &self.stall_until {
+                self.stalled = true;
+                // Stuck until the watchdog has noticed (bounded for safety).
+                let t0 = Instant::now();
+                while !flag.load(Ordering::Acquire) && t0.elapsed() < Duration::from_secs(20) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            }
+        }
+        Ok(Progress::Idle)
+    }
+}
+
+fn registry(stall_flag: Option<Arc<AtomicBool>>) -> Registry {
+    let mut r = Registry::new();
+    sidecore_builtins::register(&mut r);
+    let mk = move |name: &str,
+                   stall_for: Option<Duration>,
+                   stall_until: Option<Arc<AtomicBool>>,
+                   fail_init: bool| Implementation {
+        name: name.into(),
+        description: "test probe".into(),
+        kinds: vec![PeKind::Core, PeKind::Host],
+        inputs: None,
+        outputs: None,
+        factory: Arc::new(move |_| {
+            Ok(Box::new(Probe {
+                stall_until: stall_until.clone(),
+                stall_for,
+                fail_init,
+                stalled: false,
+            }))
+        }),
+        validate: None,
+    };
+    r.register(mk("probe", None, None, false));
+    r.register(mk("slow", Some(Duration::from_millis(300)), None, false));
+    r.register(mk("stuck", None, stall_flag, false));
+    r.register(mk("broken", None, None, true));
+    r
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> std::path::PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn offcode(name: &str, n: u32, imp: &str, extra: &str, kinds: &[&str]) -> String {
+    let cpu = if extra.contains("cpu =") {
+        ""
+    } else {
+        "cpu = 0.1\n"
+    };
+    let mut s = format!(
+        "[[offcode]]\nname = \"{name}\"\nid = \"00000000-0000-4000-8000-{n:012}\"\nimpl = \"{imp}\"\n{cpu}{extra}\n"
+    );
+    for k in kinds {
+        s.push_str(&format!("[[offcode.target]]\nkind = \"{k}\"\n"));
+    }
+    s
+}
+
+fn deploy(rt: &Runtime, reg: &Registry, manifest: &Path) -> Result<u64, String> {
+    let m = sidecore_manifest::load(manifest).map_err(|e| e.render(false))?;
+    let plan = sidecore_runtime::plan(&m, &inventory(), reg, &Default::default())
+        .map_err(|e| e.to_string())?;
+    rt.deploy(&plan, reg).map_err(|e| e.to_string())
+}
+
+fn kinds_of(rt: &Runtime, app: &str, offcode: &str) -> Vec<EventKind> {
+    rt.events()
+        .of_app(app)
+        .into_iter()
+        .filter(|e| e.offcode == offcode)
+        .map(|e| e.kind)
+        .collect()
+}
+
+fn position(rt: &Runtime, app: &str, offcode: &str, want: &EventKind) -> usize {
+    rt.events()
+        .of_app(app)
+        .iter()
+        .position(|e| e.offcode == offcode && &e.kind == want)
+        .unwrap_or_else(|| panic!("no {want:?} for {offcode}: {:#?}", rt.events().of_app(app)))
+}
+
+fn threads() -> usize {
+    std::fs::read_dir("/proc/self/task").unwrap().count()
+}
+
+#[test]
+fn two_phase_start_waits_for_the_whole_group_and_goes_by_priority() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // Declared low, normal, high; a, b, c are related through imports; d is alone.
+    let text = format!(
+        "[app]\nname = \"phases\"\n{}{}{}{}",
+        offcode(
+            "a",
+            1,
+            "probe",
+            "priority = \"low\"\n[[offcode.import]]\noffcode = \"b\"",
+            &["host"]
+        ),
+        offcode(
+            "b",
+            2,
+            "probe",
+            "priority = \"normal\"\n[[offcode.import]]\noffcode = \"c\"\nconstraint = \"link\"",
+            &["host"]
+        ),
+        offcode("c", 3, "probe", "priority = \"high\"", &["host"]),
+        offcode("d", 4, "probe", "priority = \"normal\"", &["host"]),
+    );
+    let m = write(dir.path(), "phases.toml", &text);
+    let rt = Runtime::new(RuntimeConfig::default());
+    let reg = registry(None);
+    let id = deploy(&rt, &reg, &m).unwrap();
+
+    // Priority order of landing: c (high), then b and d (normal, manifest order), then a (low).
+    let init: Vec<String> = rt
+        .events()
+        .of_app("phases")
+        .into_iter()
+        .filter(|e| e.kind == EventKind::Initialized)
+        .map(|e| e.offcode)
+        .collect();
+    assert_eq!(init, vec!["c", "b", "d", "a"]);
+
+    // Two phases: no member of {a, b, c} starts before all three are initialized.
+    let last_init = ["a", "b", "c"]
+        .iter()
+        .map(|o| position(&rt, "phases", o, &EventKind::Initialized))
+        .max()
+        .unwrap();
+    for o in ["a", "b", "c"] {
+        assert!(
+            position(&rt, "phases", o, &EventKind::Started) > last_init,
+            "{o} started early"
+        );
+    }
+    // d is unrelated: it starts as soon as it has landed, before a lands.
+    assert!(
+        position(&rt, "phases", "d", &EventKind::Started)
+            < position(&rt, "phases", "a", &EventKind::Initialized)
+    );
+    let st = rt.status();
+    assert!(
+        st[0]
+            .offcodes
+            .iter()
+            .all(|o| o.state == OffcodeState::Running)
+    );
+    rt.stop_app(id).unwrap();
+    rt.shutdown();
+}
+
+#[test]
+fn falls_back_to_the_host_when_no_pe_fits() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // Wants a GPU (none here, or no implementation for it) and then a core that does not exist.
+    let text = format!(
+        "{}[[offcode.target]]\nkind = \"core\"\nrequire = {{ cpu = 4095 }}\n",
+        offcode("x", 1, "probe", "", &["gpu"])
+    );
+    let m = write(dir.path(), "fb.toml", &text);
+    let reg = registry(None);
+    let manifest = sidecore_manifest::load(&m).unwrap();
+    let plan = sidecore_runtime::plan(&manifest, &inventory(), &reg, &Default::default()).unwrap();
+    assert_eq!(plan.offcodes[0].pe, "host");
+    let why = plan.offcodes[0]
+        .fallback
+        .clone()
+        .expect("a fallback reason");
+    assert!(why.contains("gpu"), "{why}");
+    assert!(
+        why.contains("cpu = 4095") || why.contains("required 4095"),
+        "{why}"
+    );
+    let rt = Runtime::new(RuntimeConfig::default());
+    let id = rt.deploy(&plan, &reg).unwrap();
+    assert!(
+        kinds_of(&rt, "fb", "x")
+            .iter()
+            .any(|k| matches!(k, EventKind::Fallback { .. }))
+    );
+    assert_eq!(rt.status()[0].offcodes[0].state, OffcodeState::Running);
+    rt.stop_app(id);
+    rt.shutdown();
+}
+
+#[test]
+fn watchdog_stops_an_offcode_whose_turn_overran_its_period() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[app]\nname = \"wd\"\n{}{}",
+        offcode("slow", 1, "slow", "watchdog_ms = 50", &["host"]),
+        offcode("fine", 2, "probe", "watchdog_ms = 50", &["host"]),
+    );
+    let m = write(dir.path(), "wd.toml", &text);
+    let rt = Runtime::new(RuntimeConfig::default());
+    let reg = registry(None);
+    let id = deploy(&rt, &reg, &m).unwrap();
+    let t0 = Instant::now();
+    while rt.status()[0].offcodes[0].state != OffcodeState::Failed
+        && t0.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let st = rt.status();
+    assert_eq!(
+        st[0].offcodes[0].state,
+        OffcodeState::Failed,
+        "{:#?}",
+        rt.events().of_app("wd")
+    );
+    assert!(
+        kinds_of(&rt, "wd", "slow")
+            .iter()
+            .any(|k| matches!(k, EventKind::WatchdogExpired { period_ms: 50, .. }))
+    );
+    // Reported, then stopped once its turn returned.
+    let t0 = Instant::now();
+    while !kinds_of(&rt, "wd", "slow")
+        .iter()
+        .any(|k| matches!(k, EventKind::Stopped { .. }))
+        && t0.elapsed() < Duration::from_secs(20)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let stopped = kinds_of(&rt, "wd", "slow");
+    assert!(
+        stopped
+            .iter()
+            .any(|k| matches!(k, EventKind::Stopped { reason } if reason.contains("watchdog"))),
+        "{stopped:?}"
+    );
+    // Its neighbour keeps running.
+    assert_eq!(rt.status()[0].offcodes[1].state, OffcodeState::Running);
+    rt.stop_app(id);
+    rt.shutdown();
+}
+
+#[test]
+fn watchdog_catches_an_offcode_stuck_in_its_turn_now() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[app]\nname = \"stuck\"\n{}",
+        offcode("s", 1, "stuck", "watchdog_ms = 30", &["core", "host"])
+    );
+    let m = write(dir.path(), "stuck.toml", &text);
+    let flag = Arc::new(AtomicBool::new(false));
+    let rt = Runtime::new(RuntimeConfig::default());
+    let f = Arc::clone(&flag);
+    rt.events().subscribe(move |e| {
+        if e.offcode == "s" && matches!(e.kind, EventKind::WatchdogExpired { .. }) {
+            f.store(true, Ordering::Release);
+        }
+    });
+    let reg = registry(Some(Arc::clone(&flag)));
+    let id = deploy(&rt, &reg, &m).unwrap();
+    // The offcode stays stuck until the supervisor reports it, so reaching
+    // `Stopped` proves the report came while it was stuck.
+    assert!(
+        rt.wait_finished(id, Duration::from_secs(30)),
+        "{:#?}",
+        rt.events().of_app("stuck")
+    );
+    assert!(flag.load(Ordering::Acquire));
+    let k = kinds_of(&rt, "stuck", "s");
+    let wd = k
+        .iter()
+        .position(|k| matches!(k, EventKind::WatchdogExpired { .. }))
+        .unwrap();
+    let stop = k
+        .iter()
+        .position(|k| matches!(k, EventKind::Stopped { .. }))
+        .unwrap();
+    assert!(wd < stop, "{k:?}");
+    assert_eq!(rt.status()[0].offcodes[0].state, OffcodeState::Failed);
+    assert_eq!(rt.status()[0].state, AppState::Finished);
+    rt.stop_app(id);
+    rt.shutdown();
+}
+
+#[test]
+fn obsolete_offcodes_are_reaped() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[app]\nname = \"old\"\n{}{}",
+        offcode("short", 1, "probe", "obsolete_ms = 100", &["host"]),
+        offcode("long", 2, "probe", "", &["host"]),
+    );
+    let m = write(dir.path(), "old.toml", &text);
+    let rt = Runtime::new(RuntimeConfig::default());
+    let reg = registry(None);
+    let id = deploy(&rt, &reg, &m).unwrap();
+    let t0 = Instant::now();
+    while !rt.status()[0].offcodes[0].state.is_final() && t0.elapsed() < Duration::from_secs(20) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let st = rt.status();
+    assert_eq!(st[0].offcodes[0].state, OffcodeState::Stopped);
+    assert!(
+        st[0].offcodes[0]
+            .stop_reason
+            .as_deref()
+            .unwrap()
+            .contains("obsolete after 100 ms")
+    );
+    assert!(kinds_of(&rt, "old", "short").contains(&EventKind::Obsolete { lifetime_ms: 100 }));
+    assert_eq!(
+        st[0].offcodes[1].state,
+        OffcodeState::Running,
+        "the other one lives on"
+    );
+    rt.stop_app(id);
+    rt.shutdown();
+}
+
+#[test]
+fn a_failed_deployment_rolls_back_everything() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[app]\nname = \"bad\"\n{}{}",
+        offcode("ok", 1, "probe", "priority = \"high\"", &["core", "host"]),
+        offcode("bad", 2, "broken", "", &["host"]),
+    );
+    let m = write(dir.path(), "bad.toml", &text);
+    let rt = Runtime::new(RuntimeConfig::default());
+    let before = threads();
+    let reg = registry(None);
+    let e = deploy(&rt, &reg, &m).unwrap_err();
+    assert!(
+        e.contains("offcode `bad`") && e.contains("cannot open the device"),
+        "{e}"
+    );
+    assert!(rt.tree().live().is_empty(), "{:?}", rt.tree().live());
+    assert!(rt.status().is_empty());
+    assert!(rt.oob().names().is_empty(), "{:?}", rt.oob().names());
+    assert_eq!(threads(), before, "no executor thread left behind");
+    rt.shutdown();
+}
+
+#[test]
+fn stopping_an_app_releases_threads_cores_and_endpoints() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let text = format!(
+        "[app]\nname = \"td\"\n{}{}{}",
+        offcode("a", 1, "probe", "", &["core"]),
+        offcode("b", 2, "probe", "", &["core", "host"]),
+        offcode("c", 3, "probe", "", &["host"]),
+    );
+    let m = write(dir.path(), "td.toml", &text);
+    let rt = Runtime::new(RuntimeConfig::default());
+    let before = threads();
+    let reg = registry(None);
+    let id = deploy(&rt, &reg, &m).unwrap();
+    assert!(threads() > before);
+    assert_eq!(rt.oob().names().len(), 3);
+    let released = rt.stop_app(id).unwrap();
+    // Children before parents: every offcode before its executor, the app last.
+    assert_eq!(released.last().map(String::as_str), Some("app td"));
+    let pos = |s: &str| {
+        released
+            .iter()
+            .position(|r| r.starts_with(s))
+            .unwrap_or_else(|| panic!("{s} in {released:?}"))
+    };
+    assert!(pos("offcode a") < pos("executor core:"));
+    assert!(pos("offcode c") < pos("executor host/c"));
+    assert!(rt.tree().live().is_empty());
+    assert!(rt.oob().names().is_empty());
+    assert_eq!(threads(), before, "every executor thread joined");
+    rt.shutdown();
+}
+
+#[test]
+fn checksum_pipeline_checksums_every_record_on_two_cores() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    const N: u64 = 200_000;
+    let text = format!(
+        "[app]\nname = \"cs\"\n{}{}[[channel]]\nname = \"records\"\nfrom = \"source.out\"\nto = \"sum.in\"\nslots = 1024\nbandwidth_mbps = 1000\n",
+        offcode(
+            "source",
+            1,
+            "record-source",
+            &format!(
+                "cpu = 1.0\noutputs = [\"out\"]\nparams = {{ record_size = 64, records = {N} }}"
+            ),
+            &["core", "host"]
+        ),
+        offcode(
+            "sum",
+            2,
+            "inet-checksum",
+            "cpu = 1.0\ninputs = [\"in\"]",
+            &["core", "host"]
+        ),
+    );
+    let m = write(dir.path(), "cs.toml", &text);
+    let rt = Runtime::new(RuntimeConfig::default());
+    let reg = registry(None);
+    let id = deploy(&rt, &reg, &m).unwrap();
+    assert!(
+        rt.wait_finished(id, Duration::from_secs(60)),
+        "{:#?}",
+        rt.events().of_app("cs")
+    );
+    let st = rt.status();
+    let sum = &st[0].offcodes[1];
+    assert_eq!(sum.state, OffcodeState::Done);
+    assert_eq!(sum.metrics["records"], N);
+    assert_eq!(sum.metrics["sequence_gaps"], 0);
+    let mut expect = 0u64;
+    let mut rec = [0u8; 64];
+    for i in 0..N {
+        sidecore_builtins::source::fill_record(i, &mut rec);
+        expect += sidecore_builtins::checksum::inet_checksum(&rec) as u64;
+    }
+    assert_eq!(
+        sum.metrics["checksum_sum"], expect,
+        "every record checksummed exactly once"
+    );
+    let cores = sidecore_pe::cores::allowed_cpus().len();
+    if cores >= 2 {
+        assert!(
+            st[0].offcodes.iter().all(|o| o.pe.starts_with("core:")),
+            "{:?}",
+            st[0].offcodes
+        );
+        assert_ne!(
+            st[0].offcodes[0].pe, st[0].offcodes[1].pe,
+            "each on its own core"
+        );
+    }
+    rt.stop_app(id);
+    rt.shutdown();
+}
+
+#[test]
+fn unreliable_channels_count_drops_reliable_ones_never_drop() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    for (delivery, name) in [("unreliable", "unrel"), ("reliable", "rel")] {
+        let text = format!(
+            "[app]\nname = \"{name}\"\n{}{}[[channel]]\nname = \"records\"\nfrom = \"source.out\"\nto = \"sum.in\"\nslots = 16\ndelivery = \"{delivery}\"\n",
+            offcode(
+                "source",
+                1,
+                "record-source",
+                "outputs = [\"out\"]\nparams = { record_size = 64, records = 100000 }",
+                &["host"]
+            ),
+            offcode(
+                "sum",
+                2,
+                "inet-checksum",
+                "inputs = [\"in\"]\nparams = { check_sequence = true }",
+                &["host"]
+            ),
+        );
+        let m = write(dir.path(), &format!("{name}.toml"), &text);
+        let rt = Runtime::new(RuntimeConfig::default());
+        let reg = registry(None);
+        let id = deploy(&rt, &reg, &m).unwrap();
+        assert!(rt.wait_finished(id, Duration::from_secs(60)));
+        let st = rt.status();
+        let (src, sum) = (&st[0].offcodes[0], &st[0].offcodes[1]);
+        let received = sum.metrics["records"];
+        assert_eq!(src.metrics["records"], 100_000);
+        if delivery == "reliable" {
+            assert_eq!(src.dropped, 0);
+            assert_eq!(received, 100_000);
+            assert_eq!(sum.metrics["sequence_gaps"], 0);
+        } else {
+            assert_eq!(
+                received + src.dropped,
+                100_000,
+                "every record is received or counted as dropped"
+            );
+        }
+        rt.stop_app(id);
+        rt.shutdown();
+    }
+}
