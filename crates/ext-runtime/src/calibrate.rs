@@ -307,23 +307,53 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
     let invoke = invoke_cost("", effort)?;
     let mut host_base = BTreeMap::new();
     let calls: &[(&str, &str)] = &[
-        ("emit", "(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 0)))"),
-        ("output", "(drop (call $output (i32.const 16) (i32.const 3)))"),
-        ("state_get", "(drop (call $state_get (i64.const 1) (i32.const 64) (i32.const 16)))"),
-        ("state_put", "(drop (call $state_put (i64.const 1) (i32.const 64) (i32.const 16)))"),
+        (
+            "emit",
+            "(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 0)))",
+        ),
+        (
+            "output",
+            "(drop (call $output (i32.const 16) (i32.const 3)))",
+        ),
+        (
+            "state_get",
+            "(drop (call $state_get (i64.const 1) (i32.const 64) (i32.const 16)))",
+        ),
+        (
+            "state_put",
+            "(drop (call $state_put (i64.const 1) (i32.const 64) (i32.const 16)))",
+        ),
         ("state_del", "(drop (call $state_del (i64.const 2)))"),
-        ("cache_put", "(drop (call $cache_put (i32.const 0) (i32.const 64) (i32.const 0)))"),
-        ("cache_get", "(drop (call $cache_get (i32.const 0) (i32.const 64) (i32.const 0)))"),
-        ("shared_lookup", "(drop (call $shared_lookup (i32.const 16) (i32.const 3)))"),
-        ("shared_read", "(drop (call $shared_read (i32.const 0) (i32.const 0) (i32.const 64) (i32.const 0)))"),
+        (
+            "cache_put",
+            "(drop (call $cache_put (i32.const 0) (i32.const 64) (i32.const 0)))",
+        ),
+        (
+            "cache_get",
+            "(drop (call $cache_get (i32.const 0) (i32.const 64) (i32.const 0)))",
+        ),
+        (
+            "shared_lookup",
+            "(drop (call $shared_lookup (i32.const 16) (i32.const 3)))",
+        ),
+        (
+            "shared_read",
+            "(drop (call $shared_read (i32.const 0) (i32.const 0) (i32.const 64) (i32.const 0)))",
+        ),
     ];
     for (name, body) in calls {
         let c = (invoke_cost(body, effort)? - invoke).max(0.0);
         host_base.insert(format!("{}.{name}", abi::MODULE), c.round());
     }
     let poll = ((bench.per_iter("(call $poll)", 8, effort) - base) / 8.0).max(0.0);
-    host_base.insert(format!("{}.{}", abi::INJECT_MODULE, abi::INJECT_POLL), (poll * 10.0).round() / 10.0);
-    let emit_big = invoke_cost("(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 2048)))", effort)? - invoke;
+    host_base.insert(
+        format!("{}.{}", abi::INJECT_MODULE, abi::INJECT_POLL),
+        (poll * 10.0).round() / 10.0,
+    );
+    let emit_big = invoke_cost(
+        "(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 2048)))",
+        effort,
+    )? - invoke;
     let per_byte = ((emit_big - host_base["sc.emit"]) / 2048.0).max(0.0);
 
     let latency = effort.sizes.iter().map(|&ws| mbench(ws, effort)).collect();
@@ -361,12 +391,25 @@ fn invoke_cost(body: &str, effort: Effort) -> anyhow::Result<f64> {
     );
     let bytes = wat::parse_str(&wat)?;
     let cfg = ExtConfig {
-        violations: crate::policy::ViolationPolicy { k: u32::MAX, window: u32::MAX },
-        policy: sidecore_ext_verify::Policy { inflation: 1e9, ..Default::default() },
+        violations: crate::policy::ViolationPolicy {
+            k: u32::MAX,
+            window: u32::MAX,
+        },
+        policy: sidecore_ext_verify::Policy {
+            inflation: 1e9,
+            ..Default::default()
+        },
         ..ExtConfig::default()
     };
-    let engine = ExtEngine::new(ExecMode::Hybrid, cfg.policy.max_stack_bytes, Duration::from_millis(1))?;
-    let shared = Arc::new(vec![("out".to_string(), Arc::<[u8]>::from(vec![7u8; 8192]))]);
+    let engine = ExtEngine::new(
+        ExecMode::Hybrid,
+        cfg.policy.max_stack_bytes,
+        Duration::from_millis(1),
+    )?;
+    let shared = Arc::new(vec![(
+        "out".to_string(),
+        Arc::<[u8]>::from(vec![7u8; 8192]),
+    )]);
     let mut ext = WasmExtension::load(&engine, &bytes, &cfg, &Calibration::fallback(), shared)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     for _ in 0..1000 {
