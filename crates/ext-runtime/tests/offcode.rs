@@ -57,7 +57,7 @@ fn wasm_offcode_runs_through_the_offcode_trait_into_a_ring() {
     let metrics = Metrics::default();
     oc.initialize(&mut InitCx::new(&info, &params, &metrics))
         .unwrap();
-    let (prod, mut cons) = Ring::new(RingConfig {
+    let (prod, mut cons) = Ring::create(RingConfig {
         slots: 16,
         slot_size: 2048 + 16,
         ..RingConfig::default()
