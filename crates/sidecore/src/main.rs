@@ -8,6 +8,7 @@
 //! | `up MANIFEST` | deploys in the foreground (or `-d`: into a background daemon) |
 //! | `daemon` | runs the daemon in the foreground |
 //! | `ps` / `down` / `events` | inspect and stop what a daemon runs |
+//! | `sim sikker` / `sim rate` | the Sikker dissertation's simulators, rebuilt on sidecore's code |
 
 mod check;
 mod ctl;
@@ -113,6 +114,8 @@ enum Command {
     Ext(sidecore_ext::cli::ExtCommand),
     /// Measure this machine's cost model for Wasm extensions.
     Calibrate(sidecore_ext::cli::CalibrateCommand),
+    /// Run the Sikker simulators: SikkerSim (permission checks) and RateSim (rate control).
+    Sim(sidecore_sikker_sim::SimCommand),
 }
 
 /// The offcode library this binary ships.
@@ -157,6 +160,7 @@ fn main() -> ExitCode {
         Command::Events { app, socket } => ctl::events(&socket, app),
         Command::Ext(c) => c.run().map(|code| ExitCode::from(code as u8)),
         Command::Calibrate(c) => c.run().map(|code| ExitCode::from(code as u8)),
+        Command::Sim(cmd) => sidecore_sikker_sim::run(cmd).map(|()| ExitCode::SUCCESS),
     };
     match r {
         Ok(code) => code,

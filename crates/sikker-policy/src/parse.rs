@@ -1,0 +1,752 @@
+//! TOML policies and placements, validated into the model with precise errors.
+//!
+//! A policy:
+//!
+//! ```toml
+//! [[service]]
+//! name = "kvs"
+//! id = 7                      # optional; otherwise assigned from 1 up
+//! domains = ["MammalsGet", "MammalsSet", "CompaniesGet", "LocationsDelete"]
+//! process_count = 10          # processes 0..9; or [[service.process]] tables
+//!
+//! [[service.portal]]
+//! name = "AccessForBill"
+//! processes = [3, 6, 9]       # or: all_processes = true (includes later ones)
+//! domains = ["CompaniesGet", "LocationsDelete"]   # or: all_domains = true
+//! password_sha256 = "9f86d0…" # optional
+//!
+//! [[service]]
+//! name = "bill"
+//! [[service.process]]
+//! id = 101
+//! program = "/usr/bin/bill"
+//!
+//! [[grant]]
+//! from = "bill"
+//! to = "kvs"
+//! portal = "AccessForBill"
+//! password = "test"
+//!
+//! [[rate_limit]]
+//! from = "bill"
+//! to = "kvs"
+//! gbps = 100.0
+//! ```
+//!
+//! A placement: `[[host]] name = "h1"  processes = ["kvs:3", "bill:101"]`.
+//!
+//! Every error names the file, line and column of the offending value.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ops::Range;
+
+use codespan_reporting::diagnostic::{Diagnostic as CsDiagnostic, Label};
+use codespan_reporting::files::{Files, SimpleFile};
+use codespan_reporting::term;
+use serde::Deserialize;
+use serde_spanned::Spanned;
+use sha2::{Digest, Sha256};
+use sidecore_sikker_nmu::{NOS_SERVICE, ProcessId, ServiceId};
+use sidecore_sikker_rate::Algorithm;
+
+use crate::model::*;
+use crate::nos::Placement;
+
+/// One error, located.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Diagnostic {
+    /// File name as given.
+    pub file: String,
+    /// 1-based line.
+    pub line: usize,
+    /// 1-based column.
+    pub col: usize,
+    /// What is wrong.
+    pub message: String,
+    /// Byte range.
+    pub span: Range<usize>,
+    /// The error drawn under the source line (codespan-reporting).
+    pub rendered: String,
+}
+
+impl std::fmt::Display for Diagnostic {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}:{}:{}: {}",
+            self.file, self.line, self.col, self.message
+        )
+    }
+}
+
+/// Every error found in a file.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyErrors(pub Vec<Diagnostic>);
+
+impl std::fmt::Display for PolicyErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, d) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{d}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for PolicyErrors {}
+
+impl PolicyErrors {
+    /// The errors drawn with their source lines.
+    pub fn rendered(&self) -> String {
+        self.0.iter().map(|d| d.rendered.as_str()).collect()
+    }
+}
+
+struct Ctx<'a> {
+    file: SimpleFile<&'a str, &'a str>,
+    errs: Vec<Diagnostic>,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(name: &'a str, src: &'a str) -> Self {
+        Ctx {
+            file: SimpleFile::new(name, src),
+            errs: Vec::new(),
+        }
+    }
+
+    fn err(&mut self, span: Range<usize>, msg: impl Into<String>) {
+        let message = msg.into();
+        let len = self.file.source().len();
+        let span = span.start.min(len)..span.end.min(len).max(span.start.min(len));
+        let loc = self.file.location((), span.start).ok();
+        let diag = CsDiagnostic::error()
+            .with_message(message.clone())
+            .with_labels(vec![Label::primary((), span.clone())]);
+        let rendered =
+            term::emit_into_string(&term::Config::default(), &self.file, &diag).unwrap_or_default();
+        self.errs.push(Diagnostic {
+            file: self.file.name().to_string(),
+            line: loc.as_ref().map(|l| l.line_number).unwrap_or(1),
+            col: loc.as_ref().map(|l| l.column_number).unwrap_or(1),
+            message,
+            span,
+            rendered,
+        });
+    }
+
+    fn finish<T>(self, v: T) -> Result<T, PolicyErrors> {
+        if self.errs.is_empty() {
+            Ok(v)
+        } else {
+            Err(PolicyErrors(self.errs))
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPolicy {
+    #[serde(default)]
+    service: Vec<RawService>,
+    #[serde(default)]
+    grant: Vec<RawGrant>,
+    #[serde(default)]
+    rate_limit: Vec<RawRate>,
+    nmu: Option<RawNmu>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawService {
+    name: Spanned<String>,
+    id: Option<Spanned<i64>>,
+    #[serde(default)]
+    domains: Vec<Spanned<String>>,
+    #[serde(default)]
+    process: Vec<RawProcess>,
+    process_count: Option<Spanned<i64>>,
+    #[serde(default)]
+    portal: Vec<RawPortal>,
+    self_access: Option<bool>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawProcess {
+    id: Spanned<i64>,
+    program: Option<String>,
+    #[serde(default)]
+    args: Vec<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPortal {
+    name: Spanned<String>,
+    processes: Option<Vec<Spanned<i64>>>,
+    all_processes: Option<Spanned<bool>>,
+    domains: Option<Vec<Spanned<String>>>,
+    all_domains: Option<Spanned<bool>>,
+    password_sha256: Option<Spanned<String>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGrant {
+    from: Spanned<String>,
+    to: Spanned<String>,
+    portal: Option<Spanned<String>>,
+    password: Option<Spanned<String>>,
+    processes: Option<Vec<Spanned<i64>>>,
+    all_processes: Option<Spanned<bool>>,
+    domains: Option<Vec<Spanned<String>>>,
+    all_domains: Option<Spanned<bool>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawRate {
+    from: Spanned<String>,
+    to: Spanned<String>,
+    gbps: Spanned<f64>,
+    algorithm: Option<Spanned<String>>,
+    bucket_bytes: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNmu {
+    otp_ttl_ms: Option<Spanned<i64>>,
+    otp_cap: Option<Spanned<i64>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPlacement {
+    #[serde(default)]
+    host: Vec<RawHost>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    name: Spanned<String>,
+    #[serde(default)]
+    processes: Vec<Spanned<String>>,
+}
+
+fn syntax<T: for<'de> Deserialize<'de>>(ctx: &mut Ctx, src: &str) -> Option<T> {
+    match toml::from_str::<T>(src) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            let span = e.span().unwrap_or(0..0);
+            ctx.err(span, e.message().trim().to_string());
+            None
+        }
+    }
+}
+
+fn u32_id(ctx: &mut Ctx, v: &Spanned<i64>, what: &str) -> Option<u32> {
+    let x = *v.get_ref();
+    if x < 0 || x >= u32::MAX as i64 {
+        ctx.err(
+            v.span(),
+            format!("{what} {x} is out of range (0 to {})", u32::MAX - 1),
+        );
+        None
+    } else {
+        Some(x as u32)
+    }
+}
+
+fn parse_hex32(s: &str) -> Option<[u8; 32]> {
+    if s.len() != 64 {
+        return None;
+    }
+    let mut out = [0u8; 32];
+    for (i, b) in out.iter_mut().enumerate() {
+        *b = u8::from_str_radix(s.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// Parses and validates a policy. `name` is used in error messages.
+pub fn parse_policy(name: &str, src: &str) -> Result<Policy, PolicyErrors> {
+    let mut ctx = Ctx::new(name, src);
+    let Some(raw) = syntax::<RawPolicy>(&mut ctx, src) else {
+        return ctx.finish(Policy::default());
+    };
+    let mut pol = Policy::default();
+    // Services: names and IDs first, so grants can refer to any of them.
+    let mut by_name: BTreeMap<String, ServiceId> = BTreeMap::new();
+    // Portals already reported as invalid: grants naming them are not reported again.
+    let mut broken: BTreeSet<(ServiceId, String)> = BTreeSet::new();
+    let mut next_id: ServiceId = 1;
+    let taken: BTreeSet<i64> = raw
+        .service
+        .iter()
+        .filter_map(|s| s.id.as_ref().map(|i| *i.get_ref()))
+        .collect();
+    for rs in &raw.service {
+        let name = rs.name.get_ref().clone();
+        if name.is_empty() {
+            ctx.err(rs.name.span(), "service name is empty");
+            continue;
+        }
+        if by_name.contains_key(&name) {
+            ctx.err(rs.name.span(), format!("service `{name}` is defined twice"));
+            continue;
+        }
+        let id = match &rs.id {
+            Some(i) => {
+                let Some(id) = u32_id(&mut ctx, i, "service id") else {
+                    continue;
+                };
+                if id == NOS_SERVICE {
+                    ctx.err(i.span(), "service id is reserved for the Network OS");
+                    continue;
+                }
+                if pol.services.contains_key(&id) {
+                    ctx.err(i.span(), format!("service id {id} is used twice"));
+                    continue;
+                }
+                id
+            }
+            None => {
+                while taken.contains(&(next_id as i64)) || pol.services.contains_key(&next_id) {
+                    next_id += 1;
+                }
+                next_id
+            }
+        };
+        let mut svc = Service {
+            name: name.clone(),
+            id,
+            processes: BTreeMap::new(),
+            domains: BTreeMap::new(),
+            portals: BTreeMap::new(),
+            self_access: rs.self_access.unwrap_or(true),
+        };
+        for (i, d) in rs.domains.iter().enumerate() {
+            if d.get_ref().is_empty() {
+                ctx.err(d.span(), format!("service `{name}`: domain name is empty"));
+            } else if svc.domains.insert(d.get_ref().clone(), i as u32).is_some() {
+                ctx.err(
+                    d.span(),
+                    format!("service `{name}` defines domain `{}` twice", d.get_ref()),
+                );
+            }
+        }
+        if let Some(c) = &rs.process_count {
+            match u32_id(&mut ctx, c, "process_count") {
+                Some(n) if n <= 1 << 24 => {
+                    for p in 0..n {
+                        svc.processes.insert(p, ProcessDef::default());
+                    }
+                }
+                Some(n) => ctx.err(c.span(), format!("process_count {n} exceeds 16777216")),
+                None => {}
+            }
+        }
+        for p in &rs.process {
+            let Some(pid) = u32_id(&mut ctx, &p.id, "process id") else {
+                continue;
+            };
+            let def = ProcessDef {
+                program: p.program.clone(),
+                args: p.args.clone(),
+            };
+            if svc.processes.insert(pid, def).is_some() {
+                ctx.err(
+                    p.id.span(),
+                    format!("service `{name}` defines process {pid} twice"),
+                );
+            }
+        }
+        for rp in &rs.portal {
+            let pname = rp.name.get_ref().clone();
+            let processes = selection_procs(
+                &mut ctx,
+                &svc,
+                rp.processes.as_deref(),
+                rp.all_processes.as_ref(),
+                &format!("portal `{pname}`"),
+                rp.name.span(),
+            );
+            let domains = selection_doms(
+                &mut ctx,
+                &svc,
+                rp.domains.as_deref(),
+                rp.all_domains.as_ref(),
+                &format!("portal `{pname}`"),
+                rp.name.span(),
+            );
+            let password_sha256 = match &rp.password_sha256 {
+                None => None,
+                Some(h) => match parse_hex32(&h.get_ref().to_ascii_lowercase()) {
+                    Some(x) => Some(x),
+                    None => {
+                        ctx.err(
+                            h.span(),
+                            "password_sha256 must be 64 hexadecimal digits (a SHA-256 digest)",
+                        );
+                        None
+                    }
+                },
+            };
+            if processes.is_none() || domains.is_none() {
+                broken.insert((id, pname.clone()));
+            }
+            if let (Some(processes), Some(domains)) = (processes, domains) {
+                let portal = Portal {
+                    name: pname.clone(),
+                    processes,
+                    domains,
+                    password_sha256,
+                };
+                if svc.portals.insert(pname.clone(), portal).is_some() {
+                    ctx.err(
+                        rp.name.span(),
+                        format!("service `{name}` defines portal `{pname}` twice"),
+                    );
+                }
+            }
+        }
+        by_name.insert(name, id);
+        pol.services.insert(id, svc);
+    }
+    let lookup = |ctx: &mut Ctx, s: &Spanned<String>, role: &str| -> Option<ServiceId> {
+        match by_name.get(s.get_ref()) {
+            Some(&id) => Some(id),
+            None => {
+                ctx.err(
+                    s.span(),
+                    format!("{role}: unknown service `{}`", s.get_ref()),
+                );
+                None
+            }
+        }
+    };
+    for g in &raw.grant {
+        let from = lookup(&mut ctx, &g.from, "grant `from`");
+        let to = lookup(&mut ctx, &g.to, "grant `to`");
+        let (Some(from), Some(to)) = (from, to) else {
+            continue;
+        };
+        let dst = &pol.services[&to];
+        let target = if let Some(portal) = &g.portal {
+            if g.processes.is_some()
+                || g.domains.is_some()
+                || g.all_processes.is_some()
+                || g.all_domains.is_some()
+            {
+                ctx.err(
+                    portal.span(),
+                    "a grant names either a portal or processes and domains, not both",
+                );
+                continue;
+            }
+            let Some(p) = dst.portals.get(portal.get_ref()) else {
+                if broken.contains(&(to, portal.get_ref().clone())) {
+                    continue;
+                }
+                ctx.err(
+                    portal.span(),
+                    format!(
+                        "service `{}` has no portal `{}`",
+                        dst.name,
+                        portal.get_ref()
+                    ),
+                );
+                continue;
+            };
+            if let Some(want) = p.password_sha256 {
+                match &g.password {
+                    None => {
+                        ctx.err(
+                            portal.span(),
+                            format!("portal `{}` is password-protected: give `password`", p.name),
+                        );
+                        continue;
+                    }
+                    Some(pw) => {
+                        let got: [u8; 32] = Sha256::digest(pw.get_ref().as_bytes()).into();
+                        if got != want {
+                            ctx.err(pw.span(), format!("wrong password for portal `{}`", p.name));
+                            continue;
+                        }
+                    }
+                }
+            }
+            GrantTarget::Portal(portal.get_ref().clone())
+        } else {
+            let what = format!("grant {} → {}", g.from.get_ref(), g.to.get_ref());
+            let ps = selection_procs(
+                &mut ctx,
+                dst,
+                g.processes.as_deref(),
+                g.all_processes.as_ref(),
+                &what,
+                g.to.span(),
+            );
+            let ds = selection_doms(
+                &mut ctx,
+                dst,
+                g.domains.as_deref(),
+                g.all_domains.as_ref(),
+                &what,
+                g.to.span(),
+            );
+            let (Some(processes), Some(domains)) = (ps, ds) else {
+                continue;
+            };
+            GrantTarget::Direct { processes, domains }
+        };
+        pol.grants.push(Grant { from, to, target });
+    }
+    let mut pairs = BTreeSet::new();
+    for r in &raw.rate_limit {
+        let from = lookup(&mut ctx, &r.from, "rate_limit `from`");
+        let to = lookup(&mut ctx, &r.to, "rate_limit `to`");
+        let gbps = *r.gbps.get_ref();
+        let mut ok = true;
+        if !(gbps.is_finite() && gbps > 0.0) {
+            ctx.err(
+                r.gbps.span(),
+                format!("rate_limit gbps must be a positive number, got {gbps}"),
+            );
+            ok = false;
+        }
+        let algorithm = match &r.algorithm {
+            None => Algorithm::SeTre,
+            Some(a) => match Algorithm::parse(a.get_ref()) {
+                Some(x) => x,
+                None => {
+                    ctx.err(
+                        a.span(),
+                        format!(
+                            "unknown rate-control algorithm `{}` (one of ne, re, se-fa, se-te, se-re, se-tre)",
+                            a.get_ref()
+                        ),
+                    );
+                    ok = false;
+                    Algorithm::SeTre
+                }
+            },
+        };
+        let bucket_bytes = match &r.bucket_bytes {
+            None => 25_000,
+            Some(b) if *b.get_ref() > 0 => *b.get_ref() as u64,
+            Some(b) => {
+                ctx.err(b.span(), "bucket_bytes must be positive");
+                ok = false;
+                0
+            }
+        };
+        let (Some(from), Some(to)) = (from, to) else {
+            continue;
+        };
+        if !pairs.insert((from, to)) {
+            ctx.err(
+                r.from.span(),
+                format!(
+                    "a rate limit from `{}` to `{}` is already defined",
+                    r.from.get_ref(),
+                    r.to.get_ref()
+                ),
+            );
+            continue;
+        }
+        if ok {
+            pol.rate_limits.push(RateLimit {
+                from,
+                to,
+                gbps,
+                algorithm,
+                bucket_bytes,
+            });
+        }
+    }
+    if let Some(n) = &raw.nmu {
+        if let Some(t) = &n.otp_ttl_ms {
+            if *t.get_ref() <= 0 {
+                ctx.err(t.span(), "otp_ttl_ms must be positive");
+            } else {
+                pol.nmu.otp_ttl_ms = *t.get_ref() as u64;
+            }
+        }
+        if let Some(c) = &n.otp_cap {
+            if *c.get_ref() <= 0 {
+                ctx.err(c.span(), "otp_cap must be positive");
+            } else {
+                pol.nmu.otp_cap = *c.get_ref() as usize;
+            }
+        }
+    }
+    ctx.finish(pol)
+}
+
+fn selection_procs(
+    ctx: &mut Ctx,
+    svc: &Service,
+    list: Option<&[Spanned<i64>]>,
+    all: Option<&Spanned<bool>>,
+    what: &str,
+    at: Range<usize>,
+) -> Option<Selection<ProcessId>> {
+    match (list, all) {
+        (Some(_), Some(a)) => {
+            ctx.err(
+                a.span(),
+                format!("{what}: give `processes` or `all_processes`, not both"),
+            );
+            None
+        }
+        (None, Some(a)) if *a.get_ref() => Some(Selection::All),
+        (None, _) => {
+            ctx.err(
+                at,
+                format!(
+                    "{what}: no processes (give `processes = [...]` or `all_processes = true`)"
+                ),
+            );
+            None
+        }
+        (Some(l), None) => {
+            let mut set = BTreeSet::new();
+            let mut ok = true;
+            for p in l {
+                let Some(id) = u32_id(ctx, p, "process id") else {
+                    ok = false;
+                    continue;
+                };
+                if !svc.processes.contains_key(&id) {
+                    ctx.err(
+                        p.span(),
+                        format!("{what}: service `{}` has no process {id}", svc.name),
+                    );
+                    ok = false;
+                }
+                set.insert(id);
+            }
+            ok.then_some(Selection::Only(set))
+        }
+    }
+}
+
+fn selection_doms(
+    ctx: &mut Ctx,
+    svc: &Service,
+    list: Option<&[Spanned<String>]>,
+    all: Option<&Spanned<bool>>,
+    what: &str,
+    at: Range<usize>,
+) -> Option<Selection<u32>> {
+    match (list, all) {
+        (Some(_), Some(a)) => {
+            ctx.err(
+                a.span(),
+                format!("{what}: give `domains` or `all_domains`, not both"),
+            );
+            None
+        }
+        (None, Some(a)) if *a.get_ref() => Some(Selection::All),
+        (None, _) => {
+            ctx.err(
+                at,
+                format!("{what}: no domains (give `domains = [...]` or `all_domains = true`)"),
+            );
+            None
+        }
+        (Some(l), None) => {
+            let mut set = BTreeSet::new();
+            let mut ok = true;
+            for d in l {
+                match svc.domains.get(d.get_ref()) {
+                    Some(&id) => {
+                        set.insert(id);
+                    }
+                    None => {
+                        ctx.err(
+                            d.span(),
+                            format!(
+                                "{what}: domain `{}` is not defined by service `{}`",
+                                d.get_ref(),
+                                svc.name
+                            ),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            ok.then_some(Selection::Only(set))
+        }
+    }
+}
+
+/// Parses and validates a placement against a policy.
+pub fn parse_placement(name: &str, src: &str, pol: &Policy) -> Result<Placement, PolicyErrors> {
+    let mut ctx = Ctx::new(name, src);
+    let Some(raw) = syntax::<RawPlacement>(&mut ctx, src) else {
+        return ctx.finish(Placement::default());
+    };
+    let mut out = Placement::default();
+    let mut seen_hosts = BTreeSet::new();
+    let mut placed: BTreeMap<(ServiceId, ProcessId), String> = BTreeMap::new();
+    for h in &raw.host {
+        let hn = h.name.get_ref().clone();
+        if hn.is_empty() {
+            ctx.err(h.name.span(), "host name is empty");
+            continue;
+        }
+        if !seen_hosts.insert(hn.clone()) {
+            ctx.err(h.name.span(), format!("host `{hn}` is defined twice"));
+            continue;
+        }
+        let mut procs = Vec::new();
+        for p in &h.processes {
+            let Some((s, id)) = p.get_ref().split_once(':') else {
+                ctx.err(
+                    p.span(),
+                    format!("`{}` is not `service:process`", p.get_ref()),
+                );
+                continue;
+            };
+            let Some(svc) = pol.service_by_name(s) else {
+                ctx.err(p.span(), format!("unknown service `{s}`"));
+                continue;
+            };
+            let Ok(pid) = id.parse::<u32>() else {
+                ctx.err(p.span(), format!("`{id}` is not a process id"));
+                continue;
+            };
+            if !svc.processes.contains_key(&pid) {
+                ctx.err(p.span(), format!("service `{s}` has no process {pid}"));
+                continue;
+            }
+            if let Some(other) = placed.insert((svc.id, pid), hn.clone()) {
+                ctx.err(
+                    p.span(),
+                    format!("process {s}:{pid} is already placed on host `{other}`"),
+                );
+                continue;
+            }
+            procs.push((svc.id, pid));
+        }
+        if procs.len() > 1 << 16 {
+            ctx.err(
+                h.name.span(),
+                format!("host `{hn}` has more than 65536 processes"),
+            );
+            continue;
+        }
+        out.hosts.push((hn, procs));
+    }
+    ctx.finish(out)
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,13 @@
+//! The dissertation's two simulators, rebuilt on sidecore's real Sikker code:
+//! SikkerSim ([`sikkersim`], ch. 7) times real permission checks against real NMU
+//! tables built from the connectivity model; RateSim ([`ratesim`], ch. 8) runs the six
+//! rate-control state machines of `sidecore-sikker-rate` in a deterministic
+//! discrete-event network. [`SimCommand`] and [`run`] are the `sidecore sim` command.
+
+mod cli;
+pub mod plot;
+pub mod ratesim;
+pub mod sikkersim;
+pub mod timing;
+
+pub use cli::{SimCommand, run};

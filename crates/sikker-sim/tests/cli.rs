@@ -1,0 +1,61 @@
+//! The `sim` command as the `sidecore` binary mounts it: small real runs of both
+//! simulators, and the error of each kind of bad option.
+
+use clap::Parser;
+use sidecore_sikker_sim::{SimCommand, run};
+
+#[derive(Parser)]
+struct Cli {
+    #[command(flatten)]
+    cmd: SimCommand,
+}
+
+fn sim(args: &[&str]) -> anyhow::Result<()> {
+    let mut v = vec!["sim"];
+    v.extend_from_slice(args);
+    run(Cli::try_parse_from(v)?.cmd)
+}
+
+#[test]
+fn sikker_small_run_prints_tables() {
+    sim(&["sikker", "--hosts", "1024", "--checks", "5000"]).unwrap();
+    sim(&[
+        "sikker", "--hosts", "1024", "--checks", "5000", "--batch", "8", "--json",
+    ])
+    .unwrap();
+}
+
+#[test]
+fn rate_small_run() {
+    sim(&[
+        "rate",
+        "--algorithms",
+        "ne,se-tre",
+        "--interval",
+        "2000",
+        "--no-1ms",
+        "--buckets",
+        "2000",
+    ])
+    .unwrap();
+}
+
+#[test]
+fn bad_options_say_what_is_wrong() {
+    let e = |args: &[&str]| sim(args).unwrap_err().to_string();
+    assert!(e(&["sikker", "--hosts", "1000"]).contains("1000 is not a power of two"));
+    assert!(e(&["sikker", "--checks", "0"]).contains("--checks must be at least 1"));
+    assert!(
+        e(&["sikker", "--checks", "10", "--batch", "20"])
+            .contains("--batch must be between 1 and --checks")
+    );
+    assert!(e(&["sikker", "--sigma=-1"]).contains("--sigma must be a positive number"));
+    assert!(e(&["rate", "--algorithms", "fast"]).contains("unknown algorithm `fast`"));
+    assert!(
+        e(&["rate", "--arrivals", "bursty"]).contains("`bursty` is neither `paced` nor `poisson`")
+    );
+    assert!(e(&["rate", "--interval", "10"]).contains("--interval must be at least 1000"));
+    assert!(e(&["rate", "--buckets", "50"]).contains("cannot hold the largest packet"));
+    assert!(e(&["rate", "--bogus"]).contains("--bogus"));
+    assert!(e(&["rate", "--ctrl-phits", "0"]).contains("--ctrl-phits must be a positive number"));
+}
