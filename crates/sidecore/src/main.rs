@@ -110,6 +110,10 @@ enum Command {
         #[command(flatten)]
         socket: SocketArgs,
     },
+    /// Check and run untrusted Wasm extensions (hybrid resource control).
+    Ext(sidecore_ext::cli::ExtCommand),
+    /// Measure this machine's cost model for Wasm extensions.
+    Calibrate(sidecore_ext::cli::CalibrateCommand),
     /// Run the Sikker simulators: SikkerSim (permission checks) and RateSim (rate control).
     Sim(sidecore_sikker_sim::SimCommand),
 }
@@ -118,6 +122,7 @@ enum Command {
 pub fn registry() -> Registry {
     let mut r = Registry::new();
     sidecore_builtins::register(&mut r);
+    sidecore_ext::offcode::register(&mut r);
     r
 }
 
@@ -153,6 +158,8 @@ fn main() -> ExitCode {
             socket,
         } => ctl::down(&socket, app, daemon),
         Command::Events { app, socket } => ctl::events(&socket, app),
+        Command::Ext(c) => c.run().map(|code| ExitCode::from(code as u8)),
+        Command::Calibrate(c) => c.run().map(|code| ExitCode::from(code as u8)),
         Command::Sim(cmd) => sidecore_sikker_sim::run(cmd).map(|()| ExitCode::SUCCESS),
     };
     match r {

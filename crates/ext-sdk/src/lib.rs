@@ -1,0 +1,200 @@
+//! SDK for sidecore Wasm offcodes written in Rust (`#![no_std]`, wasm32-unknown-unknown).
+//!
+//! An offcode is a packet/record handler: sidecore writes each input buffer into the
+//! module's input region ('A) and calls the handler; the handler may read and rewrite the
+//! buffer, keep per-domain state ('C), cache packets ('B), read shared tables ('D), and
+//! send zero or more buffers to named outputs. See the host ABI in
+//! `sidecore_ext_verify::abi` (crates/ext-verify/src/abi.rs).
+//!
+//! ```ignore
+//! #![no_std]
+//! use sidecore_ext_sdk::{handler, emit, Output};
+//! handler!(2048, fn handle(pkt: &mut [u8]) -> i32 {
+//!     pkt[0] ^= 1;
+//!     emit(Output(0), pkt).map(|_| 0).unwrap_or(-1)
+//! });
+//! ```
+//!
+//! Loops whose bound the verifier cannot prove from the bytecode need a declared bound:
+//! `bounds!("handle * PACKET_LEN_MAX")` (see `sidecore ext check` for the loop ordinals).
+//! A declared bound is enforced: running past it traps and the offcode is unloaded.
+#![no_std]
+
+/// Raw host imports (module `sc`).
+pub mod sys {
+    #[link(wasm_import_module = "sc")]
+    unsafe extern "C" {
+        pub fn output(name_ptr: *const u8, name_len: i32) -> i32;
+        pub fn emit(output: i32, ptr: *const u8, len: i32) -> i32;
+        pub fn state_get(key: i64, dst: *mut u8, cap: i32) -> i32;
+        pub fn state_put(key: i64, src: *const u8, len: i32) -> i32;
+        pub fn state_del(key: i64) -> i32;
+        pub fn cache_put(slot: i32, src: *const u8, len: i32) -> i32;
+        pub fn cache_get(slot: i32, dst: *mut u8, cap: i32) -> i32;
+        pub fn shared_lookup(name_ptr: *const u8, name_len: i32) -> i32;
+        pub fn shared_read(area: i32, off: i32, dst: *mut u8, len: i32) -> i32;
+    }
+}
+
+/// A named output, by id.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Output(pub i32);
+
+/// An error code returned by the host.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostError(pub i32);
+
+/// Resolves an output name (call from `init`).
+pub fn output(name: &str) -> Option<Output> {
+    // SAFETY: the pointer and length describe `name`, valid for the call.
+    let r = unsafe { sys::output(name.as_ptr(), name.len() as i32) };
+    (r >= 0).then_some(Output(r))
+}
+
+/// Sends `data` to an output.
+#[inline]
+pub fn emit(out: Output, data: &[u8]) -> Result<(), HostError> {
+    // SAFETY: the pointer and length describe `data`, valid for the call.
+    let r = unsafe { sys::emit(out.0, data.as_ptr(), data.len() as i32) };
+    if r < 0 { Err(HostError(r)) } else { Ok(()) }
+}
+
+/// Per-domain state ('C): a host-side key/value store with capped size.
+pub mod state {
+    use super::{HostError, sys};
+
+    /// Copies the value under `key` into `buf`; returns its full length.
+    #[inline]
+    pub fn get(key: i64, buf: &mut [u8]) -> Option<usize> {
+        // SAFETY: the pointer and length describe `buf`, valid for the call.
+        let r = unsafe { sys::state_get(key, buf.as_mut_ptr(), buf.len() as i32) };
+        (r >= 0).then_some(r as usize)
+    }
+
+    #[inline]
+    pub fn put(key: i64, val: &[u8]) -> Result<(), HostError> {
+        // SAFETY: the pointer and length describe `val`, valid for the call.
+        let r = unsafe { sys::state_put(key, val.as_ptr(), val.len() as i32) };
+        if r < 0 { Err(HostError(r)) } else { Ok(()) }
+    }
+
+    #[inline]
+    pub fn delete(key: i64) -> bool {
+        // SAFETY: no pointers.
+        unsafe { sys::state_del(key) >= 0 }
+    }
+}
+
+/// The packet cache ('B): fixed slots.
+pub mod cache {
+    use super::{HostError, sys};
+
+    #[inline]
+    pub fn put(slot: u32, pkt: &[u8]) -> Result<(), HostError> {
+        // SAFETY: the pointer and length describe `pkt`, valid for the call.
+        let r = unsafe { sys::cache_put(slot as i32, pkt.as_ptr(), pkt.len() as i32) };
+        if r < 0 { Err(HostError(r)) } else { Ok(()) }
+    }
+
+    #[inline]
+    pub fn get(slot: u32, buf: &mut [u8]) -> Option<usize> {
+        // SAFETY: the pointer and length describe `buf`, valid for the call.
+        let r = unsafe { sys::cache_get(slot as i32, buf.as_mut_ptr(), buf.len() as i32) };
+        (r >= 0).then_some(r as usize)
+    }
+}
+
+/// Read-only shared areas ('D).
+pub mod shared {
+    use super::sys;
+
+    #[derive(Debug, Clone, Copy)]
+    pub struct Area(i32);
+
+    pub fn lookup(name: &str) -> Option<Area> {
+        // SAFETY: the pointer and length describe `name`, valid for the call.
+        let r = unsafe { sys::shared_lookup(name.as_ptr(), name.len() as i32) };
+        (r >= 0).then_some(Area(r))
+    }
+
+    #[inline]
+    pub fn read(area: Area, offset: u32, buf: &mut [u8]) -> Option<usize> {
+        // SAFETY: the pointer and length describe `buf`, valid for the call.
+        let r =
+            unsafe { sys::shared_read(area.0, offset as i32, buf.as_mut_ptr(), buf.len() as i32) };
+        (r >= 0).then_some(r as usize)
+    }
+}
+
+/// Defines the ABI exports for a handler: the input buffer of `CAP` bytes
+/// (`sc_input_ptr`, `sc_input_cap`) and `handle(len) -> i32`, which calls your function
+/// with the input as a mutable slice.
+#[macro_export]
+macro_rules! handler {
+    ($cap:expr, fn $name:ident($pkt:ident : &mut [u8]) -> i32 $body:block) => {
+        static mut __SC_INPUT: [u8; $cap] = [0u8; $cap];
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn sc_input_ptr() -> i32 {
+            // SAFETY: only the address is taken.
+            unsafe { core::ptr::addr_of!(__SC_INPUT) as i32 }
+        }
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn sc_input_cap() -> i32 {
+            $cap as i32
+        }
+
+        #[allow(non_snake_case)]
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[inline(always)]
+            fn inner($pkt: &mut [u8]) -> i32 $body
+
+            #[unsafe(export_name = stringify!($name))]
+            pub extern "C" fn export(len: i32) -> i32 {
+                let len = (len.max(0) as usize).min($cap);
+                // SAFETY: the host writes the input before the call and does not touch
+                // the buffer during it; the guest is single-threaded, so this is the
+                // only reference.
+                let buf = unsafe { core::slice::from_raw_parts_mut(core::ptr::addr_of_mut!(super::__SC_INPUT) as *mut u8, len) };
+                inner(buf)
+            }
+        }
+    };
+}
+
+/// Declares loop bounds (the `sidecore.bounds` custom section). Each string is one
+/// `FUNC LOOP MAX` entry, e.g. `bounds!("handle * PACKET_LEN_MAX/2+1")`.
+#[macro_export]
+macro_rules! bounds {
+    ($($entry:literal),+ $(,)?) => {
+        #[unsafe(link_section = "sidecore.bounds")]
+        #[used]
+        static __SC_BOUNDS: [u8; { 0 $(+ $entry.len() + 1)+ }] = {
+            let mut out = [0u8; { 0 $(+ $entry.len() + 1)+ }];
+            let mut at = 0;
+            $(
+                let e = $entry.as_bytes();
+                let mut i = 0;
+                while i < e.len() {
+                    out[at] = e[i];
+                    at += 1;
+                    i += 1;
+                }
+                out[at] = b'\n';
+                at += 1;
+            )+
+            let _ = at;
+            out
+        };
+    };
+}
+
+#[cfg(all(feature = "panic-handler", target_arch = "wasm32", not(test)))]
+#[panic_handler]
+fn panic(_: &core::panic::PanicInfo<'_>) -> ! {
+    core::arch::wasm32::unreachable()
+}

@@ -1,0 +1,23 @@
+;; counter: counts packets and bytes in per-domain state (host key/value store, region 'C)
+;; and forwards every packet unchanged to output "out". Straight-line code.
+(module
+  (import "sc" "output" (func $output (param i32 i32) (result i32)))
+  (import "sc" "emit" (func $emit (param i32 i32 i32) (result i32)))
+  (import "sc" "state_get" (func $state_get (param i64 i32 i32) (result i32)))
+  (import "sc" "state_put" (func $state_put (param i64 i32 i32) (result i32)))
+  (memory (export "memory") 1 1)
+  (data (i32.const 16) "out")
+  (global $out (mut i32) (i32.const 0))
+  (func (export "sc_input_ptr") (result i32) (i32.const 4096))
+  (func (export "sc_input_cap") (result i32) (i32.const 2048))
+  (func (export "sc_init")
+    (global.set $out (call $output (i32.const 16) (i32.const 3))))
+  ;; state value at 64: [packets: i64][bytes: i64]
+  (func (export "handle") (param $len i32) (result i32)
+    (if (i32.ne (call $state_get (i64.const 1) (i32.const 64) (i32.const 16)) (i32.const 16))
+      (then (i64.store (i32.const 64) (i64.const 0)) (i64.store (i32.const 72) (i64.const 0))))
+    (i64.store (i32.const 64) (i64.add (i64.load (i32.const 64)) (i64.const 1)))
+    (i64.store (i32.const 72) (i64.add (i64.load (i32.const 72)) (i64.extend_i32_u (local.get $len))))
+    (drop (call $state_put (i64.const 1) (i32.const 64) (i32.const 16)))
+    (call $emit (global.get $out) (i32.const 4096) (local.get $len)))
+)

@@ -1,0 +1,41 @@
+;; hdr_rewrite: NAT-style IPv4 header rewriter. For an Ethernet+IPv4 frame it replaces the
+;; destination address with 10.0.0.1, decrements the TTL and patches the header checksum
+;; incrementally (RFC 1624), then emits the frame. Non-IPv4 or short frames are dropped.
+(module
+  (import "sc" "emit" (func $emit (param i32 i32 i32) (result i32)))
+  (memory (export "memory") 1 1)
+  (func (export "sc_input_ptr") (result i32) (i32.const 4096))
+  (func (export "sc_input_cap") (result i32) (i32.const 2048))
+  ;; ones-complement add of two 16-bit values
+  (func $csum_add (param $a i32) (param $b i32) (result i32)
+    (local $s i32)
+    (local.set $s (i32.add (local.get $a) (local.get $b)))
+    (i32.and (i32.add (local.get $s) (i32.shr_u (local.get $s) (i32.const 16))) (i32.const 0xffff)))
+  (func $be16 (param $p i32) (result i32)
+    (i32.or (i32.shl (i32.load8_u (local.get $p)) (i32.const 8)) (i32.load8_u offset=1 (local.get $p))))
+  (func (export "handle") (param $len i32) (result i32)
+    (local $ip i32) (local $c i32) (local $old i32) (local $new i32)
+    (if (i32.lt_u (local.get $len) (i32.const 34)) (then (return (i32.const -1))))
+    ;; ethertype 0x0800
+    (if (i32.ne (call $be16 (i32.const 4108)) (i32.const 0x0800)) (then (return (i32.const -1))))
+    (local.set $ip (i32.const 4110))
+    ;; TTL: word at ip+8 is (ttl<<8 | proto)
+    (if (i32.le_u (i32.load8_u offset=8 (local.get $ip)) (i32.const 1)) (then (return (i32.const -2))))
+    (local.set $old (call $be16 (i32.add (local.get $ip) (i32.const 8))))
+    (i32.store8 offset=8 (local.get $ip) (i32.sub (i32.load8_u offset=8 (local.get $ip)) (i32.const 1)))
+    (local.set $new (call $be16 (i32.add (local.get $ip) (i32.const 8))))
+    ;; HC' = ~(~HC + ~m + m')
+    (local.set $c (i32.xor (call $be16 (i32.add (local.get $ip) (i32.const 10))) (i32.const 0xffff)))
+    (local.set $c (call $csum_add (local.get $c) (i32.xor (local.get $old) (i32.const 0xffff))))
+    (local.set $c (call $csum_add (local.get $c) (local.get $new)))
+    ;; destination address (two 16-bit words at ip+16, ip+18) -> 10.0.0.1
+    (local.set $c (call $csum_add (local.get $c) (i32.xor (call $be16 (i32.add (local.get $ip) (i32.const 16))) (i32.const 0xffff))))
+    (local.set $c (call $csum_add (local.get $c) (i32.xor (call $be16 (i32.add (local.get $ip) (i32.const 18))) (i32.const 0xffff))))
+    (local.set $c (call $csum_add (local.get $c) (i32.const 0x0a00)))
+    (local.set $c (call $csum_add (local.get $c) (i32.const 0x0001)))
+    (i32.store offset=16 (local.get $ip) (i32.const 0x0100000a))
+    (local.set $c (i32.xor (local.get $c) (i32.const 0xffff)))
+    (i32.store8 offset=10 (local.get $ip) (i32.shr_u (local.get $c) (i32.const 8)))
+    (i32.store8 offset=11 (local.get $ip) (local.get $c))
+    (call $emit (i32.const 0) (i32.const 4096) (local.get $len)))
+)

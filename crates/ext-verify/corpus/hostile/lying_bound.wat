@@ -1,0 +1,18 @@
+;; hostile: declares its loop runs at most 8 times, then runs it len times. Admitted
+;; (the declaration is plausible), contained at run time: the 9th iteration traps with
+;; "declared loop bound exceeded" and the offcode is unloaded.
+(module
+  (memory (export "memory") 1 1)
+  (func (export "sc_input_ptr") (result i32) (i32.const 4096))
+  (func (export "sc_input_cap") (result i32) (i32.const 2048))
+  (@custom "sidecore.bounds" "handle 0 8")
+  (func (export "handle") (param $len i32) (result i32)
+    (local $i i32) (local $acc i32)
+    (block $done
+      (loop $l
+        (br_if $done (i32.ge_u (local.get $i) (local.get $len)))
+        (local.set $acc (i32.add (local.get $acc) (i32.const 3)))
+        (local.set $i (i32.add (local.get $i) (i32.const 1)))
+        (br $l)))
+    (local.get $acc))
+)
