@@ -656,7 +656,7 @@ impl Runtime {
                         h.request_stop(format!("obsolete after {} ms", life.as_millis()));
                     }
                 }
-                if a.state == AppState::Running && a.handles.iter().all(|h| h.state().is_final()) {
+                if a.state == AppState::Running && a.handles.iter().all(|h| h.exited()) {
                     a.state = AppState::Finished;
                     a.finished = Some(Instant::now());
                     finished.push((a.root, a.name.clone()));

@@ -80,6 +80,8 @@ pub struct OffcodeHandle {
     state: AtomicU8,
     /// Set to ask the executor to stop it at its next turn.
     stop_requested: AtomicBool,
+    /// Set once its executor has let go of it (stopped, done or failed to land).
+    exited: AtomicBool,
     stop_reason: std::sync::Mutex<Option<String>>,
     pub landed_at: Instant,
     pub handled: AtomicU64,
@@ -108,6 +110,7 @@ impl OffcodeHandle {
             metrics: Metrics::default(),
             state: AtomicU8::new(0),
             stop_requested: AtomicBool::new(false),
+            exited: AtomicBool::new(false),
             stop_reason: std::sync::Mutex::new(None),
             landed_at: Instant::now(),
             handled: AtomicU64::new(0),
@@ -132,6 +135,11 @@ impl OffcodeHandle {
             *r = Some(reason.into());
         }
         self.stop_requested.store(true, Ordering::Release);
+    }
+
+    /// True once its executor has let go of it: nothing of it runs any more.
+    pub fn exited(&self) -> bool {
+        self.exited.load(Ordering::Acquire)
     }
 
     /// Why it was asked to stop, if it was.
@@ -332,6 +340,7 @@ fn run(
                         }
                         Err(e) => {
                             slot.handle.set_state(OffcodeState::Failed);
+                            slot.handle.exited.store(true, Ordering::Release);
                             events.emit(
                                 &app,
                                 &slot.info.name,
@@ -603,5 +612,7 @@ fn finish(
     if let Some(reason) = reason {
         events.emit(app, &slot.info.name, EventKind::Stopped { reason });
     }
+    let handle = Arc::clone(&slot.handle);
     drop(slot);
+    handle.exited.store(true, Ordering::Release);
 }

@@ -140,8 +140,14 @@ fn position(rt: &Runtime, app: &str, offcode: &str, want: &EventKind) -> usize {
         .unwrap_or_else(|| panic!("no {want:?} for {offcode}: {:#?}", rt.events().of_app(app)))
 }
 
+/// Executor threads alive in this process (named `sc-<PE>` by the runtime).
+/// Counted by name, because the test harness starts and ends its own threads.
 fn threads() -> usize {
-    std::fs::read_dir("/proc/self/task").unwrap().count()
+    std::fs::read_dir("/proc/self/task")
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|name| name.starts_with("sc-") && !name.starts_with("sc-supervisor"))
+        .count()
 }
 
 #[test]
