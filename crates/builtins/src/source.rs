@@ -32,7 +32,7 @@ fn default_size() -> u32 {
     64
 }
 fn default_batch() -> u32 {
-    32
+    128
 }
 
 /// Fills `buf` as record number `seq`.
