@@ -377,13 +377,37 @@ impl StreamListener {
         self.listener.local_addr()
     }
 
-    /// Accepts one connection and reads its hello (within `timeout`).
+    /// Accepts one connection and reads its hello, both within `timeout`.
     pub fn accept(&self, timeout: Duration) -> Result<StreamReceiver, StreamError> {
-        let (sock, addr) = self.listener.accept().map_err(|e| StreamError::Io {
+        let io_err = |source| StreamError::Io {
             peer: "listener".into(),
-            source: e,
-        })?;
-        StreamReceiver::handshake(sock, addr.to_string(), timeout)
+            source,
+        };
+        let deadline = Instant::now() + timeout;
+        self.listener.set_nonblocking(true).map_err(io_err)?;
+        let accepted = loop {
+            match self.listener.accept() {
+                Ok(a) => break Ok(a),
+                Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => {
+                    break Err(io::Error::new(
+                        ErrorKind::TimedOut,
+                        format!("no peer connected within {} ms", timeout.as_millis()),
+                    ));
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => break Err(e),
+            }
+        };
+        self.listener.set_nonblocking(false).map_err(io_err)?;
+        let (sock, addr) = accepted.map_err(io_err)?;
+        // An accepted socket does not inherit the listener's O_NONBLOCK on Linux,
+        // but say so explicitly: the handshake reads with a timeout.
+        sock.set_nonblocking(false).map_err(io_err)?;
+        let left = deadline.saturating_duration_since(Instant::now());
+        StreamReceiver::handshake(sock, addr.to_string(), left.max(Duration::from_millis(1)))
     }
 }
 

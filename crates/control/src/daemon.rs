@@ -63,6 +63,15 @@ impl Daemon {
         &self.rt
     }
 
+    /// What the node listener calls for a `deploy` request: deploys the part of
+    /// an origin's app into this daemon's runtime and holds its lease.
+    pub fn deploy_handler(self: &Arc<Self>) -> crate::node::DeployHandler {
+        let d = Arc::clone(self);
+        Arc::new(move |sock, line: &str, stop| {
+            sidecore_runtime::remote::serve(&d.rt, &d.registry, sock, line, stop)
+        })
+    }
+
     /// The offcode library.
     pub fn registry(&self) -> &Registry {
         &self.registry

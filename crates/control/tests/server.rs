@@ -100,7 +100,7 @@ fn replaces_a_stale_socket_and_refuses_a_live_one() {
 
 #[test]
 fn the_node_listener_answers_a_peers_hello() {
-    let l = NodeListener::start("127.0.0.1:0", "peer-b").unwrap();
+    let l = NodeListener::start("127.0.0.1:0", "peer-b", None).unwrap();
     let info = sidecore_pe::node::probe(
         &sidecore_pe::NodeConfig {
             name: "b".into(),

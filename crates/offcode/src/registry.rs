@@ -57,6 +57,18 @@ impl std::fmt::Debug for Implementation {
 }
 
 impl Implementation {
+    /// Whether it runs on `kind`. A peer node runs the same sidecore (its hello
+    /// reports the version), so what runs on a core or the host here also runs
+    /// on a `node`, where the peer's daemon runs it.
+    pub fn runs_on(&self, kind: PeKind) -> bool {
+        self.kinds.contains(&kind)
+            || (kind == PeKind::Node
+                && self
+                    .kinds
+                    .iter()
+                    .any(|k| matches!(k, PeKind::Core | PeKind::Host)))
+    }
+
     /// Checks that the manifest's ports are ones this implementation provides.
     pub fn check_ports(&self, inputs: &[String], outputs: &[String]) -> Result<(), String> {
         let check =
@@ -104,7 +116,7 @@ impl Registry {
 
     /// The implementation named `name` if it runs on `kind`.
     pub fn lookup(&self, name: &str, kind: PeKind) -> Option<&Implementation> {
-        self.impls.get(name).filter(|i| i.kinds.contains(&kind))
+        self.impls.get(name).filter(|i| i.runs_on(kind))
     }
 
     /// The name under which the loader of artifacts for `kind` is registered

@@ -221,6 +221,7 @@ pub fn discover(opts: &DiscoverOptions) -> Inventory {
             Ok(info) => {
                 let mut props = BTreeMap::new();
                 props.insert("name".into(), PropValue::Str(n.name.clone()));
+                props.insert("addr".into(), PropValue::Str(n.addr.clone()));
                 inv.pes.push(Pe {
                     id: format!("node:{}", n.name),
                     kind: PeKind::Node,

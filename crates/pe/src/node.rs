@@ -3,16 +3,19 @@
 //! what it offers.
 //!
 //! The exchange is one JSON line each way on the peer's node port:
-//! `{"op":"hello","version":1}` answered by a [`NodeInfo`].
+//! `{"op":"hello","version":1}` answered by a [`NodeInfo`]. A
+//! `{"op":"deploy",..}` line instead carries a [`RemotePart`]: the part of an
+//! origin's app that the layout put on this peer.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{TcpStream, ToSocketAddrs};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::Path;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
+use sidecore_types::{ChannelProps, Priority};
 
-/// Version of the node protocol.
+/// Version of the node protocol (the hello).
 pub const NODE_PROTOCOL: u32 = 1;
 
 /// A configured peer.
@@ -206,3 +209,174 @@ mod tests {
         t.join().unwrap();
     }
 }
+
+// ---------------------------------------------------------------------------
+// Deploying a part of an app on a peer (the runtime's `remote` module drives
+// the exchange; these are its messages, parsed here without I/O so they can
+// be fuzzed).
+
+/// Version of the deployment exchange.
+pub const PART_PROTOCOL: u32 = 1;
+/// Most offcodes and channels one part may carry (the request is untrusted input).
+pub const MAX_PART_ITEMS: usize = 1024;
+
+/// One offcode of a part, as the peer builds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteOffcode {
+    pub name: String,
+    pub implementation: String,
+    pub priority: Priority,
+    pub watchdog_ms: Option<u64>,
+    pub obsolete_ms: Option<u64>,
+    pub params: toml::Table,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+/// One channel with at least one end in the part. Ends are (offcode index in
+/// the part, port index).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteChannel {
+    pub name: String,
+    pub props: ChannelProps,
+    /// The sending end, if it is in the part (otherwise it is at the origin,
+    /// and the peer listens for it).
+    pub from: Option<(usize, usize)>,
+    /// The receiving ends in the part.
+    pub to: Vec<(usize, usize)>,
+    /// Where the receiver at the origin listens, if the receiver is there.
+    pub connect: Option<String>,
+}
+
+/// The deployment request: the part of a plan placed on one peer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemotePart {
+    pub op: String,
+    pub version: u32,
+    /// The app's name at the origin.
+    pub app: String,
+    /// Who asked (host name and process), for names and messages.
+    pub origin: String,
+    pub offcodes: Vec<RemoteOffcode>,
+    pub channels: Vec<RemoteChannel>,
+}
+
+fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@' | ':'))
+}
+
+impl RemotePart {
+    /// Parses and checks a request line. Every index must point into the part,
+    /// every channel must have exactly one sender and a receiver, and names must
+    /// be plain; the error says which field of which item is wrong.
+    pub fn parse(line: &str) -> Result<RemotePart, String> {
+        let part: RemotePart =
+            serde_json::from_str(line).map_err(|e| format!("malformed deploy request: {e}"))?;
+        part.validate()?;
+        Ok(part)
+    }
+
+    /// The checks of [`parse`](Self::parse), on an already decoded request.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.op != "deploy" {
+            return Err(format!("unknown op `{}` (expected `deploy`)", self.op));
+        }
+        if self.version != PART_PROTOCOL {
+            return Err(format!(
+                "deploy protocol version {} (this node speaks {PART_PROTOCOL})",
+                self.version
+            ));
+        }
+        if !valid_name(&self.app) {
+            return Err(format!("invalid app name {:?}", self.app));
+        }
+        if !valid_name(&self.origin) {
+            return Err(format!("invalid origin name {:?}", self.origin));
+        }
+        if self.offcodes.is_empty() {
+            return Err("the part has no offcodes".into());
+        }
+        if self.offcodes.len() > MAX_PART_ITEMS || self.channels.len() > MAX_PART_ITEMS {
+            return Err(format!(
+                "the part has {} offcodes and {} channels (at most {MAX_PART_ITEMS} each)",
+                self.offcodes.len(),
+                self.channels.len()
+            ));
+        }
+        for (i, o) in self.offcodes.iter().enumerate() {
+            if !valid_name(&o.name) {
+                return Err(format!("offcodes[{i}].name: invalid name {:?}", o.name));
+            }
+            if self.offcodes[..i].iter().any(|p| p.name == o.name) {
+                return Err(format!("offcodes[{i}].name: `{}` appears twice", o.name));
+            }
+            for p in o.inputs.iter().chain(&o.outputs) {
+                if !valid_name(p) {
+                    return Err(format!("offcode `{}`: invalid port name {p:?}", o.name));
+                }
+            }
+        }
+        let end = |what: &str, c: &RemoteChannel, (o, p): (usize, usize), out: bool| {
+            let Some(oc) = self.offcodes.get(o) else {
+                return Err(format!(
+                    "channel `{}`: {what} names offcode #{o}, but the part has {}",
+                    c.name,
+                    self.offcodes.len()
+                ));
+            };
+            let ports = if out { &oc.outputs } else { &oc.inputs };
+            if p >= ports.len() {
+                return Err(format!(
+                    "channel `{}`: {what} names port #{p} of `{}`, which has {} {} ports",
+                    c.name,
+                    oc.name,
+                    ports.len(),
+                    if out { "output" } else { "input" }
+                ));
+            }
+            Ok(())
+        };
+        for (i, c) in self.channels.iter().enumerate() {
+            if !valid_name(&c.name) {
+                return Err(format!("channels[{i}].name: invalid name {:?}", c.name));
+            }
+            if self.channels[..i].iter().any(|d| d.name == c.name) {
+                return Err(format!("channels[{i}].name: `{}` appears twice", c.name));
+            }
+            if let Some(f) = c.from {
+                end("from", c, f, true)?;
+            }
+            for &t in &c.to {
+                end("to", c, t, false)?;
+            }
+            match (c.from.is_some(), c.to.len(), c.connect.is_some()) {
+                (true, n, false) if n > 0 => {}
+                (true, 0, true) | (false, 1, false) => {}
+                _ => {
+                    return Err(format!(
+                        "channel `{}`: needs one sender and its receivers in the part, \
+                         or exactly one end here and the other at the origin",
+                        c.name
+                    ));
+                }
+            }
+            if let Some(a) = &c.connect
+                && a.parse::<SocketAddr>().is_err()
+            {
+                return Err(format!(
+                    "channel `{}`: `connect` is not an ip:port address: {a:?}",
+                    c.name
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+

@@ -13,6 +13,14 @@ const MODULE: &[u8] = &[
 ];
 
 /// Compiles and runs the probe module; `Err` says what failed.
+#[cfg(not(feature = "wasm"))]
+pub fn probe() -> Result<String, String> {
+    let _ = MODULE;
+    Err("this sidecore was built without the wasm engine (feature `wasm`)".into())
+}
+
+/// Compiles and runs the probe module; `Err` says what failed.
+#[cfg(feature = "wasm")]
 pub fn probe() -> Result<String, String> {
     let engine = wasmtime::Engine::default();
     let module = wasmtime::Module::new(&engine, MODULE)
@@ -33,7 +41,7 @@ pub fn probe() -> Result<String, String> {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "wasm"))]
 mod tests {
     #[test]
     fn wasm_engine_runs_here() {

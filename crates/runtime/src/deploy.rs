@@ -20,7 +20,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sidecore_channel::oob::{OobDirectory, OobMessage};
 use sidecore_channel::parallel::work_queue;
 use sidecore_channel::{Ring, RingConfig, Sender as RingSender};
@@ -32,6 +32,7 @@ use crate::executor::{
     self, Command, ExecutorSpec, ExecutorState, IdlePolicy, OffcodeHandle, OffcodeState, Slot,
 };
 use crate::plan::{Plan, Transport};
+use crate::remote::{self, Attachment, Delegation, StreamEnd};
 use crate::tree::{ResourceId, ResourceKind, ResourceTree};
 
 /// How long to wait for an executor to answer a command.
@@ -71,13 +72,23 @@ pub enum DeployError {
     },
     #[error("an app named `{0}` is already running")]
     Duplicate(String),
+    #[error("peer {node}: {error}")]
+    Node { node: String, error: String },
+}
+
+/// Where a plan's remote parts stand when deployment begins.
+enum Delegated {
+    /// Still to be handed to the peers.
+    Plan,
+    /// Already connected (a peer deploying its part).
+    Done(Delegation),
 }
 
 /// Identifies a deployed app.
 pub type AppId = u64;
 
 /// Life of an app.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AppState {
     Running,
@@ -99,7 +110,7 @@ struct AppEntry {
 }
 
 /// One offcode as `sidecore ps` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct OffcodeStatus {
     pub name: String,
     pub implementation: String,
@@ -115,7 +126,7 @@ pub struct OffcodeStatus {
 }
 
 /// One app as `sidecore ps` shows it.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct AppStatus {
     pub id: AppId,
     pub name: String,
@@ -179,9 +190,28 @@ impl Runtime {
         self.apps.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Deploys a plan. On error nothing of it is left running.
+    /// Deploys a plan. Parts placed on peer nodes are handed to those peers
+    /// (see [`crate::remote`]). On error nothing of it is left running, here or
+    /// on the peers.
     pub fn deploy(&self, plan: &Plan, registry: &Registry) -> Result<AppId, DeployError> {
         let _ = registry;
+        self.deploy_with(plan, Delegated::Plan)
+    }
+
+    /// Deploys a plan whose crossing channels are already connected: the part
+    /// of a remote app that a peer node runs here.
+    pub fn deploy_attached(
+        &self,
+        plan: &Plan,
+        attachments: Vec<Attachment>,
+    ) -> Result<AppId, DeployError> {
+        self.deploy_with(plan, Delegated::Done(Delegation {
+            attachments,
+            parts: Vec::new(),
+        }))
+    }
+
+    fn deploy_with(&self, plan: &Plan, delegated: Delegated) -> Result<AppId, DeployError> {
         if self
             .apps()
             .iter()
@@ -195,6 +225,11 @@ impl Runtime {
         // 1. Build every instance first: a bad parameter fails with no side effect.
         let mut instances = Vec::new();
         for oc in &plan.offcodes {
+            if oc.pe_kind == PeKind::Node {
+                // Built by the peer, which reports its own build errors.
+                instances.push(None);
+                continue;
+            }
             let spec = BuildSpec {
                 params: &oc.params,
                 kind: oc.pe_kind,
@@ -210,7 +245,13 @@ impl Runtime {
         let root = self
             .tree
             .add(None, ResourceKind::App, format!("app {app}"), || {});
-        match self.deploy_into(plan, id, root, instances) {
+        // 2. Hand the peers their parts (the leases hang off the app's node).
+        let delegation = match delegated {
+            Delegated::Done(d) => Ok(d),
+            Delegated::Plan => remote::delegate(plan),
+        };
+        let result = delegation.and_then(|d| self.deploy_into(plan, id, root, instances, d));
+        match result {
             Ok(entry) => {
                 self.apps().push(entry);
                 Ok(id)
@@ -235,9 +276,15 @@ impl Runtime {
         id: AppId,
         root: ResourceId,
         mut instances: Vec<Option<Box<dyn sidecore_offcode::Offcode>>>,
+        delegation: Delegation,
     ) -> Result<AppEntry, DeployError> {
         let app = &plan.app;
         let n = plan.offcodes.len();
+        let remote: Vec<bool> = plan
+            .offcodes
+            .iter()
+            .map(|o| o.pe_kind == PeKind::Node)
+            .collect();
 
         // 2. Channels.
         let mut outlets: Vec<Vec<Outlet>> = plan
@@ -284,12 +331,8 @@ impl Runtime {
                         inlets[oc][port] = Inlet::Parallel(c.clone());
                     }
                 }
-                Transport::Stream => {
-                    return Err(DeployError::Channel {
-                        channel: ch.name.clone(),
-                        error: "one end is placed on a peer node, and deploying offcodes onto peer nodes is not implemented yet".into(),
-                    });
-                }
+                // Its local end is one of the delegation's attachments.
+                Transport::Stream => continue,
             }
             connected[ch.from.0].push((
                 ch.name.clone(),
@@ -309,6 +352,25 @@ impl Runtime {
             );
         }
 
+        for a in delegation.attachments {
+            let o = &plan.offcodes[a.offcode];
+            let (port, label) = match a.end {
+                StreamEnd::Send { port, sender } => {
+                    let label = format!("stream {} to {}", a.channel, sender.peer());
+                    outlets[a.offcode][port] = Outlet::Stream(sender);
+                    (o.outputs[port].clone(), label)
+                }
+                StreamEnd::Recv { port, receiver } => {
+                    let label = format!("stream {} from {}", a.channel, receiver.peer());
+                    inlets[a.offcode][port] = Inlet::Stream(receiver);
+                    (o.inputs[port].clone(), label)
+                }
+            };
+            connected[a.offcode].push((a.channel.clone(), port));
+            self.tree
+                .add(Some(root), ResourceKind::Channel, label, || {});
+        }
+
         // 3. Executors, one per PE (one per offcode on the host).
         struct Exec {
             tx: Sender<Command>,
@@ -326,7 +388,7 @@ impl Runtime {
         };
         for i in 0..n {
             let name = exec_name(i);
-            if execs.contains_key(&name) {
+            if remote[i] || execs.contains_key(&name) {
                 continue;
             }
             let o = &plan.offcodes[i];
@@ -366,17 +428,27 @@ impl Runtime {
             .offcodes
             .iter()
             .map(|o| {
+                // A peer enforces the watchdog and obsolete time of its part.
+                let here = o.pe_kind != PeKind::Node;
                 Arc::new(OffcodeHandle::new(
                     app,
                     &o.name,
                     &o.pe,
                     &o.implementation.name,
-                    o.watchdog,
-                    o.obsolete,
+                    o.watchdog.filter(|_| here),
+                    o.obsolete.filter(|_| here),
                 ))
             })
             .collect();
-        let mut landed = vec![false; n];
+        // The peers' parts are in place (initialized and started there): follow
+        // them, and make their leases part of the app.
+        for part in delegation.parts {
+            let hs = part.members.iter().map(|&m| Arc::clone(&handles[m])).collect();
+            let label = format!("part on {} ({} offcodes)", part.node, part.members.len());
+            let teardown = remote::follow(part, hs, app.clone(), self.events.clone());
+            self.tree.add(Some(root), ResourceKind::Remote, label, teardown);
+        }
+        let mut landed = remote.clone();
         let mut started_groups = vec![false; plan.groups.len()];
         let group_of: Vec<usize> = {
             let mut g = vec![0; n];
@@ -388,7 +460,7 @@ impl Runtime {
             g
         };
         let order = plan.deployment_order();
-        for &i in &order {
+        for &i in order.iter().filter(|&&i| !remote[i]) {
             let o = &plan.offcodes[i];
             let exec = &execs[&exec_name(i)];
             if let Some(why) = &o.fallback {
@@ -469,7 +541,10 @@ impl Runtime {
             let g = group_of[i];
             if !started_groups[g] && plan.groups[g].iter().all(|&m| landed[m]) {
                 started_groups[g] = true;
-                for &m in order.iter().filter(|m| plan.groups[g].contains(m)) {
+                for &m in order
+                    .iter()
+                    .filter(|&&m| !remote[m] && plan.groups[g].contains(&m))
+                {
                     let om = &plan.offcodes[m];
                     for (channel, port) in &connected[m] {
                         let _ = self.oob.send(

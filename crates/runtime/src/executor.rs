@@ -37,7 +37,7 @@ pub enum IdlePolicy {
 }
 
 /// Life-cycle state of an offcode, shared with the control plane.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum OffcodeState {
     Landing,
@@ -135,6 +135,11 @@ impl OffcodeHandle {
             *r = Some(reason.into());
         }
         self.stop_requested.store(true, Ordering::Release);
+    }
+
+    /// Marks it let go of by whatever ran it (a peer node, for a remote offcode).
+    pub(crate) fn set_exited(&self) {
+        self.exited.store(true, Ordering::Release);
     }
 
     /// True once its executor has let go of it: nothing of it runs any more.

@@ -5,6 +5,8 @@
 //! * [`deploy`] — the [`Runtime`]: deployment in priority order with two-phase
 //!   start, the supervisor (watchdog, obsolete time), status and teardown.
 //! * [`executor`] — run-to-completion loops on pinned cores and host threads.
+//! * [`remote`] — parts of an app on peer nodes: handing them over, the
+//!   stream channels between machines, and the lease.
 //! * [`tree`] — the resource tree that makes teardown complete.
 //! * [`events`] — the event log of the life cycle.
 
@@ -12,6 +14,7 @@ pub mod deploy;
 pub mod events;
 pub mod executor;
 pub mod plan;
+pub mod remote;
 pub mod tree;
 
 pub use deploy::{AppId, AppState, AppStatus, DeployError, OffcodeStatus, Runtime, RuntimeConfig};

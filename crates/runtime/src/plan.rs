@@ -14,6 +14,7 @@
 //! 4. **Groups.** Offcodes joined by imports or channels are "related": they
 //!    start together once all of them are initialized.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -91,6 +92,8 @@ pub struct Plan {
     /// Related offcodes (connected by imports or channels).
     pub groups: Vec<Vec<usize>>,
     pub layout: Layout,
+    /// Node-port address of each peer node PE (by PE id) that offcodes landed on.
+    pub nodes: BTreeMap<String, String>,
 }
 
 impl Plan {
@@ -133,7 +136,7 @@ fn impl_for<'r>(
             "the library has no implementation `{}`",
             oc.implementation
         )),
-        Some(i) if !i.kinds.contains(&kind) => Err(format!(
+        Some(i) if !i.runs_on(kind) => Err(format!(
             "implementation `{}` does not run on {kind} (it runs on: {})",
             oc.implementation,
             i.kinds
@@ -382,12 +385,24 @@ pub fn plan(
         });
     }
 
+    let nodes = offcodes
+        .iter()
+        .filter(|o| o.pe_kind == PeKind::Node)
+        .filter_map(|o| {
+            let pe = inventory.pes.iter().find(|p| p.id == o.pe)?;
+            match pe.props.get("addr") {
+                Some(sidecore_types::PropValue::Str(a)) => Some((o.pe.clone(), a.clone())),
+                _ => None,
+            }
+        })
+        .collect();
     Ok(Plan {
         app: manifest.app.clone(),
         groups: groups(manifest),
         offcodes,
         channels,
         layout,
+        nodes,
     })
 }
 

@@ -22,6 +22,8 @@ pub enum ResourceKind {
     Channel,
     KernelObject,
     Socket,
+    /// The part of an app that a peer node runs (its lease).
+    Remote,
     Other,
 }
 

@@ -49,7 +49,7 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                 }
                 for t in native
                     .iter()
-                    .filter(|t| !imp.kinds.contains(&t.kind) && t.kind != PeKind::Host)
+                    .filter(|t| !imp.runs_on(t.kind) && t.kind != PeKind::Host)
                 {
                     problems.push(format!(
                         "{}: offcode `{}`: implementation `{}` cannot run on `{}` (it runs on: {})",

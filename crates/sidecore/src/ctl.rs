@@ -37,7 +37,7 @@ pub fn daemon(args: DaemonArgs) -> anyhow::Result<ExitCode> {
     let mut server = ControlServer::start(Arc::clone(&d), &socket).map_err(anyhow::Error::msg)?;
     let node = match &args.listen {
         Some(addr) => Some(
-            sidecore_control::node::NodeListener::start(addr, &args.name)
+            sidecore_control::node::NodeListener::start(addr, &args.name, Some(d.deploy_handler()))
                 .map_err(anyhow::Error::msg)?,
         ),
         None => None,
