@@ -7,7 +7,7 @@
 //! `{"op":"deploy",..}` line instead carries a [`RemotePart`]: the part of an
 //! origin's app that the layout put on this peer.
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::path::Path;
 use std::time::Duration;
@@ -140,74 +140,6 @@ pub fn probe(node: &NodeConfig, timeout: Duration) -> Result<NodeInfo, String> {
         ));
     }
     Ok(info)
-}
-
-use std::io::Read as _;
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::net::TcpListener;
-
-    #[test]
-    fn nodes_file_errors_name_the_spot() {
-        let e = parse_nodes("nodes.toml", "[[node]]\nname = \"b\"\nadress = \"x\"\n").unwrap_err();
-        assert!(
-            e.starts_with("nodes.toml:3:1:") && e.contains("unknown field `adress`"),
-            "{e}"
-        );
-        let e = parse_nodes(
-            "n.toml",
-            "[[node]]\nname = \"b c\"\naddr = \"127.0.0.1:1\"\n",
-        )
-        .unwrap_err();
-        assert!(e.contains("invalid name `b c`"), "{e}");
-        let e = parse_nodes("n.toml", "[[node]]\nname = \"b\"\naddr = \"nowhere\"\n").unwrap_err();
-        assert!(e.contains("unresolvable address `nowhere`"), "{e}");
-        let ok = parse_nodes(
-            "n.toml",
-            "[[node]]\nname = \"b\"\naddr = \"127.0.0.1:7400\"\n",
-        )
-        .unwrap();
-        assert_eq!(ok[0].name, "b");
-    }
-
-    #[test]
-    fn probe_reports_unreachable_and_impostors() {
-        // A port nobody listens on.
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        drop(l);
-        let e = probe(
-            &NodeConfig {
-                name: "gone".into(),
-                addr: addr.clone(),
-            },
-            Duration::from_millis(300),
-        )
-        .unwrap_err();
-        assert!(e.contains("unreachable"), "{e}");
-
-        // Something that is not sidecore.
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let addr = l.local_addr().unwrap().to_string();
-        let t = std::thread::spawn(move || {
-            let (mut s, _) = l.accept().unwrap();
-            let mut buf = [0u8; 64];
-            let _ = s.read(&mut buf);
-            s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap();
-        });
-        let e = probe(
-            &NodeConfig {
-                name: "web".into(),
-                addr,
-            },
-            Duration::from_secs(2),
-        )
-        .unwrap_err();
-        assert!(e.contains("not a sidecore node"), "{e}");
-        t.join().unwrap();
-    }
 }
 
 // ---------------------------------------------------------------------------
@@ -377,6 +309,167 @@ impl RemotePart {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::TcpListener;
+
+    #[test]
+    fn nodes_file_errors_name_the_spot() {
+        let e = parse_nodes("nodes.toml", "[[node]]\nname = \"b\"\nadress = \"x\"\n").unwrap_err();
+        assert!(
+            e.starts_with("nodes.toml:3:1:") && e.contains("unknown field `adress`"),
+            "{e}"
+        );
+        let e = parse_nodes(
+            "n.toml",
+            "[[node]]\nname = \"b c\"\naddr = \"127.0.0.1:1\"\n",
+        )
+        .unwrap_err();
+        assert!(e.contains("invalid name `b c`"), "{e}");
+        let e = parse_nodes("n.toml", "[[node]]\nname = \"b\"\naddr = \"nowhere\"\n").unwrap_err();
+        assert!(e.contains("unresolvable address `nowhere`"), "{e}");
+        let ok = parse_nodes(
+            "n.toml",
+            "[[node]]\nname = \"b\"\naddr = \"127.0.0.1:7400\"\n",
+        )
+        .unwrap();
+        assert_eq!(ok[0].name, "b");
+    }
+
+    #[test]
+    fn probe_reports_unreachable_and_impostors() {
+        // A port nobody listens on.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        drop(l);
+        let e = probe(
+            &NodeConfig {
+                name: "gone".into(),
+                addr: addr.clone(),
+            },
+            Duration::from_millis(300),
+        )
+        .unwrap_err();
+        assert!(e.contains("unreachable"), "{e}");
+
+        // Something that is not sidecore.
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let t = std::thread::spawn(move || {
+            let (mut s, _) = l.accept().unwrap();
+            let mut buf = [0u8; 64];
+            let _ = s.read(&mut buf);
+            s.write_all(b"HTTP/1.1 400 Bad Request\r\n\r\n").unwrap();
+        });
+        let e = probe(
+            &NodeConfig {
+                name: "web".into(),
+                addr,
+            },
+            Duration::from_secs(2),
+        )
+        .unwrap_err();
+        assert!(e.contains("not a sidecore node"), "{e}");
+        t.join().unwrap();
+    }
+
+    fn part() -> RemotePart {
+        RemotePart {
+            op: "deploy".into(),
+            version: PART_PROTOCOL,
+            app: "demo".into(),
+            origin: "vm.1".into(),
+            offcodes: vec![RemoteOffcode {
+                name: "checksum".into(),
+                implementation: "inet-checksum".into(),
+                priority: Priority::Normal,
+                watchdog_ms: Some(1000),
+                obsolete_ms: None,
+                params: toml::Table::new(),
+                inputs: vec!["in".into()],
+                outputs: vec![],
+            }],
+            channels: vec![RemoteChannel {
+                name: "records".into(),
+                props: ChannelProps::default(),
+                from: None,
+                to: vec![(0, 0)],
+                connect: None,
+            }],
+        }
+    }
+
+    fn parse_err(p: &RemotePart) -> String {
+        RemotePart::parse(&serde_json::to_string(p).unwrap()).unwrap_err()
+    }
+
+    #[test]
+    fn a_deploy_request_round_trips() {
+        let p = part();
+        let back = RemotePart::parse(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+    }
+
+    #[test]
+    fn bad_deploy_requests_say_what_is_wrong() {
+        let e = RemotePart::parse(r#"{"op":"deploy","version":1}"#).unwrap_err();
+        assert!(e.contains("malformed deploy request") && e.contains("missing field"), "{e}");
+        let e = RemotePart::parse("not json").unwrap_err();
+        assert!(e.contains("malformed deploy request"), "{e}");
+
+        let mut p = part();
+        p.version = 9;
+        assert!(parse_err(&p).contains("deploy protocol version 9"));
+
+        let mut p = part();
+        p.app = "../etc".into();
+        assert!(parse_err(&p).contains("invalid app name"));
+
+        let mut p = part();
+        p.offcodes.clear();
+        assert!(parse_err(&p).contains("no offcodes"));
+
+        let mut p = part();
+        p.offcodes.push(p.offcodes[0].clone());
+        assert!(parse_err(&p).contains("offcodes[1].name: `checksum` appears twice"));
+
+        let mut p = part();
+        p.channels[0].to = vec![(5, 0)];
+        let e = parse_err(&p);
+        assert!(e.contains("channel `records`: to names offcode #5, but the part has 1"), "{e}");
+
+        let mut p = part();
+        p.channels[0].to = vec![(0, 3)];
+        let e = parse_err(&p);
+        assert!(e.contains("port #3 of `checksum`, which has 1 input ports"), "{e}");
+
+        // An input used as a sender.
+        let mut p = part();
+        p.channels[0].from = Some((0, 0));
+        p.channels[0].to = vec![];
+        p.channels[0].connect = Some("127.0.0.1:9".into());
+        let e = parse_err(&p);
+        assert!(e.contains("which has 0 output ports"), "{e}");
+
+        // Neither end here.
+        let mut p = part();
+        p.channels[0].to = vec![];
+        assert!(parse_err(&p).contains("needs one sender"));
+
+        let mut p = part();
+        p.offcodes[0].outputs = vec!["out".into()];
+        p.channels[0].from = Some((0, 0));
+        p.channels[0].to = vec![];
+        p.channels[0].connect = Some("somewhere".into());
+        assert!(parse_err(&p).contains("`connect` is not an ip:port address"));
+
+        let mut p = part();
+        p.op = "hello".into();
+        assert!(parse_err(&p).contains("unknown op `hello`"));
     }
 }
 

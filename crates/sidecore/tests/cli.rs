@@ -1,84 +1,16 @@
 //! End-to-end tests of the `sidecore` binary as a user runs it: real
 //! processes, real cores, real Unix sockets and signals.
 
+mod common;
+
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::Mutex;
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-/// The tests pin threads to the machine's few cores: one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sidecore"));
-    c.env_remove("SIDECORE_NODES").env_remove("SIDECORE_SOCKET");
-    c
-}
+use common::*;
 
 fn example() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/checksum.toml")
-}
-
-fn run(args: &[&str]) -> Output {
-    bin().args(args).output().expect("run sidecore")
-}
-
-fn text(o: &Output) -> (String, String) {
-    (
-        String::from_utf8_lossy(&o.stdout).into_owned(),
-        String::from_utf8_lossy(&o.stderr).into_owned(),
-    )
-}
-
-fn wait_for(cond: impl Fn() -> bool, secs: u64) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(secs) {
-        if cond() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
-}
-
-/// Kills the child if the test fails before it exits, so no process outlives
-/// a failed test.
-struct Guard(Child);
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        if self.0.try_wait().ok().flatten().is_none() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-/// Stops a background daemon if the test fails before it does.
-struct DaemonGuard(PathBuf);
-
-impl Drop for DaemonGuard {
-    fn drop(&mut self) {
-        if self.0.exists() {
-            let _ = run(&["down", "--daemon", "--socket", self.0.to_str().unwrap()]);
-        }
-    }
-}
-
-fn wait_exit(child: &mut Child, secs: u64) -> Option<std::process::ExitStatus> {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(secs) {
-        if let Some(s) = child.try_wait().unwrap() {
-            return Some(s);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    None
 }
 
 #[test]
