@@ -199,8 +199,7 @@ pub struct RemotePart {
 fn valid_name(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
-        && s
-            .chars()
+        && s.chars()
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@' | ':'))
 }
 
@@ -417,7 +416,10 @@ mod tests {
     #[test]
     fn bad_deploy_requests_say_what_is_wrong() {
         let e = RemotePart::parse(r#"{"op":"deploy","version":1}"#).unwrap_err();
-        assert!(e.contains("malformed deploy request") && e.contains("missing field"), "{e}");
+        assert!(
+            e.contains("malformed deploy request") && e.contains("missing field"),
+            "{e}"
+        );
         let e = RemotePart::parse("not json").unwrap_err();
         assert!(e.contains("malformed deploy request"), "{e}");
 
@@ -440,12 +442,18 @@ mod tests {
         let mut p = part();
         p.channels[0].to = vec![(5, 0)];
         let e = parse_err(&p);
-        assert!(e.contains("channel `records`: to names offcode #5, but the part has 1"), "{e}");
+        assert!(
+            e.contains("channel `records`: to names offcode #5, but the part has 1"),
+            "{e}"
+        );
 
         let mut p = part();
         p.channels[0].to = vec![(0, 3)];
         let e = parse_err(&p);
-        assert!(e.contains("port #3 of `checksum`, which has 1 input ports"), "{e}");
+        assert!(
+            e.contains("port #3 of `checksum`, which has 1 input ports"),
+            "{e}"
+        );
 
         // An input used as a sender.
         let mut p = part();
@@ -472,4 +480,3 @@ mod tests {
         assert!(parse_err(&p).contains("unknown op `hello`"));
     }
 }
-

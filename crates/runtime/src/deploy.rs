@@ -205,10 +205,13 @@ impl Runtime {
         plan: &Plan,
         attachments: Vec<Attachment>,
     ) -> Result<AppId, DeployError> {
-        self.deploy_with(plan, Delegated::Done(Delegation {
-            attachments,
-            parts: Vec::new(),
-        }))
+        self.deploy_with(
+            plan,
+            Delegated::Done(Delegation {
+                attachments,
+                parts: Vec::new(),
+            }),
+        )
     }
 
     fn deploy_with(&self, plan: &Plan, delegated: Delegated) -> Result<AppId, DeployError> {
@@ -386,9 +389,9 @@ impl Runtime {
                 o.pe.clone()
             }
         };
-        for i in 0..n {
+        for i in (0..n).filter(|&i| !remote[i]) {
             let name = exec_name(i);
-            if remote[i] || execs.contains_key(&name) {
+            if execs.contains_key(&name) {
                 continue;
             }
             let o = &plan.offcodes[i];
@@ -443,10 +446,15 @@ impl Runtime {
         // The peers' parts are in place (initialized and started there): follow
         // them, and make their leases part of the app.
         for part in delegation.parts {
-            let hs = part.members.iter().map(|&m| Arc::clone(&handles[m])).collect();
+            let hs = part
+                .members
+                .iter()
+                .map(|&m| Arc::clone(&handles[m]))
+                .collect();
             let label = format!("part on {} ({} offcodes)", part.node, part.members.len());
             let teardown = remote::follow(part, hs, app.clone(), self.events.clone());
-            self.tree.add(Some(root), ResourceKind::Remote, label, teardown);
+            self.tree
+                .add(Some(root), ResourceKind::Remote, label, teardown);
         }
         let mut landed = remote.clone();
         let mut started_groups = vec![false; plan.groups.len()];

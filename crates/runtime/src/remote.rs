@@ -75,8 +75,14 @@ pub struct Attachment {
 
 /// Which end of a stream channel an [`Attachment`] is.
 pub enum StreamEnd {
-    Send { port: usize, sender: StreamSender },
-    Recv { port: usize, receiver: StreamReceiver },
+    Send {
+        port: usize,
+        sender: StreamSender,
+    },
+    Recv {
+        port: usize,
+        receiver: StreamReceiver,
+    },
 }
 
 /// The origin's side of one peer's part, once deployed.
@@ -456,7 +462,13 @@ fn mirror(
         if !h.exited() {
             h.request_stop(lost.clone());
             h.set_state(OffcodeState::Failed);
-            events.emit(app, &h.name, EventKind::Failed { error: lost.clone() });
+            events.emit(
+                app,
+                &h.name,
+                EventKind::Failed {
+                    error: lost.clone(),
+                },
+            );
             h.set_exited();
         }
     }

@@ -38,7 +38,8 @@ fn start_peer(dir: &Path, addr: &str, netns: Option<&str>) -> (Guard, PathBuf) {
         }
         None => Command::new(exe),
     };
-    cmd.env_remove("SIDECORE_NODES").env_remove("SIDECORE_SOCKET");
+    cmd.env_remove("SIDECORE_NODES")
+        .env_remove("SIDECORE_SOCKET");
     cmd.args(["daemon", "--name", "peer", "--listen", addr, "--socket"])
         .arg(&sock)
         .stdout(Stdio::null())
@@ -286,10 +287,10 @@ fn the_peer_tears_its_part_down_when_the_origin_dies() {
     );
     assert!(
         wait_for(
-            || apps(&peer_sock)
-                .iter()
-                .any(|a| a["name"].as_str().is_some_and(|n| n.starts_with("chain@"))
-                    && a["state"] == "running"),
+            || apps(&peer_sock).iter().any(|a| a["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("chain@"))
+                && a["state"] == "running"),
             20
         ),
         "the part never ran on the peer"
@@ -409,7 +410,10 @@ fn a_peer_answers_bad_deploy_requests_with_what_is_wrong() {
         reply
     };
     let r = ask(r#"{"op":"deploy","version":1}"#);
-    assert!(r.contains(r#""reply":"error""#) && r.contains("missing field"), "{r}");
+    assert!(
+        r.contains(r#""reply":"error""#) && r.contains("missing field"),
+        "{r}"
+    );
     let r = ask(
         r#"{"op":"deploy","version":1,"app":"x","origin":"o","offcodes":[{"name":"a","implementation":"no-such-thing","priority":"normal","watchdog_ms":null,"obsolete_ms":null,"params":{},"inputs":[],"outputs":[]}],"channels":[]}"#,
     );

@@ -20,7 +20,6 @@ pub fn bin() -> Command {
     c
 }
 
-
 pub fn run(args: &[&str]) -> Output {
     bin().args(args).output().expect("run sidecore")
 }
