@@ -553,3 +553,76 @@ fn unreliable_channels_count_drops_reliable_ones_never_drop() {
         rt.shutdown();
     }
 }
+
+/// The machine's PEs plus a peer node at `addr` (as discovery would list a
+/// peer that answered its hello).
+fn inventory_with_peer(addr: &str) -> Inventory {
+    let mut inv = inventory();
+    let mut props = std::collections::BTreeMap::new();
+    props.insert(
+        "name".into(),
+        sidecore_types::PropValue::Str("peer".into()),
+    );
+    props.insert("addr".into(), sidecore_types::PropValue::Str(addr.into()));
+    inv.pes.push(sidecore_pe::Pe {
+        id: "node:peer".into(),
+        kind: PeKind::Node,
+        props,
+        capacity: sidecore_pe::Capacity {
+            cpu: 2.0,
+            memory: 1 << 30,
+            slots: None,
+        },
+        detail: "test peer".into(),
+    });
+    inv
+}
+
+#[test]
+fn remote_parts_refuse_unsupported_channels_and_vanished_peers() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(None);
+    // A port nobody listens on: the peer went away after discovery.
+    let gone = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = gone.local_addr().unwrap().to_string();
+    drop(gone);
+    let inv = inventory_with_peer(&addr);
+    let rt = Runtime::new(RuntimeConfig::default());
+    let try_deploy = |text: &str| -> String {
+        let m = write(dir.path(), "remote.toml", text);
+        let manifest = sidecore_manifest::load(&m).unwrap();
+        let plan = sidecore_runtime::plan(&manifest, &inv, &reg, &Default::default()).unwrap();
+        rt.deploy(&plan, &reg).map(|_| ()).unwrap_err().to_string()
+    };
+    let src = "[[offcode]]\nname = \"src\"\nid = \"00000000-0000-4000-8000-000000000001\"\nimpl = \"record-source\"\noutputs = [\"out\"]\n[[offcode.target]]\nkind = \"host\"\n";
+    let sink = |name: &str, n: u32, kind: &str| {
+        format!(
+            "[[offcode]]\nname = \"{name}\"\nid = \"00000000-0000-4000-8000-{n:012}\"\nimpl = \"inet-checksum\"\ninputs = [\"in\"]\n[[offcode.target]]\nkind = \"{kind}\"\n"
+        )
+    };
+
+    // Multicast to one receiver here and one on the peer.
+    let e = try_deploy(&format!(
+        "{src}{}{}[[channel]]\nname = \"fan\"\nfrom = \"src.out\"\nto = [\"a.in\", \"b.in\"]\ncast = \"multicast\"\n",
+        sink("a", 2, "host"),
+        sink("b", 3, "node")
+    ));
+    assert!(
+        e.contains("channel `fan`") && e.contains("receivers are on different machines"),
+        "{e}"
+    );
+
+    // A plain pipeline onto the vanished peer: refused with the peer named,
+    // and nothing of it is left running here.
+    let e = try_deploy(&format!(
+        "{src}{}[[channel]]\nname = \"p\"\nfrom = \"src.out\"\nto = \"a.in\"\n",
+        sink("a", 2, "node")
+    ));
+    assert!(
+        e.contains("peer node:peer") && e.contains("cannot reach"),
+        "{e}"
+    );
+    assert!(rt.status().is_empty());
+    rt.shutdown();
+}
