@@ -170,6 +170,41 @@ fn read_reply(r: &mut BufReader<TcpStream>, node: &str) -> Result<Reply, String>
     }
 }
 
+/// Accepts the stream channel `name` on `l` and attaches it to input
+/// `(offcode, port)`.
+fn accept_end(
+    l: &StreamListener,
+    name: &str,
+    (offcode, port): (usize, usize),
+) -> Result<Attachment, String> {
+    let receiver = l
+        .accept(STEP_TIMEOUT)
+        .map_err(|e| format!("channel `{name}`: {e}"))?;
+    receiver.expect_channel(name).map_err(|e| e.to_string())?;
+    Ok(Attachment {
+        channel: name.to_string(),
+        offcode,
+        end: StreamEnd::Recv { port, receiver },
+    })
+}
+
+/// Opens the stream channel `name` to `addr` and attaches it to output
+/// `(offcode, port)`.
+fn connect_end(
+    addr: &str,
+    name: &str,
+    delivery: sidecore_types::Delivery,
+    (offcode, port): (usize, usize),
+) -> Result<Attachment, String> {
+    let sender = StreamSender::connect(addr, name, delivery, STEP_TIMEOUT)
+        .map_err(|e| format!("channel `{name}`: {e}"))?;
+    Ok(Attachment {
+        channel: name.to_string(),
+        offcode,
+        end: StreamEnd::Send { port, sender },
+    })
+}
+
 /// Hands every part of `plan` placed on a peer node to that peer, and connects
 /// the stream channels between the parts and this machine. On error, the
 /// connections are dropped, and with them whatever the peers had deployed.
@@ -315,16 +350,7 @@ fn delegate_one(
         let a = listening
             .get(&ch.name)
             .ok_or_else(|| format!("the peer does not listen for channel `{}`", ch.name))?;
-        let sender = StreamSender::connect(a.as_str(), &ch.name, ch.props.delivery, STEP_TIMEOUT)
-            .map_err(|e| format!("channel `{}`: {e}", ch.name))?;
-        attachments.push(Attachment {
-            channel: ch.name.clone(),
-            offcode: ch.from.0,
-            end: StreamEnd::Send {
-                port: ch.from.1,
-                sender,
-            },
-        });
+        attachments.push(connect_end(a, &ch.name, ch.props.delivery, ch.from)?);
     }
     match read_reply(&mut reader, node)? {
         Reply::Deployed { .. } => {}
@@ -332,20 +358,7 @@ fn delegate_one(
         other => return Err(format!("unexpected reply {other:?}")),
     }
     for (ch, l) in inbound {
-        let receiver = l
-            .accept(STEP_TIMEOUT)
-            .map_err(|e| format!("channel `{}`: {e}", ch.name))?;
-        receiver
-            .expect_channel(&ch.name)
-            .map_err(|e| e.to_string())?;
-        attachments.push(Attachment {
-            channel: ch.name.clone(),
-            offcode: ch.to[0].0,
-            end: StreamEnd::Recv {
-                port: ch.to[0].1,
-                receiver,
-            },
-        });
+        attachments.push(accept_end(&l, &ch.name, ch.to[0])?);
     }
     Ok(PartLink {
         node: node.to_string(),
@@ -589,30 +602,11 @@ fn serve_part(
     send_line(&mut w, &Reply::Listening { listening }).map_err(|e| e.to_string())?;
     let mut attachments = Vec::new();
     for (c, l) in listeners {
-        let receiver = l
-            .accept(STEP_TIMEOUT)
-            .map_err(|e| format!("channel `{}`: {e}", c.name))?;
-        receiver
-            .expect_channel(&c.name)
-            .map_err(|e| e.to_string())?;
-        attachments.push(Attachment {
-            channel: c.name.clone(),
-            offcode: c.to[0].0,
-            end: StreamEnd::Recv {
-                port: c.to[0].1,
-                receiver,
-            },
-        });
+        attachments.push(accept_end(&l, &c.name, c.to[0])?);
     }
     for c in &part.channels {
-        if let (Some((o, p)), Some(a)) = (c.from, &c.connect) {
-            let sender = StreamSender::connect(a.as_str(), &c.name, c.props.delivery, STEP_TIMEOUT)
-                .map_err(|e| format!("channel `{}`: {e}", c.name))?;
-            attachments.push(Attachment {
-                channel: c.name.clone(),
-                offcode: o,
-                end: StreamEnd::Send { port: p, sender },
-            });
+        if let (Some(from), Some(a)) = (c.from, &c.connect) {
+            attachments.push(connect_end(a, &c.name, c.props.delivery, from)?);
         }
     }
     let id = rt

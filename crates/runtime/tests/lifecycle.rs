@@ -559,10 +559,7 @@ fn unreliable_channels_count_drops_reliable_ones_never_drop() {
 fn inventory_with_peer(addr: &str) -> Inventory {
     let mut inv = inventory();
     let mut props = std::collections::BTreeMap::new();
-    props.insert(
-        "name".into(),
-        sidecore_types::PropValue::Str("peer".into()),
-    );
+    props.insert("name".into(), sidecore_types::PropValue::Str("peer".into()));
     props.insert("addr".into(), sidecore_types::PropValue::Str(addr.into()));
     inv.pes.push(sidecore_pe::Pe {
         id: "node:peer".into(),
