@@ -22,8 +22,12 @@ cleanup() {
 }
 trap cleanup EXIT
 
-sed -e "s/record_size = 64/record_size = $size/" "$root/examples/checksum.toml" > "$tmp/local.toml"
-sed -e "s/record_size = 64/record_size = $size/" "$root/examples/remote.toml" > "$tmp/remote.toml"
+slot=$(( (size + 16 + 15) / 16 * 16 ))   # the ring's slots carry a 16-byte header
+for m in checksum remote; do
+  sed -e "s/record_size = 64/record_size = $size/" -e "s/slot_size = 128/slot_size = $slot/" \
+    "$root/examples/$m.toml" > "$tmp/$m.toml"
+done
+mv "$tmp/checksum.toml" "$tmp/local.toml"
 
 rate() { # json -> checksum records per second
   python3 -c 'import json,sys; v=json.load(sys.stdin); o=[o for o in v["status"][0]["offcodes"] if o["name"]=="checksum"][0]; print("%.0f %s %s" % (o["metrics"]["records"]/v["seconds"], o["metrics"]["sequence_gaps"], o["pe"]))'
