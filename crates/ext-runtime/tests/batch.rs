@@ -135,11 +135,14 @@ fn same_results(mode: ExecMode, name: &str, inputs: &[Vec<u8>]) {
     assert_eq!(a, b, "{name} in {mode:?}");
     // The same state afterwards: counter's key/value, flowtable's table and overflows.
     assert_eq!(single.state_value(1), batch.state_value(1), "{name}");
-    assert_eq!(
-        single.memory_read(8192, 32 * 1024),
-        batch.memory_read(8192, 32 * 1024),
-        "{name}"
-    );
+    if name == "flowtable" {
+        // The flow table (1024 slots of 32 bytes at 8192).
+        let (a, b) = (
+            single.memory_read(8192, 32 * 1024).unwrap(),
+            batch.memory_read(8192, 32 * 1024).unwrap(),
+        );
+        assert!(a == b, "flow tables differ in {mode:?}");
+    }
 }
 
 proptest! {
