@@ -147,7 +147,11 @@ pub enum InvokeError {
     #[error("empty batch: the host never calls a batch entry with n = 0")]
     EmptyBatch,
     #[error("buffer #{index} of the batch: {len} bytes exceed the {cap}-byte slot ('A)")]
-    BatchInputTooLarge { index: usize, len: usize, cap: usize },
+    BatchInputTooLarge {
+        index: usize,
+        len: usize,
+        cap: usize,
+    },
 }
 
 /// Result of one buffer of a batch, from its descriptor after the call.
@@ -467,7 +471,14 @@ impl WasmExtension {
     /// One accounted guest call of handler (or batch entry) `h` with argument `arg`,
     /// the host state already prepared: two cycle-counter reads around it, the violation
     /// recorded, and the instance dropped afterwards (idle) if the policy says so.
-    fn call(&mut self, batch: bool, h: usize, arg: i32, limit_cycles: u64, limit_fuel: u64) -> Outcome {
+    fn call(
+        &mut self,
+        batch: bool,
+        h: usize,
+        arg: i32,
+        limit_cycles: u64,
+        limit_fuel: u64,
+    ) -> Outcome {
         // Borrow the function in place: cloning a TypedFunc clones its type (reference
         // counts), a measurable share of a ~60 ns call.
         let f = if batch {
@@ -568,7 +579,10 @@ impl WasmExtension {
         let b = self.batch.ok_or(InvokeError::NoBatch)?;
         let i = self.staged;
         if i >= b.max {
-            return Err(InvokeError::BatchTooLong { n: i + 1, max: b.max });
+            return Err(InvokeError::BatchTooLong {
+                n: i + 1,
+                max: b.max,
+            });
         }
         if input.len() > b.slot {
             return Err(InvokeError::BatchInputTooLarge {
@@ -625,8 +639,14 @@ impl WasmExtension {
             let out_cap = l.store.data().caps.output_bytes;
             let data = l.memory.data(&l.store);
             for i in 0..n {
-                self.items
-                    .push(read_verdict(data, &b, i, outputs, out_cap, o.trap.is_some()));
+                self.items.push(read_verdict(
+                    data,
+                    &b,
+                    i,
+                    outputs,
+                    out_cap,
+                    o.trap.is_some(),
+                ));
             }
         }
         if o.unloaded {

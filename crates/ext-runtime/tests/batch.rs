@@ -91,7 +91,9 @@ fn batched(x: &mut WasmExtension, inputs: &[Vec<u8>]) -> PerBuffer {
 
 /// Frames of every kind the corpus handlers tell apart.
 fn frame(len: usize, proto: u8, dport: u16, ttl: u8, ethertype: u16, seed: u8) -> Vec<u8> {
-    let mut f: Vec<u8> = (0..len).map(|i| (i as u8).wrapping_mul(31) ^ seed).collect();
+    let mut f: Vec<u8> = (0..len)
+        .map(|i| (i as u8).wrapping_mul(31) ^ seed)
+        .collect();
     if len >= 14 {
         f[12..14].copy_from_slice(&ethertype.to_be_bytes());
     }
@@ -107,7 +109,13 @@ fn frame(len: usize, proto: u8, dport: u16, ttl: u8, ethertype: u16, seed: u8) -
 
 fn arb_frame() -> impl Strategy<Value = Vec<u8>> {
     (
-        prop_oneof![Just(20usize), Just(37), 38usize..200, Just(1500), Just(2048)],
+        prop_oneof![
+            Just(20usize),
+            Just(37),
+            38usize..200,
+            Just(1500),
+            Just(2048)
+        ],
         prop_oneof![Just(6u8), Just(17), Just(1), Just(99)],
         prop_oneof![Just(80u16), Just(443), Just(53), Just(9), any::<u16>()],
         prop_oneof![Just(0u8), Just(1), Just(2), Just(64)],
@@ -323,7 +331,11 @@ fn a_violating_batch_is_one_violation_and_unloading_waits_for_the_batch_to_end()
     let o = x.invoke_batch(h, &refs).unwrap();
     assert!(o.violated && !o.unloaded, "{o:?}");
     assert_eq!((o.status, o.trap), (0, None), "never aborted");
-    assert_eq!(x.tracker().total_invocations, 1, "a batch is one invocation");
+    assert_eq!(
+        x.tracker().total_invocations,
+        1,
+        "a batch is one invocation"
+    );
     assert_eq!(x.tracker().total_violations, 1);
     let mut n = 0;
     x.for_each_batch_output(|_, _, b| {

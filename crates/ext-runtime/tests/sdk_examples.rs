@@ -137,11 +137,10 @@ fn sdk_examples_build_are_admitted_and_run() {
         assert_eq!(a.batch_max, Some(32), "{name}");
         let entry = a.entry("batch").expect("batch entry");
         assert!(entry.admitted, "{name}: {}", a.report);
-        let outer = a
-            .loops
-            .iter()
-            .filter(|l| l.func == entry.func)
-            .find(|l| matches!(&l.source, BoundSource::Proven(h) if h.contains("batch size n")));
+        let outer =
+            a.loops.iter().filter(|l| l.func == entry.func).find(
+                |l| matches!(&l.source, BoundSource::Proven(h) if h.contains("batch size n")),
+            );
         assert!(
             outer.is_some_and(|l| l.iterations <= 33),
             "{name}: the buffer loop is not proven against B\n{}",

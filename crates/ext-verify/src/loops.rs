@@ -695,7 +695,10 @@ fn count_known(
             };
             return Some(note((
                 back as u64,
-                format!("local {local} steps by {step}, continues while +{delta} != n (from {})", first - delta),
+                format!(
+                    "local {local} steps by {step}, continues while +{delta} != n (from {})",
+                    first - delta
+                ),
             )));
         }
         _ => return None,

@@ -327,10 +327,9 @@ fn batch_entries_are_admitted_with_the_batch_loop_proven_against_b() {
             .unwrap_or_else(|| panic!("{name}: no batch loop\n{}", a.report));
         assert_eq!(lp.iterations, 33, "{name}: {}", a.report);
         match &lp.source {
-            BoundSource::Proven(how) => assert!(
-                how.contains("batch size n, 1 ≤ n ≤ 32"),
-                "{name}: {how}"
-            ),
+            BoundSource::Proven(how) => {
+                assert!(how.contains("batch size n, 1 ≤ n ≤ 32"), "{name}: {how}")
+            }
             other => panic!("{name}: batch loop not proven: {other:?}"),
         }
         // Poll points only where a batch can exceed B × the limit: where one worst-case
@@ -338,7 +337,9 @@ fn batch_entries_are_admitted_with_the_batch_loop_proven_against_b() {
         // fallback calibration), never for handlers well within it.
         let h = a.entry("handle").unwrap();
         if h.over_limit {
-            let every = lp.poll_every.expect("poll point in an over-limit batch loop");
+            let every = lp
+                .poll_every
+                .expect("poll point in an over-limit batch loop");
             assert!(every >= 1 && every < 32, "{name}: {}", a.report);
         } else {
             assert_eq!(lp.poll_every, None, "{name}: {}", a.report);
@@ -379,13 +380,23 @@ fn a_batch_loop_not_bounded_by_b_is_rejected_with_a_reason() {
 
     // n is overwritten first: no longer the host's 1..=B.
     let body = format!("(local.set $n (i32.load (i32.const 0))) {COUNT_TO_N}");
-    let r = verify(&batch_module("(i32.const 8)", &body), &Policy::default(), &cal).unwrap_err();
+    let r = verify(
+        &batch_module("(i32.const 8)", &body),
+        &Policy::default(),
+        &cal,
+    )
+    .unwrap_err();
     assert!(r.has("unbounded-loop"), "{r}");
     assert!(r.to_string().contains("loop #0 in batch"), "{r}");
 
     // Counting to a value read from memory.
     let body = COUNT_TO_N.replace("(local.get $n)", "(i32.load (i32.const 0))");
-    let r = verify(&batch_module("(i32.const 8)", &body), &Policy::default(), &cal).unwrap_err();
+    let r = verify(
+        &batch_module("(i32.const 8)", &body),
+        &Policy::default(),
+        &cal,
+    )
+    .unwrap_err();
     assert!(r.has("unbounded-loop"), "{r}");
 
     // The same loop in a per-buffer handler: its parameter is a length, not n ≤ B.
@@ -412,7 +423,10 @@ fn a_bad_batch_size_is_rejected_with_a_reason() {
     let cal = Calibration::fallback();
     for (max, why) in [
         ("(i32.load (i32.const 0))", "must be exactly `i32.const B`"),
-        ("(i32.const 0)", "B = 0 from `sc_batch_max` is outside 1..=256"),
+        (
+            "(i32.const 0)",
+            "B = 0 from `sc_batch_max` is outside 1..=256",
+        ),
         ("(i32.const 100000)", "outside 1..=256"),
     ] {
         let r = verify(&batch_module(max, COUNT_TO_N), &Policy::default(), &cal).unwrap_err();
@@ -427,7 +441,10 @@ fn a_bad_batch_size_is_rejected_with_a_reason() {
       (func (export "handle") (param i32) (result i32) (i32.const 0))
       (func (export "batch") (param i32) (result i32) (i32.const 0)))"#;
     let r = verify(&wat::parse_str(src).unwrap(), &Policy::default(), &cal).unwrap_err();
-    assert!(r.to_string().contains("missing export `sc_batch_ptr`"), "{r}");
+    assert!(
+        r.to_string().contains("missing export `sc_batch_ptr`"),
+        "{r}"
+    );
 }
 
 #[test]
