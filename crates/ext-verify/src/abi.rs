@@ -46,7 +46,8 @@
 //! | 16 + 16·B .. | `B` slots of `sc_input_cap()` bytes; buffer `i` is at `off` | host |
 //!
 //! Before the call the host writes, for each `i < n`, `off` (absolute address of the
-//! buffer in linear memory; `[off, off + sc_input_cap())` is the buffer's own slot),
+//! buffer in linear memory: always slot `i`, `sc_batch_ptr() + 16 + 16·B +
+//! i·sc_input_cap()`, so a guest may compute it instead of trusting the field),
 //! `len` (its length, ≤ `sc_input_cap()`), `status = 0` and `fwd = -1`, and `cur = 0`.
 //! The guest handles buffers `0..n` in order; for each it sets `cur = i` first (so that
 //! its `sc.emit` calls are attributed to buffer `i`), then writes
