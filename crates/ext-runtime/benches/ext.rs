@@ -632,7 +632,10 @@ fn main() {
     }
     // `SIDECORE_BENCH_ONLY=batched,chain` runs only the named sections (for iterating).
     let only = std::env::var("SIDECORE_BENCH_ONLY").ok();
-    let run = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == name));
+    let run = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|x| x == name))
+    };
     if run("tightness") {
         tightness(&cal);
     }

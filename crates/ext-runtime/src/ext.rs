@@ -353,7 +353,7 @@ impl WasmExtension {
                 let max = max as usize;
                 let bytes = abi::batch_region_bytes(max, cap as usize);
                 let size = memory.data_size(&store);
-                if base < 0 || base as usize % 4 != 0 || base as usize + bytes > size {
+                if base < 0 || !(base as usize).is_multiple_of(4) || base as usize + bytes > size {
                     return Err(LoadError::Abi(format!(
                         "batch region at {base} of {bytes} bytes ({max} descriptors and slots of {cap} bytes) must be 4-byte aligned and inside linear memory ({size} bytes)"
                     )));

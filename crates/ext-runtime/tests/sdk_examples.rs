@@ -42,6 +42,9 @@ fn build_examples() -> PathBuf {
     target.join("wasm32-unknown-unknown/release/examples")
 }
 
+/// Per buffer: (status, outputs as (output, bytes)).
+type PerBuffer = Vec<(i32, Vec<(u32, Vec<u8>)>)>;
+
 #[test]
 fn sdk_examples_build_are_admitted_and_run() {
     let dir = build_examples();
@@ -157,7 +160,7 @@ fn sdk_examples_build_are_admitted_and_run() {
                 .collect();
             want.push((o.status, outs));
         }
-        let mut got: Vec<(i32, Vec<(u32, Vec<u8>)>)> = Vec::new();
+        let mut got: PerBuffer = Vec::new();
         for chunk in frames.chunks(32) {
             let refs: Vec<&[u8]> = chunk.iter().map(|v| v.as_slice()).collect();
             let o = batch.invoke_batch(h, &refs).unwrap();

@@ -340,7 +340,7 @@ fn batch_entries_are_admitted_with_the_batch_loop_proven_against_b() {
             let every = lp
                 .poll_every
                 .expect("poll point in an over-limit batch loop");
-            assert!(every >= 1 && every < 32, "{name}: {}", a.report);
+            assert!((1..32).contains(&every), "{name}: {}", a.report);
         } else {
             assert_eq!(lp.poll_every, None, "{name}: {}", a.report);
         }
