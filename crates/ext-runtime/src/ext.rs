@@ -9,6 +9,11 @@
 //! * `fuel` — wasmtime fuel metering; accounting by fuel consumed.
 //! * `epoch` — wasmtime epoch interruption with a deadline callback that records a
 //!   violation, drains input and *continues* (never traps).
+//!
+//! Batches (`stage`/`invoke_staged`/`invoke_batch`): up to B buffers copied into the
+//! module's batch slots, one guest call of its batch entry, one accounted invocation
+//! with limit n × the acceptable limit, then per-buffer statuses and in-place verdicts
+//! read back from the descriptors (layout in `sidecore_ext_verify::abi`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};

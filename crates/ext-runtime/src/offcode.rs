@@ -173,7 +173,7 @@ impl Offcode for WasmOffcode {
                 })?;
             self.handlers.push(h);
             self.batches.push(
-                ext.batch_entry(&format!("batch_{input}"))
+                ext.batch_entry(&sidecore_ext_verify::abi::batch_name(input))
                     .or_else(|| ext.batch_entry("batch")),
             );
         }

@@ -10,6 +10,10 @@
 //! module to run (instrumented where needed, with poll points only in loops whose cost
 //! exceeds the acceptable limit) and a report naming each handler's bound, worst path
 //! and dominating loops.
+//!
+//! Batch entries (`batch`/`batch_<input>`, see `abi`) are admitted the same way, at
+//! `B` × the acceptable limit; their loop over the buffers is proven against `B` (read
+//! from `sc_batch_max`) because the host never passes more than `B`.
 
 pub mod abi;
 pub mod analysis;
