@@ -6,8 +6,10 @@
 //!    vs wasmtime fuel consumed);
 //! 3. the same handlers run as native Rust, Wasm unchecked, Wasm + fuel, Wasm + epochs and
 //!    sidecore's hybrid accounting (ns per invocation, rounds interleaved);
-//! 4. the cost of per-invocation accounting (ns);
-//! 5. packets per second through a chain of three elements.
+//! 4. the same handlers through the batch ABI (B = 32 buffers per guest call, in-place
+//!    verdicts), again native / unchecked / fuel / epochs / hybrid, ns per packet;
+//! 5. the cost of per-invocation accounting (ns);
+//! 6. packets per second through a chain of three elements, per buffer and batched.
 //!
 //! Run: `cargo bench -p sidecore-ext --bench ext` (prints Markdown tables).
 
@@ -231,8 +233,12 @@ fn native_chacha(buf: &mut [u8]) {
 /// returns the median ns per call of each.
 fn interleaved(fs: &mut [Box<dyn FnMut() + '_>], batch: usize, rounds: usize) -> Vec<f64> {
     let mut res = vec![Vec::new(); fs.len()];
-    for _ in 0..rounds {
-        for (i, f) in fs.iter_mut().enumerate() {
+    let n = fs.len();
+    for round in 0..rounds {
+        // Rotate the order every round: no mode always runs first or last.
+        for k in 0..n {
+            let i = (round + k) % n;
+            let f = &mut fs[i];
             let t0 = Instant::now();
             for _ in 0..batch {
                 f();
@@ -338,6 +344,113 @@ fn four_ways(cal: &Calibration) {
     }
 }
 
+/// Buffers per batch in the batched benchmarks (the corpus modules' B).
+const B: usize = 32;
+
+fn batched(cal: &Calibration) {
+    println!(
+        "\n### The same handlers through the batch ABI (B = {B} buffers per call; ns per packet, median of interleaved rounds)\n"
+    );
+    println!(
+        "| handler | input | native Rust | Wasm unchecked | Wasm + fuel | Wasm + epochs | sidecore hybrid | hybrid / unchecked | fuel / unchecked | epochs / unchecked | unchecked / native | hybrid / native |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    let engines: Vec<ExtEngine> = [
+        ExecMode::Unchecked,
+        ExecMode::Fuel,
+        ExecMode::Epoch,
+        ExecMode::Hybrid,
+    ]
+    .iter()
+    .map(|m| ExtEngine::new(*m, 256 << 10, Duration::from_micros(100)).unwrap())
+    .collect();
+    for (name, input) in [
+        ("hdr_rewrite", frame(64, 6, 80)),
+        ("hdr_rewrite", frame(1500, 6, 80)),
+        ("classifier", frame(64, 99, 9)),
+        ("counter", frame(64, 6, 80)),
+        ("flowtable", frame(64, 6, 80)),
+        ("checksum", frame(1500, 6, 80)),
+    ] {
+        let bytes = corpus(name);
+        let mut exts: Vec<WasmExtension> = engines
+            .iter()
+            .map(|e| WasmExtension::load(e, &bytes, &cfg(), cal, Arc::new(Vec::new())).unwrap())
+            .collect();
+        let inputs: Vec<Vec<u8>> = vec![input.clone(); B];
+        let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        // Native: the same batch, the same copies in (into per-buffer slots) and out.
+        let mut slots = vec![0u8; B * 2048];
+        let mut out: Vec<u8> = Vec::with_capacity(B * 2048);
+        let native: Option<Box<dyn FnMut()>> = match name {
+            "hdr_rewrite" => Some(Box::new(|| {
+                out.clear();
+                for (i, x) in inputs.iter().enumerate() {
+                    let b = &mut slots[i * 2048..i * 2048 + x.len()];
+                    b.copy_from_slice(x);
+                    if native_hdr_rewrite(std::hint::black_box(b)) == 0 {
+                        out.extend_from_slice(b);
+                    }
+                }
+                std::hint::black_box(&out);
+            })),
+            "checksum" => Some(Box::new(|| {
+                out.clear();
+                for (i, x) in inputs.iter().enumerate() {
+                    let b = &mut slots[i * 2048..i * 2048 + x.len()];
+                    b.copy_from_slice(x);
+                    let c = native_checksum(std::hint::black_box(b));
+                    out.extend_from_slice(&c.to_le_bytes());
+                }
+                std::hint::black_box(&out);
+            })),
+            _ => None,
+        };
+        let has_native = native.is_some();
+        let mut fs: Vec<Box<dyn FnMut() + '_>> = Vec::new();
+        if let Some(n) = native {
+            fs.push(n);
+        }
+        for x in exts.iter_mut() {
+            let refs = &refs;
+            let h = x.batch_entry("batch").unwrap();
+            let mut out: Vec<u8> = Vec::with_capacity(B * 2048);
+            fs.push(Box::new(move || {
+                let o = x.invoke_batch(h, refs).unwrap();
+                out.clear();
+                x.for_each_batch_output(|_, _, b| out.extend_from_slice(b));
+                std::hint::black_box((o.status, &out));
+            }));
+        }
+        // Short rounds, many of them: a packet takes ~10 ns here, so a burst of the other
+        // tenants' work must not land in one mode's round only.
+        let calls = if input.len() > 1000 { 4 } else { 40 };
+        interleaved(&mut fs, calls, 15); // warm-up, discarded
+        let r = interleaved(&mut fs, calls, 151);
+        let r: Vec<f64> = r.iter().map(|v| v / B as f64).collect();
+        let (nat, w) = if has_native {
+            (Some(r[0]), &r[1..])
+        } else {
+            (None, &r[..])
+        };
+        let (u, f, e, h) = (w[0], w[1], w[2], w[3]);
+        let vs = |x: f64| {
+            nat.map(|n| format!("{:.2}", x / n))
+                .unwrap_or_else(|| "—".into())
+        };
+        println!(
+            "| {name} | {B} × {} B | {} | {u:.1} | {f:.1} | {e:.1} | {h:.1} | {:.3} | {:.3} | {:.3} | {} | {} |",
+            input.len(),
+            nat.map(|n| format!("{n:.1}")).unwrap_or_else(|| "—".into()),
+            h / u,
+            f / u,
+            e / u,
+            vs(u),
+            vs(h),
+        );
+    }
+}
+
 fn accounting_cost(cal: &Calibration) {
     println!("\n### Per-invocation accounting cost\n");
     let wat = r#"(module (memory (export "memory") 1 1)
@@ -387,8 +500,10 @@ fn chain(cal: &Calibration) {
     println!(
         "\n### Packets per second through a chain of 3 elements (classifier → hdr_rewrite → counter, 64-byte frames)\n"
     );
-    println!("| mode | packets/s | ns/packet |");
-    println!("|---|---|---|");
+    println!(
+        "| mode | packets/s (per buffer) | ns/packet | packets/s (batches of {B}) | ns/packet | batched / per buffer |"
+    );
+    println!("|---|---|---|---|---|---|");
     for mode in [
         ExecMode::Unchecked,
         ExecMode::Hybrid,
@@ -432,7 +547,51 @@ fn chain(cal: &Calibration) {
             run(2000, &mut done);
         }
         let pps = done as f64 / t0.elapsed().as_secs_f64();
-        println!("| {mode:?} | {:.0} | {:.1} |", pps, 1e9 / pps);
+
+        // The same chain through the batch entries: B frames per call of each element,
+        // each element's outputs staged straight into the next one's batch slots.
+        let (hc, hr, hn) = (
+            c.batch_entry("batch").unwrap(),
+            r.batch_entry("batch").unwrap(),
+            n.batch_entry("batch").unwrap(),
+        );
+        let frames: Vec<&[u8]> = vec![&input[..]; B];
+        let mut bdone = 0u64;
+        let mut brun = |iters: u64, done: &mut u64| {
+            for _ in 0..iters {
+                c.invoke_batch(hc, &frames).unwrap();
+                c.for_each_batch_output(|_, _, b| {
+                    r.stage(b).unwrap();
+                });
+                r.invoke_staged(hr).unwrap();
+                r.for_each_batch_output(|_, _, b| {
+                    n.stage(b).unwrap();
+                });
+                let o = n.invoke_staged(hn).unwrap();
+                let mut got = 0;
+                n.for_each_batch_output(|_, _, b| {
+                    std::hint::black_box(b);
+                    got += 1;
+                });
+                assert_eq!((o.status, got), (0, B), "the chain delivers");
+                *done += B as u64;
+            }
+        };
+        brun(400, &mut bdone);
+        bdone = 0;
+        let t0 = Instant::now();
+        while t0.elapsed() < Duration::from_millis(700) {
+            brun(100, &mut bdone);
+        }
+        let bpps = bdone as f64 / t0.elapsed().as_secs_f64();
+        println!(
+            "| {mode:?} | {:.0} | {:.1} | {:.0} | {:.1} | {:.2} |",
+            pps,
+            1e9 / pps,
+            bpps,
+            1e9 / bpps,
+            bpps / pps
+        );
     }
 }
 
@@ -471,8 +630,25 @@ fn main() {
             r.chase_cycles
         );
     }
-    tightness(&cal);
-    four_ways(&cal);
-    accounting_cost(&cal);
-    chain(&cal);
+    // `SIDECORE_BENCH_ONLY=batched,chain` runs only the named sections (for iterating).
+    let only = std::env::var("SIDECORE_BENCH_ONLY").ok();
+    let run = |name: &str| {
+        only.as_deref()
+            .is_none_or(|o| o.split(',').any(|x| x == name))
+    };
+    if run("tightness") {
+        tightness(&cal);
+    }
+    if run("single") {
+        four_ways(&cal);
+    }
+    if run("batched") {
+        batched(&cal);
+    }
+    if run("accounting") {
+        accounting_cost(&cal);
+    }
+    if run("chain") {
+        chain(&cal);
+    }
 }

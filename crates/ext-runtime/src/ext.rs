@@ -9,6 +9,11 @@
 //! * `fuel` — wasmtime fuel metering; accounting by fuel consumed.
 //! * `epoch` — wasmtime epoch interruption with a deadline callback that records a
 //!   violation, drains input and *continues* (never traps).
+//!
+//! Batches (`stage`/`invoke_staged`/`invoke_batch`): up to B buffers copied into the
+//! module's batch slots, one guest call of its batch entry, one accounted invocation
+//! with limit n × the acceptable limit, then per-buffer statuses and in-place verdicts
+//! read back from the descriptors (layout in `sidecore_ext_verify::abi`).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -138,6 +143,59 @@ pub enum InvokeError {
     InputTooLarge { len: usize, cap: usize },
     #[error("no handler #{0}")]
     NoHandler(usize),
+    #[error("no batch entry #{0}")]
+    NoBatchEntry(usize),
+    #[error("the module exports no batch entry (`batch` or `batch_<input>`)")]
+    NoBatch,
+    #[error("batch of {n} buffers exceeds the module's batch size B = {max}")]
+    BatchTooLong { n: usize, max: usize },
+    #[error("empty batch: the host never calls a batch entry with n = 0")]
+    EmptyBatch,
+    #[error("buffer #{index} of the batch: {len} bytes exceed the {cap}-byte slot ('A)")]
+    BatchInputTooLarge {
+        index: usize,
+        len: usize,
+        cap: usize,
+    },
+}
+
+/// Result of one buffer of a batch, from its descriptor after the call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchItem {
+    /// The guest's status for this buffer ([`abi::STATUS_BAD_VERDICT`] if its in-place
+    /// verdict could not be honoured).
+    pub status: i32,
+    /// In-place verdict: (output, length) of the rewritten buffer to forward.
+    pub forward: Option<(u32, u32)>,
+    /// Why the guest's verdict was not honoured, if it was not.
+    pub bad_verdict: Option<BadVerdict>,
+}
+
+/// A verdict the host refused (the forward is dropped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadVerdict {
+    #[error("verdict forwards to output {fwd}, but the offcode has {outputs} outputs")]
+    UnknownOutput { fwd: i32, outputs: u32 },
+    #[error("verdict forwards {len} bytes, over the {cap}-byte limit (slot or output cap)")]
+    TooLong { len: u32, cap: u64 },
+}
+
+/// Where the batch region lies (validated against linear memory at load).
+#[derive(Debug, Clone, Copy)]
+struct BatchLayout {
+    /// Address of the region (its `cur` word).
+    base: usize,
+    /// B.
+    max: usize,
+    /// Address of slot 0; slot i is at `slots + i * slot`.
+    slots: usize,
+    slot: usize,
+}
+
+impl BatchLayout {
+    fn desc(&self, i: usize) -> usize {
+        self.base + abi::BATCH_HEADER + i * abi::BATCH_DESC
+    }
 }
 
 /// Result of one invocation.
@@ -165,11 +223,19 @@ struct Live {
 pub struct WasmExtension {
     live: Option<Live>,
     handlers: Vec<(String, TypedFunc<i32, i32>)>,
+    batches: Vec<(String, TypedFunc<i32, i32>)>,
+    batch: Option<BatchLayout>,
+    /// Buffers staged for the next batch call.
+    staged: usize,
+    /// Per-buffer results of the last batch call.
+    items: Vec<BatchItem>,
     input_ptr: usize,
     input_cap: usize,
     mode: ExecMode,
     limit_cycles: u64,
     limit_fuel: u64,
+    /// Fuel limit per buffer of a batch.
+    limit_fuel_batch: u64,
     tracker: Tracker,
     unloaded: Option<UnloadReason>,
     pub admission: Admission,
@@ -271,18 +337,55 @@ impl WasmExtension {
             )));
         }
         let mut handlers = Vec::new();
-        for e in admission.entries.iter().filter(|e| e.handler) {
+        let mut batches = Vec::new();
+        for e in admission
+            .entries
+            .iter()
+            .filter(|e| e.handler || e.batch.is_some())
+        {
             let f = instance
                 .get_typed_func::<i32, i32>(&mut store, &e.name)
                 .map_err(|err| LoadError::Abi(format!("handler `{}`: {err}", e.name)))?;
-            handlers.push((e.name.clone(), f));
+            if e.handler {
+                handlers.push((e.name.clone(), f));
+            } else {
+                batches.push((e.name.clone(), f));
+            }
         }
+        let batch = match admission.batch_max {
+            Some(max) if !batches.is_empty() => {
+                let base = get_i32(&mut store, abi::EXPORT_BATCH_PTR)?;
+                let max = max as usize;
+                let bytes = abi::batch_region_bytes(max, cap as usize);
+                let size = memory.data_size(&store);
+                if base < 0 || !(base as usize).is_multiple_of(4) || base as usize + bytes > size {
+                    return Err(LoadError::Abi(format!(
+                        "batch region at {base} of {bytes} bytes ({max} descriptors and slots of {cap} bytes) must be 4-byte aligned and inside linear memory ({size} bytes)"
+                    )));
+                }
+                let base = base as usize;
+                Some(BatchLayout {
+                    base,
+                    max,
+                    slots: base + abi::BATCH_HEADER + max * abi::BATCH_DESC,
+                    slot: cap as usize,
+                })
+            }
+            _ => None,
+        };
         // Fuel accounting limit: the acceptable limit scaled by the handler's
         // fuel-per-cycle ratio from the static analysis.
         let limit_fuel = admission
             .entries
             .iter()
             .filter(|e| e.handler && e.bound_cycles > 0.0)
+            .map(|e| (admission.limit_cycles * e.bound_fuel / e.bound_cycles).max(1.0) as u64)
+            .min()
+            .unwrap_or(u64::MAX);
+        let limit_fuel_batch = admission
+            .entries
+            .iter()
+            .filter(|e| e.batch.is_some() && e.bound_cycles > 0.0)
             .map(|e| (admission.limit_cycles * e.bound_fuel / e.bound_cycles).max(1.0) as u64)
             .min()
             .unwrap_or(u64::MAX);
@@ -294,11 +397,16 @@ impl WasmExtension {
                 _instance: instance,
             }),
             handlers,
+            batches,
+            batch,
+            staged: 0,
+            items: Vec::new(),
             input_ptr: ptr as usize,
             input_cap: cap as usize,
             mode: engine.mode,
             limit_cycles,
             limit_fuel,
+            limit_fuel_batch,
             tracker: Tracker::new(cfg.violations),
             unloaded: None,
             admission,
@@ -335,12 +443,9 @@ impl WasmExtension {
                 cap: self.input_cap,
             });
         }
-        let f = self
-            .handlers
-            .get(h)
-            .ok_or(InvokeError::NoHandler(h))?
-            .1
-            .clone();
+        if h >= self.handlers.len() {
+            return Err(InvokeError::NoHandler(h));
+        }
         let live = self.live.as_mut().expect("live while not unloaded");
         let Live { store, memory, .. } = live;
         memory.data_mut(&mut *store)[self.input_ptr..self.input_ptr + input.len()]
@@ -350,19 +455,46 @@ impl WasmExtension {
             st.emitted.clear();
             st.out_bytes.clear();
             st.violated = false;
+            st.limit_cycles = self.limit_cycles;
+            st.max_emits = host::MAX_EMITS;
+            st.batch_cur = usize::MAX;
         }
-        let mode = self.mode;
-        let fuel0 = if mode == ExecMode::Fuel {
-            store.get_fuel().unwrap_or(0)
+        let (lc, lf) = (self.limit_cycles, self.limit_fuel);
+        let o = self.call(false, h, input.len() as i32, lc, lf);
+        if o.unloaded {
+            self.unload_now();
+        }
+        Ok(o)
+    }
+
+    /// Idle now (the call has returned): drop the instance and its state.
+    fn unload_now(&mut self) {
+        self.unloaded = self.tracker.pending_unload.clone();
+        self.live = None;
+    }
+
+    /// One accounted guest call of handler (or batch entry) `h` with argument `arg`,
+    /// the host state already prepared: two cycle-counter reads around it, the violation
+    /// recorded, and the instance dropped afterwards (idle) if the policy says so.
+    fn call(
+        &mut self,
+        batch: bool,
+        h: usize,
+        arg: i32,
+        limit_cycles: u64,
+        limit_fuel: u64,
+    ) -> Outcome {
+        // Borrow the function in place: cloning a TypedFunc clones its type (reference
+        // counts), a measurable share of a ~60 ns call.
+        let f = if batch {
+            &self.batches[h].1
         } else {
-            0
+            &self.handlers[h].1
         };
-        if mode == ExecMode::Epoch {
-            store.set_epoch_deadline(1);
-        }
+        let store = &mut self.live.as_mut().expect("live while not unloaded").store;
+        let mode = self.mode;
         if mode == ExecMode::Unchecked {
-            let r = f.call(&mut *store, input.len() as i32);
-            return Ok(match r {
+            return match f.call(&mut *store, arg) {
                 Ok(status) => Outcome {
                     status,
                     cycles: 0,
@@ -381,11 +513,19 @@ impl WasmExtension {
                     bound_exceeded: false,
                     unloaded: false,
                 },
-            });
+            };
+        }
+        let fuel0 = if mode == ExecMode::Fuel {
+            store.get_fuel().unwrap_or(0)
+        } else {
+            0
+        };
+        if mode == ExecMode::Epoch {
+            store.set_epoch_deadline(1);
         }
         let t0 = tsc::now();
         store.data_mut().start = t0;
-        let r = f.call(&mut *store, input.len() as i32);
+        let r = f.call(&mut *store, arg);
         let t1 = tsc::now();
         let cycles = t1.wrapping_sub(t0);
         let fuel =
@@ -399,17 +539,12 @@ impl WasmExtension {
             }
         };
         let over = match fuel {
-            Some(used) => used > self.limit_fuel,
-            None => cycles > self.limit_cycles,
+            Some(used) => used > limit_fuel,
+            None => cycles > limit_cycles,
         };
         let violated = over || store.data().violated;
         let unload = self.tracker.record(violated, trap.clone());
-        if unload {
-            // Idle now: the call has returned. Drop the instance and its state.
-            self.unloaded = self.tracker.pending_unload.clone();
-            self.live = None;
-        }
-        Ok(Outcome {
+        Outcome {
             status,
             cycles,
             fuel,
@@ -417,7 +552,183 @@ impl WasmExtension {
             trap,
             bound_exceeded,
             unloaded: unload,
-        })
+        }
+    }
+
+    /// Index of the batch entry `name`.
+    pub fn batch_entry(&self, name: &str) -> Option<usize> {
+        self.batches.iter().position(|(n, _)| n == name)
+    }
+
+    pub fn batch_entry_names(&self) -> Vec<String> {
+        self.batches.iter().map(|(n, _)| n.clone()).collect()
+    }
+
+    /// The module's batch size B, if it has batch entries.
+    pub fn batch_max(&self) -> Option<usize> {
+        self.batch.map(|b| b.max)
+    }
+
+    /// Buffers staged for the next batch call.
+    pub fn staged(&self) -> usize {
+        self.staged
+    }
+
+    /// Copies `input` into the next free slot of the batch region and writes its
+    /// descriptor (`off`, `len`, `status = 0`, `fwd = -1`); returns its index. The
+    /// staged buffers go to the guest with [`WasmExtension::invoke_staged`].
+    pub fn stage(&mut self, input: &[u8]) -> Result<usize, InvokeError> {
+        if let Some(r) = &self.unloaded {
+            return Err(InvokeError::Unloaded(r.to_string()));
+        }
+        let b = self.batch.ok_or(InvokeError::NoBatch)?;
+        let i = self.staged;
+        if i >= b.max {
+            return Err(InvokeError::BatchTooLong {
+                n: i + 1,
+                max: b.max,
+            });
+        }
+        if input.len() > b.slot {
+            return Err(InvokeError::BatchInputTooLarge {
+                index: i,
+                len: input.len(),
+                cap: b.slot,
+            });
+        }
+        let l = self.live.as_mut().expect("live while not unloaded");
+        let data = l.memory.data_mut(&mut l.store);
+        write_desc(data, &b, i, input);
+        self.staged = i + 1;
+        Ok(i)
+    }
+
+    /// Runs batch entry `h` once on the staged buffers (one guest call, one accounted
+    /// invocation with limit `n` × the acceptable limit), then reads every buffer's
+    /// status and in-place verdict ([`WasmExtension::batch_items`]). Outputs are visited
+    /// with [`WasmExtension::for_each_batch_output`].
+    pub fn invoke_staged(&mut self, h: usize) -> Result<Outcome, InvokeError> {
+        if let Some(r) = &self.unloaded {
+            return Err(InvokeError::Unloaded(r.to_string()));
+        }
+        let b = self.batch.ok_or(InvokeError::NoBatch)?;
+        if h >= self.batches.len() {
+            return Err(InvokeError::NoBatchEntry(h));
+        }
+        let n = self.staged;
+        if n == 0 {
+            return Err(InvokeError::EmptyBatch);
+        }
+        self.staged = 0;
+        {
+            let l = self.live.as_mut().expect("live while not unloaded");
+            let Live { store, memory, .. } = l;
+            memory.data_mut(&mut *store)[b.base..b.base + 4].copy_from_slice(&0u32.to_le_bytes());
+            let st = store.data_mut();
+            st.emitted.clear();
+            st.out_bytes.clear();
+            st.violated = false;
+            st.limit_cycles = self.limit_cycles.saturating_mul(n as u64);
+            st.max_emits = host::MAX_EMITS * n;
+            st.batch_cur = b.base;
+        }
+        let (lc, lf) = (
+            self.limit_cycles.saturating_mul(n as u64),
+            self.limit_fuel_batch.saturating_mul(n as u64),
+        );
+        let o = self.call(true, h, n as i32, lc, lf);
+        self.items.clear();
+        if let Some(l) = self.live.as_mut() {
+            l.store.data_mut().batch_cur = usize::MAX;
+            let outputs = l.store.data().output_names.len().max(1) as u32;
+            let out_cap = l.store.data().caps.output_bytes;
+            let data = l.memory.data(&l.store);
+            for i in 0..n {
+                self.items.push(read_verdict(
+                    data,
+                    &b,
+                    i,
+                    outputs,
+                    out_cap,
+                    o.trap.is_some(),
+                ));
+            }
+        }
+        if o.unloaded {
+            // Between batches: the per-buffer results stay readable, the outputs go
+            // with the instance (as a single invocation's do).
+            self.unload_now();
+        }
+        Ok(o)
+    }
+
+    /// Runs batch entry `h` on `inputs` (1 ≤ len ≤ B): stages them and calls
+    /// [`WasmExtension::invoke_staged`]. Checks every input before writing any.
+    pub fn invoke_batch(&mut self, h: usize, inputs: &[&[u8]]) -> Result<Outcome, InvokeError> {
+        if let Some(r) = &self.unloaded {
+            return Err(InvokeError::Unloaded(r.to_string()));
+        }
+        let b = self.batch.ok_or(InvokeError::NoBatch)?;
+        if inputs.is_empty() {
+            return Err(InvokeError::EmptyBatch);
+        }
+        if inputs.len() > b.max {
+            return Err(InvokeError::BatchTooLong {
+                n: inputs.len(),
+                max: b.max,
+            });
+        }
+        if let Some((index, x)) = inputs.iter().enumerate().find(|(_, x)| x.len() > b.slot) {
+            return Err(InvokeError::BatchInputTooLarge {
+                index,
+                len: x.len(),
+                cap: b.slot,
+            });
+        }
+        if h >= self.batches.len() {
+            return Err(InvokeError::NoBatchEntry(h));
+        }
+        let l = self.live.as_mut().expect("live while not unloaded");
+        let data = l.memory.data_mut(&mut l.store);
+        for (i, x) in inputs.iter().enumerate() {
+            write_desc(data, &b, i, x);
+        }
+        self.staged = inputs.len();
+        self.invoke_staged(h)
+    }
+
+    /// Per-buffer results of the last batch call.
+    pub fn batch_items(&self) -> &[BatchItem] {
+        &self.items
+    }
+
+    /// Visits the outputs of the last batch call in delivery order — for each buffer,
+    /// what it emitted, then its in-place forward — as (buffer, output, bytes). The
+    /// forwarded bytes are read in place from the instance's memory (no copy).
+    pub fn for_each_batch_output(&self, mut f: impl FnMut(usize, u32, &[u8])) {
+        let (Some(l), Some(b)) = (&self.live, &self.batch) else {
+            return;
+        };
+        let st = l.store.data();
+        let data = l.memory.data(&l.store);
+        let n = self.items.len();
+        let mut next = 0usize; // next buffer whose forward is due
+        let mut forward = |upto: usize, f: &mut dyn FnMut(usize, u32, &[u8])| {
+            while next < upto.min(n) {
+                if let Some((out, len)) = self.items[next].forward {
+                    let at = b.slots + next * b.slot;
+                    f(next, out, &data[at..at + len as usize]);
+                }
+                next += 1;
+            }
+        };
+        for (out, buf, r) in &st.emitted {
+            let buf = (*buf as usize).min(n.saturating_sub(1));
+            // Forwards of the buffers before this one come first.
+            forward(buf, &mut f);
+            f(buf, *out, &st.out_bytes[r.clone()]);
+        }
+        forward(n, &mut f);
     }
 
     /// Messages emitted by the last invocation: (output id, bytes).
@@ -427,7 +738,7 @@ impl WasmExtension {
                 let st = l.store.data();
                 st.emitted
                     .iter()
-                    .map(|(o, r)| (*o, &st.out_bytes[r.clone()]))
+                    .map(|(o, _, r)| (*o, &st.out_bytes[r.clone()]))
                     .collect()
             }
             None => Vec::new(),
@@ -438,7 +749,7 @@ impl WasmExtension {
     pub fn for_each_emitted(&self, mut f: impl FnMut(u32, &[u8])) {
         if let Some(l) = &self.live {
             let st = l.store.data();
-            for (o, r) in &st.emitted {
+            for (o, _, r) in &st.emitted {
                 f(*o, &st.out_bytes[r.clone()]);
             }
         }
@@ -486,6 +797,22 @@ impl WasmExtension {
             .unwrap_or(0)
     }
 
+    /// Control-plane read of a host key/value entry (region 'C).
+    pub fn state_value(&self, key: i64) -> Option<&[u8]> {
+        self.live
+            .as_ref()
+            .and_then(|l| l.store.data().state.get(&key))
+            .map(|v| v.as_slice())
+    }
+
+    /// Control-plane read of the offcode's linear memory (region 'C). Bounds-checked.
+    pub fn memory_read(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        let l = self.live.as_ref()?;
+        l.memory
+            .data(&l.store)
+            .get(offset..offset.checked_add(len)?)
+    }
+
     /// Number of host key/value entries (region 'C).
     pub fn state_len(&self) -> usize {
         self.live
@@ -496,6 +823,64 @@ impl WasmExtension {
 
     pub fn limit_cycles(&self) -> u64 {
         self.limit_cycles
+    }
+}
+
+/// Writes buffer `i` into its slot and its descriptor (`off`, `len`, `status = 0`,
+/// `fwd = -1`). The layout was checked against the memory size at load.
+#[inline]
+fn write_desc(data: &mut [u8], b: &BatchLayout, i: usize, input: &[u8]) {
+    let off = b.slots + i * b.slot;
+    data[off..off + input.len()].copy_from_slice(input);
+    let d = b.desc(i);
+    let mut w = [0u8; abi::BATCH_DESC];
+    w[0..4].copy_from_slice(&(off as u32).to_le_bytes());
+    w[4..8].copy_from_slice(&(input.len() as u32).to_le_bytes());
+    w[12..16].copy_from_slice(&(-1i32).to_le_bytes());
+    data[d..d + abi::BATCH_DESC].copy_from_slice(&w);
+}
+
+/// Reads buffer `i`'s status and verdict back. The host's own `off` is used, never the
+/// guest's; a verdict naming an unknown output or a length over the slot or the output
+/// cap is dropped and the buffer's status becomes `STATUS_BAD_VERDICT`. After a trap
+/// nothing is forwarded (the guest's state is half-updated).
+#[inline]
+fn read_verdict(
+    data: &[u8],
+    b: &BatchLayout,
+    i: usize,
+    outputs: u32,
+    out_cap: u64,
+    trapped: bool,
+) -> BatchItem {
+    let d = b.desc(i);
+    let w = |k: usize| {
+        let x = &data[d + 4 * k..d + 4 * k + 4];
+        u32::from_le_bytes([x[0], x[1], x[2], x[3]])
+    };
+    let (len, status, fwd) = (w(1), w(2) as i32, w(3) as i32);
+    let item = |status, forward, bad_verdict| BatchItem {
+        status,
+        forward,
+        bad_verdict,
+    };
+    if trapped {
+        return item(if status < 0 { status } else { -1 }, None, None);
+    }
+    if fwd < 0 {
+        return item(status, None, None);
+    }
+    let cap = (b.slot as u64).min(out_cap);
+    let bad = if fwd as u32 >= outputs {
+        Some(BadVerdict::UnknownOutput { fwd, outputs })
+    } else if len as u64 > cap {
+        Some(BadVerdict::TooLong { len, cap })
+    } else {
+        None
+    };
+    match bad {
+        Some(_) => item(abi::STATUS_BAD_VERDICT, None, bad),
+        None => item(status, Some((fwd as u32, len)), None),
     }
 }
 

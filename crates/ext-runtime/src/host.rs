@@ -30,17 +30,24 @@ pub struct BoundExceeded(pub String);
 /// `poll_interfaces()` in thesis Fig. 3.4 (move device input into internal queues).
 pub type DrainHook = Box<dyn FnMut() + Send>;
 
+/// Most messages one invocation (one buffer of a batch) may emit.
+pub const MAX_EMITS: usize = 64;
+
 /// Per-instance host state.
 pub struct HostState {
     pub caps: RegionCaps,
     pub limits: StoreLimits,
     /// Names of the outputs, by id.
     pub output_names: Vec<String>,
-    /// Emitted messages of the current invocation: (output, range into `out_bytes`).
-    pub emitted: Vec<(u32, std::ops::Range<usize>)>,
+    /// Emitted messages of the current invocation: (output, buffer index within the
+    /// batch — 0 outside batches —, range into `out_bytes`).
+    pub emitted: Vec<(u32, u32, std::ops::Range<usize>)>,
     pub out_bytes: Vec<u8>,
-    /// Most messages one invocation may emit.
+    /// Most messages one invocation may emit (per buffer of a batch: × n).
     pub max_emits: usize,
+    /// During a batch call: the address of the batch region's `cur` word, which says
+    /// which buffer an `sc.emit` belongs to; `usize::MAX` otherwise.
+    pub batch_cur: usize,
     pub state: HashMap<i64, Vec<u8>>,
     pub state_used: u64,
     pub cache: Vec<Option<Vec<u8>>>,
@@ -72,7 +79,8 @@ impl HostState {
             output_names: outputs,
             emitted: Vec::new(),
             out_bytes: Vec::new(),
-            max_emits: 64,
+            max_emits: MAX_EMITS,
+            batch_cur: usize::MAX,
             state: HashMap::new(),
             state_used: 0,
             cache: vec![None; slots],
@@ -165,10 +173,16 @@ pub fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             let Some(r) = range(ptr, len, data.len()) else {
                 return -1;
             };
+            // Inside a batch: attribute the message to the buffer the guest says it is
+            // handling (a lie only reorders the guest's own outputs).
+            let buf = match data.get(st.batch_cur..st.batch_cur.wrapping_add(4)) {
+                Some(w) => u32::from_le_bytes([w[0], w[1], w[2], w[3]]),
+                None => 0,
+            };
             let start = st.out_bytes.len();
             st.out_bytes.extend_from_slice(&data[r]);
             let end = st.out_bytes.len();
-            st.emitted.push((out as u32, start..end));
+            st.emitted.push((out as u32, buf, start..end));
             0
         },
     )?;

@@ -13,7 +13,10 @@ pub mod offcode;
 pub mod policy;
 pub mod tsc;
 
-pub use ext::{ExecMode, ExtConfig, ExtEngine, InvokeError, LoadError, Outcome, WasmExtension};
+pub use ext::{
+    BadVerdict, BatchItem, ExecMode, ExtConfig, ExtEngine, InvokeError, LoadError, Outcome,
+    WasmExtension,
+};
 pub use host::{BoundExceeded, SharedAreas};
 pub use policy::{Tracker, UnloadReason, ViolationPolicy};
 pub use sidecore_ext_verify as verify;

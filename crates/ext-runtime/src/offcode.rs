@@ -4,7 +4,10 @@
 //! the admission parameters from `params`, and a rejection fails the deployment with the
 //! report), instantiated at `initialize` with the manifest's output names, and run on the
 //! wasm PE: each message on input `X` calls the export `handle_X` (or `handle`), and what
-//! the module emits goes to the named outputs.
+//! the module emits goes to the named outputs. If the module also exports the batch entry
+//! `batch_X` (or `batch`), a burst waiting on the input is taken with the inlet's batched
+//! receive, up to `B` messages straight into the module's batch slots, and handed over in
+//! one call; its emits and in-place verdicts go out in buffer order.
 //!
 //! `params` (all optional):
 //!
@@ -23,8 +26,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use sidecore_ext_verify::{Admission, Calibration, RegionCaps, verify};
 use sidecore_offcode::{
-    BuildSpec, Implementation, InitCx, InputId, Metric, Offcode, OffcodeError, OutputId, Registry,
-    RunCx,
+    BuildSpec, Drained, Implementation, InitCx, Inlet, InputId, Metric, Offcode, OffcodeError,
+    OutputId, Registry, RunCx,
 };
 use sidecore_types::PeKind;
 
@@ -103,6 +106,9 @@ pub struct WasmOffcode {
     ext: Option<WasmExtension>,
     /// Handler index for each input port.
     handlers: Vec<usize>,
+    /// Batch entry index for each input port, if the module has one for it.
+    batches: Vec<Option<usize>>,
+    m_batches: Metric,
     m_invocations: Metric,
     m_violations: Metric,
     m_cycles: Metric,
@@ -130,6 +136,8 @@ impl WasmOffcode {
             admission,
             ext: None,
             handlers: Vec::new(),
+            batches: Vec::new(),
+            m_batches: Metric::default(),
             m_invocations: Metric::default(),
             m_violations: Metric::default(),
             m_cycles: Metric::default(),
@@ -164,7 +172,12 @@ impl Offcode for WasmOffcode {
                     ))
                 })?;
             self.handlers.push(h);
+            self.batches.push(
+                ext.batch_entry(&sidecore_ext_verify::abi::batch_name(input))
+                    .or_else(|| ext.batch_entry("batch")),
+            );
         }
+        self.m_batches = cx.metric("batches");
         self.m_invocations = cx.metric("invocations");
         self.m_violations = cx.metric("violations");
         self.m_cycles = cx.metric("last_cycles");
@@ -210,6 +223,88 @@ impl Offcode for WasmOffcode {
         });
         if o.unloaded {
             // The invocation is over (idle): report, and the runtime takes it down.
+            let why = ext
+                .unload_reason()
+                .map(|u| u.to_string())
+                .unwrap_or_default();
+            return Err(OffcodeError::failed(format!(
+                "wasm offcode unloaded: {why}"
+            )));
+        }
+        match err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    fn handle_burst(
+        &mut self,
+        cx: &mut RunCx<'_>,
+        input: InputId,
+        inlet: &mut Inlet,
+        max: usize,
+    ) -> Result<Drained, OffcodeError> {
+        let batch = self.batches.get(input.0).copied().flatten();
+        let (Some(b), Some(bmax)) = (batch, self.ext.as_ref().and_then(|x| x.batch_max())) else {
+            return inlet.drain(max, |m| self.handle(cx, input, m));
+        };
+        let mut total = Drained::default();
+        while total.messages < max && !total.closed {
+            let want = bmax.min(max - total.messages);
+            let ext = self
+                .ext
+                .as_mut()
+                .ok_or_else(|| OffcodeError::failed("not initialized"))?;
+            let dropped = &self.m_dropped;
+            // Each message is copied from its ring slot straight into a batch slot.
+            let d = inlet.drain(want, |m| match ext.stage(m) {
+                Ok(_) => Ok(()),
+                Err(InvokeError::BatchInputTooLarge { .. }) => {
+                    dropped.add(1);
+                    Ok(())
+                }
+                Err(e) => Err(OffcodeError::failed(e.to_string())),
+            })?;
+            total.messages += d.messages;
+            total.closed = d.closed;
+            let staged = ext.staged();
+            if staged > 0 {
+                self.run_batch(cx, b, staged)?;
+            }
+            if d.messages < want {
+                break;
+            }
+        }
+        Ok(total)
+    }
+}
+
+impl WasmOffcode {
+    /// One batch call on the staged buffers, then its outputs in buffer order.
+    fn run_batch(&mut self, cx: &mut RunCx<'_>, b: usize, n: usize) -> Result<(), OffcodeError> {
+        let ext = self
+            .ext
+            .as_mut()
+            .ok_or_else(|| OffcodeError::failed("not initialized"))?;
+        let o = ext
+            .invoke_staged(b)
+            .map_err(|e| OffcodeError::failed(e.to_string()))?;
+        // Counted per buffer, like the per-buffer path; `batches` counts the calls.
+        self.m_invocations.add(n as u64);
+        self.m_batches.add(1);
+        self.m_cycles.set(o.cycles);
+        if o.violated || o.trap.is_some() {
+            self.m_violations.add(1);
+        }
+        let mut err = None;
+        ext.for_each_batch_output(|_, out, bytes| {
+            if err.is_none()
+                && let Err(e) = cx.send_bytes(OutputId(out as usize), bytes)
+            {
+                err = Some(e);
+            }
+        });
+        if o.unloaded {
             let why = ext
                 .unload_reason()
                 .map(|u| u.to_string())

@@ -7,7 +7,7 @@ use std::time::Instant;
 
 use sidecore_channel::{Ring, RingConfig, Sender};
 use sidecore_offcode::{
-    BuildSpec, InitCx, InputId, Metrics, Offcode, OffcodeInfo, Outlet, Registry, RunCx,
+    BuildSpec, InitCx, Inlet, InputId, Metrics, Offcode, OffcodeInfo, Outlet, Registry, RunCx,
 };
 use sidecore_types::{Delivery, PeKind};
 
@@ -112,4 +112,70 @@ fn deploy_time_admission_rejects_with_the_report() {
         .err()
         .expect("unknown param");
     assert!(e.contains("bogus"), "{e}");
+}
+
+#[test]
+fn a_batch_capable_module_takes_a_burst_from_the_ring_in_batches_of_b() {
+    let mut oc = build(
+        &corpus("benign/hdr_rewrite.wat"),
+        "min_interarrival_ns = 5000\nviolations = { k = 100, window = 100 }",
+    )
+    .unwrap();
+    let info = OffcodeInfo {
+        app: "t".into(),
+        name: "nat".into(),
+        implementation: "loader:wasm".into(),
+        pe: "wasm:0".into(),
+        pe_kind: PeKind::Wasm,
+        inputs: vec!["in".into()],
+        outputs: vec!["out".into()],
+    };
+    let params = toml::Table::new();
+    let metrics = Metrics::default();
+    oc.initialize(&mut InitCx::new(&info, &params, &metrics))
+        .unwrap();
+    let ring = |slots| {
+        Ring::create(RingConfig {
+            slots,
+            slot_size: 2048 + 16,
+            ..RingConfig::default()
+        })
+        .unwrap()
+    };
+    let (mut inp, cons_in) = ring(128);
+    let (prod_out, mut cons_out) = ring(128);
+    let mut inlet = Inlet::Ring(cons_in.into_iter().next().unwrap());
+    let mut outlets = vec![Outlet::Ring(Sender::new(prod_out, Delivery::Reliable))];
+    // 70 frames, every fifth with TTL 1 (dropped by the handler, status -2).
+    for i in 0..70u8 {
+        let mut f = vec![i; 64];
+        f[12] = 0x08;
+        f[13] = 0x00;
+        f[14] = 0x45;
+        f[22] = if i % 5 == 0 { 1 } else { 9 };
+        f[23] = 17;
+        assert!(inp.try_push(&f).unwrap());
+    }
+    inp.publish();
+    {
+        let mut cx = RunCx::new(&info, &mut outlets, Instant::now());
+        let d = oc
+            .handle_burst(&mut cx, InputId(0), &mut inlet, 100)
+            .unwrap();
+        assert_eq!(d.messages, 70);
+        cx.flush().unwrap();
+    }
+    let mut got = Vec::new();
+    while let Ok(m) = cons_out[0].try_recv() {
+        assert_eq!(m.len(), 64);
+        assert_eq!(&m[30..34], &[10, 0, 0, 1], "rewritten by the wasm module");
+        assert_eq!(m[22], 8, "TTL decremented");
+        got.push(m[0]);
+    }
+    let want: Vec<u8> = (0..70u8).filter(|i| i % 5 != 0).collect();
+    assert_eq!(got, want, "forwarded in order, TTL-1 frames dropped");
+    let snap = metrics.snapshot();
+    let get = |n: &str| snap.iter().find(|(k, _)| k == n).map(|(_, v)| *v);
+    assert_eq!(get("invocations"), Some(70), "{snap:?}");
+    assert_eq!(get("batches"), Some(3), "32 + 32 + 6: {snap:?}");
 }

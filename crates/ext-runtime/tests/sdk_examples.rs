@@ -42,6 +42,9 @@ fn build_examples() -> PathBuf {
     target.join("wasm32-unknown-unknown/release/examples")
 }
 
+/// Per buffer: (status, outputs as (output, bytes)).
+type PerBuffer = Vec<(i32, Vec<(u32, Vec<u8>)>)>;
+
 #[test]
 fn sdk_examples_build_are_admitted_and_run() {
     let dir = build_examples();
@@ -117,4 +120,56 @@ fn sdk_examples_build_are_admitted_and_run() {
         assert_eq!(n.invoke(0, &[1, 2, 3]).unwrap().status, 0);
     }
     assert_eq!(n.state_len(), 1);
+
+    // The batch entries `batch_handler!` adds: admitted with the compiler's buffer loop
+    // proven against B, and giving exactly the per-buffer results.
+    let frames: Vec<Vec<u8>> = (0..45)
+        .map(|i| {
+            let mut g = f.clone();
+            g.resize([64, 1500, 20, 1][i % 4], i as u8);
+            if g.len() > 22 {
+                g[22] = [64, 1, 9][i % 3];
+            }
+            g
+        })
+        .collect();
+    for name in ["hdr_rewrite", "checksum", "counter"] {
+        let mut single = load(name);
+        let mut batch = load(name);
+        let a = &batch.admission;
+        assert_eq!(a.batch_max, Some(32), "{name}");
+        let entry = a.entry("batch").expect("batch entry");
+        assert!(entry.admitted, "{name}: {}", a.report);
+        let outer =
+            a.loops.iter().filter(|l| l.func == entry.func).find(
+                |l| matches!(&l.source, BoundSource::Proven(h) if h.contains("batch size n")),
+            );
+        assert!(
+            outer.is_some_and(|l| l.iterations <= 33),
+            "{name}: the buffer loop is not proven against B\n{}",
+            a.report
+        );
+        let h = batch.batch_entry("batch").unwrap();
+        let mut want = Vec::new();
+        for x in &frames {
+            let o = single.invoke(0, x).unwrap();
+            let outs: Vec<(u32, Vec<u8>)> = single
+                .emitted()
+                .into_iter()
+                .map(|(o, b)| (o, b.to_vec()))
+                .collect();
+            want.push((o.status, outs));
+        }
+        let mut got: PerBuffer = Vec::new();
+        for chunk in frames.chunks(32) {
+            let refs: Vec<&[u8]> = chunk.iter().map(|v| v.as_slice()).collect();
+            let o = batch.invoke_batch(h, &refs).unwrap();
+            assert_eq!((o.status, o.trap), (0, None), "{name}");
+            let base = got.len();
+            got.extend(batch.batch_items().iter().map(|i| (i.status, Vec::new())));
+            batch.for_each_batch_output(|i, out, b| got[base + i].1.push((out, b.to_vec())));
+        }
+        assert_eq!(got, want, "{name}: batch and per-buffer results differ");
+        assert_eq!(single.state_value(1), batch.state_value(1), "{name}");
+    }
 }

@@ -15,6 +15,20 @@
 //! });
 //! ```
 //!
+//! Batches: `batch_handler!` gives the same handler a batch entry as well (the host
+//! hands it up to `B` buffers per call, amortising the call, the accounting and the
+//! `emit` host call), and the handler returns a [`Verdict`]: `Forward(out)` sends the
+//! rewritten buffer on in place, with no host call (like XDP_TX/REDIRECT).
+//!
+//! ```ignore
+//! #![no_std]
+//! use sidecore_ext_sdk::{batch_handler, Output, Verdict};
+//! batch_handler!(2048, 32, fn handle(pkt: &mut [u8]) -> Verdict {
+//!     pkt[0] ^= 1;
+//!     Verdict::Forward(Output(0))
+//! });
+//! ```
+//!
 //! Loops whose bound the verifier cannot prove from the bytecode need a declared bound:
 //! `bounds!("handle * PACKET_LEN_MAX")` (see `sidecore ext check` for the loop ordinals).
 //! A declared bound is enforced: running past it traps and the offcode is unloaded.
@@ -161,6 +175,153 @@ macro_rules! handler {
                 // only reference.
                 let buf = unsafe { core::slice::from_raw_parts_mut(core::ptr::addr_of_mut!(super::__SC_INPUT) as *mut u8, len) };
                 inner(buf)
+            }
+        }
+    };
+}
+
+/// What a batch-capable handler decided for one buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Finished with this status (negative = error); nothing forwarded in place (the
+    /// handler may have emitted with [`emit`]).
+    Done(i32),
+    /// Forward the buffer, as the handler left it, to an output.
+    Forward(Output),
+    /// Forward the first `len` bytes of the buffer (at most its capacity) to an output.
+    ForwardLen(Output, usize),
+}
+
+impl Verdict {
+    /// The per-buffer (non-batch) path: a forward becomes an `emit`.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn into_status(self, pkt: &[u8]) -> i32 {
+        let (out, len) = match self {
+            Verdict::Done(s) => return s,
+            Verdict::Forward(o) => (o, pkt.len()),
+            Verdict::ForwardLen(o, l) => (o, l.min(pkt.len())),
+        };
+        match emit(out, &pkt[..len]) {
+            Ok(()) => 0,
+            Err(e) => e.0,
+        }
+    }
+
+    /// The batch path: writes the verdict into descriptor `desc` (`status`, `fwd`,
+    /// `len`), no host call.
+    #[doc(hidden)]
+    #[inline(always)]
+    pub fn write(self, desc: &mut [u32; 4], cap: usize) {
+        match self {
+            Verdict::Done(s) => desc[2] = s as u32,
+            Verdict::Forward(o) => desc[3] = o.0 as u32,
+            Verdict::ForwardLen(o, l) => {
+                desc[1] = l.min(cap) as u32;
+                desc[3] = o.0 as u32;
+            }
+        }
+    }
+}
+
+/// The batch region of a module with `B` buffers of `CAP` bytes (see the ABI):
+/// header (`cur` and 3 reserved words), `B` descriptors, `B` slots.
+#[doc(hidden)]
+#[repr(C, align(16))]
+pub struct BatchRegion<const B: usize, const CAP: usize> {
+    pub cur: u32,
+    pub reserved: [u32; 3],
+    pub desc: [[u32; 4]; B],
+    pub slots: [[u8; CAP]; B],
+}
+
+impl<const B: usize, const CAP: usize> BatchRegion<B, CAP> {
+    pub const ZERO: Self = BatchRegion {
+        cur: 0,
+        reserved: [0; 3],
+        desc: [[0; 4]; B],
+        slots: [[0; CAP]; B],
+    };
+}
+
+/// Defines a handler with both entry points: `handle(len)` per buffer (as [`handler!`])
+/// and the batch entry `batch(n)` over up to `B` buffers, with `sc_batch_max` and
+/// `sc_batch_ptr`. Your function gets each buffer as a mutable slice and returns a
+/// [`Verdict`]; in the per-buffer entry a forward is an `emit`, in the batch entry an
+/// in-place verdict (no host call). `emit` works in both (a batch attributes it to the
+/// buffer being handled). The batch loop counts up to the host's `n` (≤ B), which the
+/// verifier proves bounded by B. Name the entries yourself with
+/// `fn handle_in / batch_in (pkt: &mut [u8]) -> Verdict { ... }`. One per module.
+#[macro_export]
+macro_rules! batch_handler {
+    ($cap:expr, $b:expr, fn $name:ident($pkt:ident : &mut [u8]) -> Verdict $body:block) => {
+        $crate::batch_handler!($cap, $b, fn $name / batch ($pkt: &mut [u8]) -> Verdict $body);
+    };
+    ($cap:expr, $b:expr, fn $name:ident / $batch:ident ($pkt:ident : &mut [u8]) -> Verdict $body:block) => {
+        static mut __SC_INPUT: [u8; $cap] = [0u8; $cap];
+        static mut __SC_BATCH: $crate::BatchRegion<{ $b }, { $cap }> = $crate::BatchRegion::ZERO;
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn sc_input_ptr() -> i32 {
+            // SAFETY: only the address is taken.
+            unsafe { core::ptr::addr_of!(__SC_INPUT) as i32 }
+        }
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn sc_input_cap() -> i32 {
+            $cap as i32
+        }
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn sc_batch_max() -> i32 {
+            $b as i32
+        }
+
+        #[unsafe(no_mangle)]
+        pub extern "C" fn sc_batch_ptr() -> i32 {
+            // SAFETY: only the address is taken.
+            unsafe { core::ptr::addr_of!(__SC_BATCH) as i32 }
+        }
+
+        #[allow(non_snake_case)]
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[inline(always)]
+            fn inner($pkt: &mut [u8]) -> $crate::Verdict $body
+
+            #[unsafe(export_name = stringify!($name))]
+            pub extern "C" fn export(len: i32) -> i32 {
+                let len = (len.max(0) as usize).min($cap);
+                // SAFETY: the host writes the input before the call and does not touch
+                // the buffer during it; the guest is single-threaded, so this is the
+                // only reference.
+                let buf = unsafe { core::slice::from_raw_parts_mut(core::ptr::addr_of_mut!(super::__SC_INPUT) as *mut u8, len) };
+                inner(buf).into_status(buf)
+            }
+
+            #[unsafe(export_name = stringify!($batch))]
+            pub extern "C" fn batch(n: i32) -> i32 {
+                // SAFETY: the host writes the batch region before the call and does not
+                // touch it during it; the guest is single-threaded, so this is the only
+                // reference.
+                let r = unsafe { &mut *core::ptr::addr_of_mut!(super::__SC_BATCH) };
+                let n = n as u32 as usize;
+                let mut i = 0;
+                // Counts up to the host's n (1 ≤ n ≤ B): the verifier bounds it by B.
+                while i < n {
+                    r.cur = i as u32;
+                    // Buffer i is in slot i (the host's layout); `.get` keeps a bad n
+                    // from reaching past the region.
+                    let (Some(d), Some(slot)) = (r.desc.get_mut(i), r.slots.get_mut(i)) else {
+                        break;
+                    };
+                    let len = (d[1] as usize).min($cap);
+                    inner(&mut slot[..len]).write(d, $cap);
+                    i += 1;
+                }
+                0
             }
         }
     };

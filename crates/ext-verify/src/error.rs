@@ -68,15 +68,27 @@ pub enum Reason {
         want: String,
     },
     #[error(
-        "handler `{handler}`: bound {bound_cycles:.0} cycles exceeds the inflated limit {inflated_cycles:.0} cycles (acceptable limit {limit_cycles:.0} × inflation {inflation})"
+        "handler `{handler}`: bound {bound_cycles:.0} cycles exceeds the inflated limit {inflated_cycles:.0} cycles (acceptable limit {limit_cycles:.0}{} × inflation {inflation})",
+        batch_note(.batch)
     )]
     OverBudget {
         handler: String,
+        /// For a batch entry, `B`: its limit is `B` × the per-buffer acceptable limit.
+        batch: Option<u32>,
         bound_cycles: f64,
         inflated_cycles: f64,
         limit_cycles: f64,
         inflation: f64,
     },
+    #[error("batch ABI: {0}")]
+    BadBatch(String),
+}
+
+fn batch_note(b: &Option<u32>) -> String {
+    match b {
+        Some(b) => format!(" for a batch of B = {b} buffers, i.e. B × the per-buffer limit"),
+        None => String::new(),
+    }
 }
 
 impl Reason {
@@ -99,6 +111,7 @@ impl Reason {
             Reason::MissingExport(_) => "missing-export",
             Reason::BadExportType { .. } => "bad-export-type",
             Reason::OverBudget { .. } => "over-budget",
+            Reason::BadBatch(_) => "bad-batch",
         }
     }
 }

@@ -10,6 +10,10 @@
 //! module to run (instrumented where needed, with poll points only in loops whose cost
 //! exceeds the acceptable limit) and a report naming each handler's bound, worst path
 //! and dominating loops.
+//!
+//! Batch entries (`batch`/`batch_<input>`, see `abi`) are admitted the same way, at
+//! `B` × the acceptable limit; their loop over the buffers is proven against `B` (read
+//! from `sc_batch_max`) because the host never passes more than `B`.
 
 pub mod abi;
 pub mod analysis;
@@ -144,6 +148,10 @@ pub struct EntryReport {
     pub name: String,
     pub func: u32,
     pub handler: bool,
+    /// For a batch entry: `B`, the most buffers one call handles. Its budget is the
+    /// acceptable limit × `B` (× inflation).
+    #[serde(default)]
+    pub batch: Option<u32>,
     pub bound_cycles: f64,
     pub bound_ns: f64,
     /// Machine-independent bound in wasmtime fuel units.
@@ -166,6 +174,10 @@ pub struct Admission {
     #[serde(skip)]
     pub module: Vec<u8>,
     pub instrumented: bool,
+    /// The module's batch size `B` (`sc_batch_max`), if it exports batch entries.
+    #[serde(default)]
+    pub batch_max: Option<u32>,
+    /// The acceptable limit per input buffer, cycles (a batch entry gets `B` times it).
     pub limit_cycles: f64,
     pub inflated_cycles: f64,
     pub calibration: String,
@@ -268,6 +280,18 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     if policy.require_abi {
         check_exports(&m, &mut reasons);
     }
+    let batch_max = batch_size(&m, &mut reasons);
+    let mut symbols = policy.symbols.clone();
+    if let Some(b) = batch_max {
+        symbols.insert(abi::BATCH_SYMBOL.into(), b as u64);
+    }
+    // Functions exported as batch entries: their parameter `n` is 1..=B.
+    let batch_funcs: BTreeSet<u32> = m
+        .exports
+        .iter()
+        .filter(|(n, f)| abi::is_batch(n) && *f >= m.n_imported())
+        .map(|(_, f)| *f)
+        .collect();
     if let Some((initial, _)) = m.memory
         && initial > policy.caps.memory_bytes
     {
@@ -394,7 +418,7 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             )));
             continue;
         };
-        match d.max.resolve(&policy.symbols) {
+        match d.max.resolve(&symbols) {
             Ok(v) => {
                 let key = (
                     f,
@@ -420,7 +444,14 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             let ord = ord as u32;
             let off = b.ops[st.frames[lf].open].0;
             let decl = declared.get(&(b.index, Some(ord)));
-            let proof = loops::prove(b, st, lf);
+            let known = batch_max
+                .filter(|_| batch_funcs.contains(&b.index))
+                .map(|bm| loops::KnownRange {
+                    local: 0,
+                    lo: 1,
+                    hi: bm as u64,
+                });
+            let proof = loops::prove_in(b, st, lf, known);
             let (bound, src) = match (proof, decl) {
                 (LoopProof::Proven { iterations, how }, d) => {
                     // A declaration tighter than the proof is still enforced.
@@ -496,6 +527,16 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     let fuel = CostModel::fuel();
     let limit_cycles = policy.acceptable_limit_ns * cal.tsc_per_ns;
     let inflated = limit_cycles * policy.inflation;
+    // A batch entry handles up to B inputs, which arrive in no less than B minimum
+    // inter-arrival times: its limit is B × the per-buffer limit.
+    let batch_factor = batch_max.unwrap_or(1) as f64;
+    let limit_of = |f: u32| {
+        if batch_funcs.contains(&f) {
+            limit_cycles * batch_factor
+        } else {
+            limit_cycles
+        }
+    };
 
     let with_extras = |cfgs: &BTreeMap<u32, BTreeMap<u32, LoopCfg>>,
                        polls: &BTreeMap<(u32, u32), u64>,
@@ -566,24 +607,26 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     let any_over = entries_list.iter().any(|(_, f)| {
         first
             .get(f)
-            .is_some_and(|c| model.invoke + c.bound > limit_cycles)
+            .is_some_and(|c| model.invoke + c.bound > limit_of(*f))
     });
     if any_over {
         for (f, fc) in &first {
             let st = &structures[f];
+            // A batch entry's own loops run within the batch's limit (B × the limit).
+            let lim = limit_of(*f);
             for l in &fc.loops {
-                if l.total <= limit_cycles || l.iterations <= 1 {
+                if l.total <= lim || l.iterations <= 1 {
                     continue;
                 }
                 let lf = st.loops[l.ordinal as usize];
                 let inner_over = fc.loops.iter().any(|o| {
                     o.ordinal != l.ordinal
-                        && o.total > limit_cycles
+                        && o.total > lim
                         && o.iterations > 1
                         && st.within(st.loops[o.ordinal as usize], lf)
                 });
                 if !inner_over {
-                    let every = ((limit_cycles / l.per_iter.max(1.0)).floor() as u64).max(1);
+                    let every = ((lim / l.per_iter.max(1.0)).floor() as u64).max(1);
                     polls.insert((*f, l.ordinal), every);
                 }
             }
@@ -631,14 +674,19 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                     .join(" → "),
             });
         }
-        let admitted = bound <= inflated;
+        let batch = (abi::is_batch(name) && batch_funcs.contains(f))
+            .then_some(batch_max)
+            .flatten();
+        let lim = limit_of(*f);
+        let admitted = bound <= lim * policy.inflation;
         let handler = abi::is_handler(name);
         if !admitted {
             reasons.push(Reason::OverBudget {
                 handler: name.clone(),
+                batch,
                 bound_cycles: bound,
-                inflated_cycles: inflated,
-                limit_cycles,
+                inflated_cycles: lim * policy.inflation,
+                limit_cycles: lim,
                 inflation: policy.inflation,
             });
         }
@@ -664,12 +712,13 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             name: name.clone(),
             func: *f,
             handler,
+            batch,
             bound_cycles: bound,
             bound_ns: bound / cal.tsc_per_ns,
             bound_fuel: fuel_costs.get(f).map(|c| c.bound).unwrap_or(0.0),
             stack_bytes,
             admitted,
-            over_limit: bound > limit_cycles,
+            over_limit: bound > lim,
             path,
             dominant_loops,
         });
@@ -699,6 +748,7 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
         loops: loops_out,
         module: Vec::new(),
         instrumented: false,
+        batch_max,
         limit_cycles,
         inflated_cycles: inflated,
         calibration: cal.machine.clone(),
@@ -814,9 +864,23 @@ fn render_report(a: &Admission, p: &Policy, cal: &Calibration) -> String {
     for e in &a.entries {
         let _ = writeln!(
             s,
-            "{} `{}`: bound {:.0} cycles ({:.0} ns, {:.0} fuel units), stack ≤ {} bytes — {}{}",
-            if e.handler { "handler" } else { "entry" },
+            "{} `{}`{}: bound {:.0} cycles ({:.0} ns, {:.0} fuel units), stack ≤ {} bytes — {}{}",
+            if e.handler {
+                "handler"
+            } else if e.batch.is_some() {
+                "batch entry"
+            } else {
+                "entry"
+            },
             e.name,
+            e.batch
+                .map(|b| format!(
+                    " (B = {b}; limit {:.0} × {b} = {:.0} cycles, inflated {:.0})",
+                    a.limit_cycles,
+                    a.limit_cycles * b as f64,
+                    a.inflated_cycles * b as f64
+                ))
+                .unwrap_or_default(),
             e.bound_cycles,
             e.bound_ns,
             e.bound_fuel,
@@ -928,6 +992,65 @@ fn check_exports(m: &ModuleInfo<'_>, reasons: &mut Vec<Reason>) {
     for h in handlers {
         sig(&h, &[I32], &[I32], true, reasons);
     }
+    let batches: Vec<String> = m
+        .exports
+        .iter()
+        .filter(|(n, _)| abi::is_batch(n))
+        .map(|(n, _)| n.clone())
+        .collect();
+    if !batches.is_empty() {
+        sig(abi::EXPORT_BATCH_MAX, &[], &[I32], true, reasons);
+        sig(abi::EXPORT_BATCH_PTR, &[], &[I32], true, reasons);
+    }
+    for b in batches {
+        sig(&b, &[I32], &[I32], true, reasons);
+    }
+}
+
+/// The module's batch size `B`: the constant `sc_batch_max` returns, read from its
+/// bytecode (a body of exactly `i32.const B`). None if the module has no batch entry.
+fn batch_size(m: &ModuleInfo<'_>, reasons: &mut Vec<Reason>) -> Option<u32> {
+    if !m.exports.iter().any(|(n, _)| abi::is_batch(n)) {
+        return None;
+    }
+    let f = m
+        .exports
+        .iter()
+        .find(|(n, _)| n == abi::EXPORT_BATCH_MAX)
+        .map(|(_, f)| *f)?;
+    let Some(body) = m.body(f) else {
+        reasons.push(Reason::BadBatch(format!(
+            "`{}` must be a function of the module returning a constant",
+            abi::EXPORT_BATCH_MAX
+        )));
+        return None;
+    };
+    let ops: Vec<&Operator<'_>> = body
+        .ops
+        .iter()
+        .map(|(_, op)| op)
+        .filter(|op| !matches!(op, Operator::Nop))
+        .collect();
+    let b = match ops.as_slice() {
+        [Operator::I32Const { value }, Operator::End] => *value,
+        _ => {
+            reasons.push(Reason::BadBatch(format!(
+                "`{}` must be exactly `i32.const B` (the verifier bounds batch loops by B), got {} operators",
+                abi::EXPORT_BATCH_MAX,
+                ops.len()
+            )));
+            return None;
+        }
+    };
+    if b < 1 || b as u32 > abi::BATCH_LIMIT {
+        reasons.push(Reason::BadBatch(format!(
+            "batch size B = {b} from `{}` is outside 1..={}",
+            abi::EXPORT_BATCH_MAX,
+            abi::BATCH_LIMIT
+        )));
+        return None;
+    }
+    Some(b as u32)
 }
 
 /// Callees-first order of the defined functions, or the description of a cycle.

@@ -243,8 +243,36 @@ pub enum LoopProof {
     NotProven(String, Option<Counted>),
 }
 
+/// A local whose value the caller knows lies in `lo..=hi` (unsigned) throughout the
+/// function: the parameter `n` of a batch entry, `1 ≤ n ≤ B`, which the host guarantees.
+/// It is used only if the function never writes the local.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownRange {
+    pub local: u32,
+    pub lo: u64,
+    pub hi: u64,
+}
+
 /// Tries to prove a bound for loop frame `lf` of `body`.
 pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
+    prove_in(body, st, lf, None)
+}
+
+/// [`prove`], also accepting a loop whose counter is compared against a local of known
+/// range (a batch entry's `n`): `i < n` with `n ≤ B` is bounded as `i < B` would be.
+pub fn prove_in(
+    body: &Body<'_>,
+    st: &Structure,
+    lf: usize,
+    known: Option<KnownRange>,
+) -> LoopProof {
+    // The range holds only for a local the function never writes.
+    let known = known.filter(|k| {
+        !body.ops.iter().any(|(_, op)| {
+            matches!(op, Operator::LocalSet { local_index } | Operator::LocalTee { local_index }
+                if *local_index == k.local)
+        })
+    });
     let fr = &st.frames[lf];
     let (start, end) = (fr.open + 1, fr.close);
     // Back edges.
@@ -498,7 +526,9 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
         let mut best: Option<(u64, String)> = None;
         let mut this_counted: Option<Counted> = None;
         for c in options {
-            if let Some(r) = count(c, &steps, &init)
+            let r = count(c, &steps, &init)
+                .or_else(|| known.and_then(|k| count_known(c, k, &steps, &init)));
+            if let Some(r) = r
                 && best.as_ref().is_none_or(|x| r.0 < x.0)
             {
                 best = Some(r);
@@ -617,6 +647,74 @@ fn rel_of(op: &Operator<'_>) -> Option<(Rel, bool)> {
         I64Ne => (Rel::Ne, true),
         _ => return None,
     })
+}
+
+/// Most back edges a continue-condition comparing the counter against a local of known
+/// range allows: the comparison against the range's worst end (`hi` when counting up
+/// towards it, `lo` when counting down), which continues whenever the real one does.
+/// `!=` needs a unit step and a start on the right side of the whole range.
+fn count_known(
+    c: Sym,
+    k: KnownRange,
+    steps: &std::collections::BTreeMap<u32, i64>,
+    init: &dyn Fn(u32) -> Option<i64>,
+) -> Option<(u64, String)> {
+    let Sym::CmpV {
+        rel,
+        local,
+        delta,
+        m,
+        wide,
+    } = c
+    else {
+        return None;
+    };
+    if m != k.local || k.lo > k.hi || k.hi > i32::MAX as u64 {
+        return None;
+    }
+    let step = *steps.get(&local)?;
+    let (lo, hi) = (k.lo as i64, k.hi as i64);
+    let note = |r: (u64, String)| {
+        (
+            r.0,
+            format!("{} (local {m} is the batch size n, {lo} ≤ n ≤ {hi})", r.1),
+        )
+    };
+    use Rel::*;
+    let n = match (rel, step > 0) {
+        (LtU | LeU | LtS | LeS, true) => hi,
+        (GtU | GeU | GtS | GeS, false) => lo,
+        (Ne, _) => {
+            let first = init(local)?.wrapping_add(delta);
+            let wrap = if wide { u64::MAX } else { u32::MAX as u64 };
+            let first = (first as u64 & wrap) as i64;
+            let back = match step {
+                1 if first <= lo => hi - first,
+                -1 if first >= hi => first - lo,
+                _ => return None,
+            };
+            return Some(note((
+                back as u64,
+                format!(
+                    "local {local} steps by {step}, continues while +{delta} != n (from {})",
+                    first - delta
+                ),
+            )));
+        }
+        _ => return None,
+    };
+    count(
+        Sym::Cmp {
+            rel,
+            local,
+            delta,
+            n,
+            wide,
+        },
+        steps,
+        init,
+    )
+    .map(note)
 }
 
 /// Most back edges a continue-condition allows, with an explanation.

@@ -285,3 +285,215 @@ fn print_reports() {
         assert!(!a.report.is_empty());
     }
 }
+
+/// Modules of the corpus that export a batch entry (`batch`, B = 32).
+const BATCHED: &[&str] = &[
+    "counter",
+    "classifier",
+    "hdr_rewrite",
+    "checksum",
+    "flowtable",
+];
+
+#[test]
+fn batch_entries_are_admitted_with_the_batch_loop_proven_against_b() {
+    let policy = Policy::default();
+    for name in BATCHED {
+        let a = verify(
+            &corpus(&format!("benign/{name}.wat")),
+            &policy,
+            &Calibration::fallback(),
+        )
+        .unwrap_or_else(|r| panic!("{name} rejected: {r}"));
+        assert_eq!(a.batch_max, Some(32), "{name}");
+        let b = a.entry("batch").expect("batch entry reported");
+        assert_eq!(b.batch, Some(32), "{name}");
+        assert!(b.admitted && !b.handler, "{name}: {}", a.report);
+        // The batch budget is B × the per-buffer limit.
+        assert!(
+            b.bound_cycles <= a.limit_cycles * 32.0 * policy.inflation,
+            "{name}"
+        );
+        assert!(
+            a.report.contains("batch entry `batch` (B = 32; limit"),
+            "{name}: {}",
+            a.report
+        );
+        // The buffer loop of `batch` is its loop #0: proven, 32 buffers + the exiting start.
+        let lp = a
+            .loops
+            .iter()
+            .find(|l| l.func == b.func && l.ordinal == 0)
+            .unwrap_or_else(|| panic!("{name}: no batch loop\n{}", a.report));
+        assert_eq!(lp.iterations, 33, "{name}: {}", a.report);
+        match &lp.source {
+            BoundSource::Proven(how) => {
+                assert!(how.contains("batch size n, 1 ≤ n ≤ 32"), "{name}: {how}")
+            }
+            other => panic!("{name}: batch loop not proven: {other:?}"),
+        }
+        // Poll points only where a batch can exceed B × the limit: where one worst-case
+        // buffer already exceeds the per-buffer limit (checksum of 2048 bytes under the
+        // fallback calibration), never for handlers well within it.
+        let h = a.entry("handle").unwrap();
+        if h.over_limit {
+            let every = lp
+                .poll_every
+                .expect("poll point in an over-limit batch loop");
+            assert!((1..32).contains(&every), "{name}: {}", a.report);
+        } else {
+            assert_eq!(lp.poll_every, None, "{name}: {}", a.report);
+        }
+    }
+}
+
+fn batch_module(max_body: &str, batch_body: &str) -> Vec<u8> {
+    wat::parse_str(format!(
+        r#"(module
+      (memory (export "memory") 2 2)
+      (func (export "sc_input_ptr") (result i32) (i32.const 4096))
+      (func (export "sc_input_cap") (result i32) (i32.const 2048))
+      (func (export "sc_batch_max") (result i32) {max_body})
+      (func (export "sc_batch_ptr") (result i32) (i32.const 8192))
+      (func (export "handle") (param i32) (result i32) (i32.const 0))
+      (func (export "batch") (param $n i32) (result i32) (local $i i32) {batch_body}))"#
+    ))
+    .unwrap()
+}
+
+const COUNT_TO_N: &str = "(block $done (loop $l
+      (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $l))) (i32.const 0)";
+
+#[test]
+fn a_batch_loop_not_bounded_by_b_is_rejected_with_a_reason() {
+    let cal = Calibration::fallback();
+    // The reference: counting up to n is bounded by B.
+    let a = verify(
+        &batch_module("(i32.const 8)", COUNT_TO_N),
+        &Policy::default(),
+        &cal,
+    )
+    .unwrap();
+    assert_eq!(a.loops[0].iterations, 9, "{}", a.report);
+
+    // n is overwritten first: no longer the host's 1..=B.
+    let body = format!("(local.set $n (i32.load (i32.const 0))) {COUNT_TO_N}");
+    let r = verify(
+        &batch_module("(i32.const 8)", &body),
+        &Policy::default(),
+        &cal,
+    )
+    .unwrap_err();
+    assert!(r.has("unbounded-loop"), "{r}");
+    assert!(r.to_string().contains("loop #0 in batch"), "{r}");
+
+    // Counting to a value read from memory.
+    let body = COUNT_TO_N.replace("(local.get $n)", "(i32.load (i32.const 0))");
+    let r = verify(
+        &batch_module("(i32.const 8)", &body),
+        &Policy::default(),
+        &cal,
+    )
+    .unwrap_err();
+    assert!(r.has("unbounded-loop"), "{r}");
+
+    // The same loop in a per-buffer handler: its parameter is a length, not n ≤ B.
+    let src = format!(
+        r#"(module (memory (export "memory") 1 1)
+      (func (export "sc_input_ptr") (result i32) (i32.const 4096))
+      (func (export "sc_input_cap") (result i32) (i32.const 2048))
+      (func (export "handle") (param $n i32) (result i32) (local $i i32) {COUNT_TO_N}))"#
+    );
+    let r = verify(&wat::parse_str(src).unwrap(), &Policy::default(), &cal).unwrap_err();
+    assert!(r.has("unbounded-loop"), "{r}");
+
+    // Declared instead: accepted against the BATCH_MAX symbol (= B), and enforced.
+    let body = COUNT_TO_N.replace("(local.get $n)", "(i32.load (i32.const 0))");
+    let a = verify(&declared_batch_module(&body), &Policy::default(), &cal).unwrap();
+    let lp = &a.loops[0];
+    assert_eq!(lp.iterations, 8, "{}", a.report);
+    assert!(matches!(&lp.source, BoundSource::Declared(e) if e == "BATCH_MAX"));
+    assert!(a.instrumented);
+}
+
+#[test]
+fn a_bad_batch_size_is_rejected_with_a_reason() {
+    let cal = Calibration::fallback();
+    for (max, why) in [
+        ("(i32.load (i32.const 0))", "must be exactly `i32.const B`"),
+        (
+            "(i32.const 0)",
+            "B = 0 from `sc_batch_max` is outside 1..=256",
+        ),
+        ("(i32.const 100000)", "outside 1..=256"),
+    ] {
+        let r = verify(&batch_module(max, COUNT_TO_N), &Policy::default(), &cal).unwrap_err();
+        assert!(r.has("bad-batch"), "{max}: {r}");
+        assert!(r.to_string().contains(why), "{max}: {r}");
+    }
+    // A batch entry without `sc_batch_ptr`.
+    let src = r#"(module (memory (export "memory") 1 1)
+      (func (export "sc_input_ptr") (result i32) (i32.const 4096))
+      (func (export "sc_input_cap") (result i32) (i32.const 2048))
+      (func (export "sc_batch_max") (result i32) (i32.const 4))
+      (func (export "handle") (param i32) (result i32) (i32.const 0))
+      (func (export "batch") (param i32) (result i32) (i32.const 0)))"#;
+    let r = verify(&wat::parse_str(src).unwrap(), &Policy::default(), &cal).unwrap_err();
+    assert!(
+        r.to_string().contains("missing export `sc_batch_ptr`"),
+        "{r}"
+    );
+}
+
+#[test]
+fn a_batch_over_b_times_the_limit_is_rejected_and_says_so() {
+    // Each buffer costs ~the whole per-buffer budget: fine for `handle`, but 64 of them
+    // exceed B × the limit only if the body does; here the batch loop runs an inner
+    // loop of 1M declared iterations per buffer.
+    let body = r#"(block $done (loop $l
+      (br_if $done (i32.ge_u (local.get $i) (local.get $n)))
+      (block $x (loop $inner (br_if $x (i32.eqz (i32.load (i32.const 0)))) (br $inner)))
+      (local.set $i (i32.add (local.get $i) (i32.const 1)))
+      (br $l))) (i32.const 0)"#;
+    let src = format!(
+        r#"(module
+      (memory (export "memory") 2 2)
+      (@custom "sidecore.bounds" "batch 1 1000000")
+      (func (export "sc_input_ptr") (result i32) (i32.const 4096))
+      (func (export "sc_input_cap") (result i32) (i32.const 2048))
+      (func (export "sc_batch_max") (result i32) (i32.const 16))
+      (func (export "sc_batch_ptr") (result i32) (i32.const 8192))
+      (func (export "handle") (param i32) (result i32) (i32.const 0))
+      (func (export "batch") (param $n i32) (result i32) (local $i i32) {body}))"#
+    );
+    let r = verify(
+        &wat::parse_str(src).unwrap(),
+        &Policy::default(),
+        &Calibration::fallback(),
+    )
+    .unwrap_err();
+    assert!(r.has("over-budget"), "{r}");
+    assert!(
+        r.to_string()
+            .contains("for a batch of B = 16 buffers, i.e. B × the per-buffer limit"),
+        "{r}"
+    );
+}
+
+/// A module whose batch loop bound is declared as `batch 0 BATCH_MAX` (B = 8).
+fn declared_batch_module(body: &str) -> Vec<u8> {
+    wat::parse_str(format!(
+        r#"(module
+      (memory (export "memory") 2 2)
+      (@custom "sidecore.bounds" "batch 0 BATCH_MAX")
+      (func (export "sc_input_ptr") (result i32) (i32.const 4096))
+      (func (export "sc_input_cap") (result i32) (i32.const 2048))
+      (func (export "sc_batch_max") (result i32) (i32.const 8))
+      (func (export "sc_batch_ptr") (result i32) (i32.const 8192))
+      (func (export "handle") (param i32) (result i32) (i32.const 0))
+      (func (export "batch") (param $n i32) (result i32) (local $i i32) {body}))"#
+    ))
+    .unwrap()
+}

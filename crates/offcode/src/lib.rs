@@ -23,7 +23,7 @@ mod registry;
 
 pub use context::parse_params;
 pub use context::{InitCx, Metric, Metrics, OffcodeInfo, RunCx};
-pub use ports::{Inlet, Outlet};
+pub use ports::{Drained, Inlet, Outlet};
 pub use registry::{BuildSpec, Factory, Implementation, Registry, Validator};
 
 use sidecore_channel::oob::OobMessage;
@@ -96,6 +96,19 @@ pub trait Offcode: Send {
             "got a message on input {} but handles none",
             input.0
         )))
+    }
+
+    /// A burst of up to `max` messages is waiting on `input`: the runtime hands the
+    /// inlet over so an offcode that works on batches can take them as one (read in
+    /// place, in order). The default calls [`Offcode::handle`] per message.
+    fn handle_burst(
+        &mut self,
+        cx: &mut RunCx<'_>,
+        input: InputId,
+        inlet: &mut Inlet,
+        max: usize,
+    ) -> Result<Drained, OffcodeError> {
+        inlet.drain(max, |m| self.handle(cx, input, m))
     }
 
     /// A turn of the run-to-completion loop; sources produce here.

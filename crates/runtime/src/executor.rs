@@ -564,7 +564,7 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
                 continue;
             }
             let mut cx = RunCx::new(info, outlets, now);
-            let d = inlet.drain(burst, |m| offcode.handle(&mut cx, InputId(i), m))?;
+            let d = offcode.handle_burst(&mut cx, InputId(i), inlet, burst)?;
             handled += d.messages;
             if d.closed {
                 inputs_closed[i] = true;

@@ -1,8 +1,9 @@
 //! NAT-style IPv4 header rewriter: destination → 10.0.0.1, TTL − 1, header checksum
-//! patched incrementally (RFC 1624), frame sent to output 0. No loops.
+//! patched incrementally (RFC 1624), frame sent to output 0. No loops. Exports the
+//! batch entry too: in a batch the rewritten frame is forwarded in place (no host call).
 #![no_std]
 
-use sidecore_ext_sdk::{Output, emit, handler};
+use sidecore_ext_sdk::{Output, Verdict, batch_handler};
 
 #[inline(always)]
 fn be16(b: &[u8], p: usize) -> u32 {
@@ -15,15 +16,16 @@ fn add(a: u32, b: u32) -> u32 {
     (s + (s >> 16)) & 0xffff
 }
 
-handler!(
+batch_handler!(
     2048,
-    fn handle(pkt: &mut [u8]) -> i32 {
+    32,
+    fn handle(pkt: &mut [u8]) -> Verdict {
         if pkt.len() < 34 || be16(pkt, 12) != 0x0800 {
-            return -1;
+            return Verdict::Done(-1);
         }
         let ip = 14;
         if pkt[ip + 8] <= 1 {
-            return -2;
+            return Verdict::Done(-2);
         }
         let old = be16(pkt, ip + 8);
         pkt[ip + 8] -= 1;
@@ -42,9 +44,6 @@ handler!(
         c ^= 0xffff;
         pkt[ip + 10] = (c >> 8) as u8;
         pkt[ip + 11] = c as u8;
-        match emit(Output(0), pkt) {
-            Ok(()) => 0,
-            Err(e) => e.0,
-        }
+        Verdict::Forward(Output(0))
     }
 );
