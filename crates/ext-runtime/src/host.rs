@@ -133,6 +133,11 @@ fn range(ptr: i32, len: i32, size: usize) -> Option<std::ops::Range<usize>> {
     (end <= size).then_some(p..end)
 }
 
+/// A UTF-8 name the guest passed as (pointer, length), bounds-checked.
+fn guest_str(data: &[u8], ptr: i32, len: i32) -> Option<&str> {
+    std::str::from_utf8(&data[range(ptr, len, data.len())?]).ok()
+}
+
 /// Links the host ABI and the injected functions.
 pub fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     let m = abi::MODULE;
@@ -142,10 +147,7 @@ pub fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         |mut c: Caller<'_, HostState>, ptr: i32, len: i32| -> i32 {
             let Some(mem) = memory(&mut c) else { return -1 };
             let (data, st) = mem.data_and_store_mut(&mut c);
-            let Some(r) = range(ptr, len, data.len()) else {
-                return -1;
-            };
-            let Ok(name) = std::str::from_utf8(&data[r]) else {
+            let Some(name) = guest_str(data, ptr, len) else {
                 return -1;
             };
             st.output_names
@@ -285,10 +287,7 @@ pub fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
         |mut c: Caller<'_, HostState>, ptr: i32, len: i32| -> i32 {
             let Some(mem) = memory(&mut c) else { return -1 };
             let (data, st) = mem.data_and_store_mut(&mut c);
-            let Some(r) = range(ptr, len, data.len()) else {
-                return -1;
-            };
-            let Ok(name) = std::str::from_utf8(&data[r]) else {
+            let Some(name) = guest_str(data, ptr, len) else {
                 return -1;
             };
             st.shared

@@ -376,43 +376,7 @@ pub fn prove_in(
             }
             Operator::I32Eqz | Operator::I64Eqz => {
                 let a = pop(&mut stack);
-                let wide = matches!(op, Operator::I64Eqz);
-                stack.push(match a {
-                    Sym::Cmp {
-                        rel,
-                        local,
-                        delta,
-                        n,
-                        wide,
-                    } => Sym::Cmp {
-                        rel: rel.negate(),
-                        local,
-                        delta,
-                        n,
-                        wide,
-                    },
-                    Sym::CmpV {
-                        rel,
-                        local,
-                        delta,
-                        m,
-                        wide,
-                    } => Sym::CmpV {
-                        rel: rel.negate(),
-                        local,
-                        delta,
-                        m,
-                        wide,
-                    },
-                    Sym::Ind { local, delta } => Sym::Cmp {
-                        rel: Rel::Eq,
-                        local,
-                        delta,
-                        n: 0,
-                        wide,
-                    },
-                    _ => Sym::Unknown,
-                });
+                stack.push(negate(a, matches!(op, Operator::I64Eqz)));
             }
             _ => {
                 if let Some((rel, wide)) = rel_of(op) {
@@ -505,7 +469,7 @@ pub fn prove_in(
                     .iter()
                     .all(|t| !st.within(*t, lf))
         })
-        .map(|(i, c)| (*i, negate(*c)))
+        .map(|(i, c)| (*i, negate(*c, false)))
         .collect();
     let mut best_overall: Option<(u64, String)> = None;
     let mut counted: Option<Counted> = None;
@@ -583,7 +547,9 @@ pub fn prove_in(
     }
 }
 
-fn negate(s: Sym) -> Sym {
+/// The condition `s` negated; a bare induction value `v` (true when nonzero)
+/// becomes `v == 0`, compared at width `wide`.
+fn negate(s: Sym, wide: bool) -> Sym {
     match s {
         Sym::Cmp {
             rel,
@@ -616,7 +582,7 @@ fn negate(s: Sym) -> Sym {
             local,
             delta,
             n: 0,
-            wide: false,
+            wide,
         },
         _ => Sym::Unknown,
     }
