@@ -16,7 +16,7 @@ fn main() {
             "{:7} L {:>8.0} ns  B {:>8.1} Gbps  pen {:>10.1}  per-period L {:?} B {:?}  rate≤{:.3}  {} ev {:.1}s",
             a.name(),
             r.latency_p9999_ns,
-            r.overhead_gbps,
+            r.overhead_mean_gbps,
             r.penalty,
             r.periods.iter().map(|p| p.p9999_ns).collect::<Vec<_>>(),
             r.periods

@@ -21,7 +21,12 @@
 //!   wait in the sender's data queue**;
 //! - RE credits are counted per sender (`N_o`), returned when the relay forwards the
 //!   packet; a relay's capability `R_r` is the line rate, so `N_r = 500`;
-//! - a sender's PeerSet is every other process of the source service.
+//! - a sender's PeerSet is every other process of the source service;
+//! - Table 8.1's **bandwidth column is read as the run's aggregate**, the overhead
+//!   averaged over the three periods ([`RateSimResult::overhead_mean_gbps`]), while the
+//!   penalty keeps §8.1's own `max(B1, B2, 2·B3)`. §8.1 defines the worst-period figure
+//!   only "in the penalty calculation" and §8.2 calls the table "aggregate results";
+//!   the worst period is reported beside it ([`RateSimResult::overhead_worst_gbps`]).
 
 use std::cmp::Ordering;
 use std::collections::{BinaryHeap, VecDeque};
@@ -136,7 +141,8 @@ pub struct AlgoConfig {
 
 impl AlgoConfig {
     /// Defaults for `alg` with bucket `s_b`: the configurations with the lowest
-    /// penalty in sidecore's sweep ([`sweep_grid`], seed 1; BENCHMARKS.md), with
+    /// penalty in sidecore's sweep ([`sweep_grid`], averaged over seeds 1–3; see
+    /// [`sweep`] and BENCHMARKS.md), with
     /// thresholds scaled with `s_b`.
     pub fn tuned(alg: Algorithm, s_b: f64) -> Self {
         let mut se = SeParams::tuned(s_b);
@@ -144,15 +150,15 @@ impl AlgoConfig {
             Algorithm::SeTe => {
                 se.th_low = 0.5 * s_b;
                 se.n_peers = 3;
-                se.f_t = 1.0;
+                se.f_t = 1.5;
                 se.th_t = 0.5 * s_b;
             }
             Algorithm::SeRe => {
-                se.th_low = 0.6 * s_b;
-                se.n_peers = 12;
+                se.th_low = 0.5 * s_b;
+                se.n_peers = 16;
                 se.f_r = 1.0;
                 se.th_r = 0.9 * s_b;
-                se.f_mr = 0.5;
+                se.f_mr = 0.75;
             }
             _ => {}
         }
@@ -212,8 +218,12 @@ pub struct RateSimResult {
     pub periods: Vec<PeriodStats>,
     /// Worst per-period 99.99th percentile, ns.
     pub latency_p9999_ns: f64,
-    /// Worst per-period overhead, Gbps.
-    pub overhead_gbps: f64,
+    /// Overhead averaged over the three periods, Gbps: the figure compared with
+    /// Table 8.1's column (read as the run's aggregate; flagged in the module comment).
+    pub overhead_mean_gbps: f64,
+    /// Worst per-period overhead, Gbps (the `max` of the penalty, without its 2× on
+    /// period 3).
+    pub overhead_worst_gbps: f64,
     /// `L + 75 × max(B1, B2, 2·B3)` (§8.1), B in phits/cycle.
     pub penalty: f64,
     /// Worst-case (over periods) latency at each percentile of
@@ -734,6 +744,7 @@ pub fn simulate(cfg: &RateSimConfig, algo: AlgoConfig) -> RateSimResult {
         .max(periods[1].overhead)
         .max(2.0 * periods[2].overhead);
     let bmax = periods.iter().map(|p| p.overhead).fold(0.0, f64::max);
+    let bmean = periods.iter().map(|p| p.overhead).sum::<f64>() / periods.len() as f64;
     let n_tb = match algo.alg {
         Algorithm::Ne => 0,
         Algorithm::Re => sim.relays.len(),
@@ -748,7 +759,8 @@ pub fn simulate(cfg: &RateSimConfig, algo: AlgoConfig) -> RateSimResult {
     RateSimResult {
         algo,
         latency_p9999_ns: l,
-        overhead_gbps: bmax * 100.0,
+        overhead_mean_gbps: bmean * 100.0,
+        overhead_worst_gbps: bmax * 100.0,
         penalty: l + 75.0 * b,
         periods,
         worst_percentiles: PERCENTILES.iter().copied().zip(worst).collect(),
@@ -778,7 +790,7 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
         Algorithm::SeTe => {
             for th_low in [0.4, 0.5, 0.6, 0.75] {
                 for n_peers in [2, 3, 4] {
-                    for f_t in [0.75, 1.0] {
+                    for f_t in [1.0, 1.5, 2.0, 3.0] {
                         for th_t in [0.35, 0.5, 0.75] {
                             let mut a = base;
                             a.se.th_low = th_low * s_b;
@@ -792,9 +804,9 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
             }
         }
         Algorithm::SeRe => {
-            for th_low in [0.6, 0.75, 0.9] {
-                for n_peers in [4, 8, 12, 16] {
-                    for f_r in [1.0, 2.0] {
+            for th_low in [0.4, 0.5, 0.6] {
+                for n_peers in [8, 12, 16, 24] {
+                    for f_r in [0.5, 1.0, 2.0] {
                         for th_r in [0.75, 0.9] {
                             for f_mr in [0.25, 0.5, 0.75] {
                                 let mut a = base;
@@ -811,11 +823,11 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
             }
         }
         Algorithm::SeTre => {
-            for th_low in [0.6, 0.75, 0.85] {
-                for n_peers in [3, 4, 5, 6] {
-                    for f_t in [0.75, 1.0] {
+            for th_low in [0.6, 0.65, 0.7, 0.75] {
+                for n_peers in [4, 6, 8] {
+                    for f_t in [1.0, 1.25, 1.5] {
                         for f_r in [0.5, 0.75, 1.0] {
-                            for f_mr in [0.25, 0.5, 0.75, 0.9] {
+                            for f_mr in [0.75, 0.9] {
                                 let mut a = base;
                                 a.se.th_low = th_low * s_b;
                                 a.se.n_peers = n_peers;
@@ -833,6 +845,49 @@ pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
         }
     }
     out
+}
+
+/// One configuration of a sweep, scored over several seeds.
+#[derive(Clone, Debug, Serialize)]
+pub struct SweepRow {
+    /// The configuration.
+    pub algo: AlgoConfig,
+    /// The §8.1 penalty averaged over the seeds.
+    pub penalty: f64,
+    /// Its run under each seed, in the order the seeds were given (time series dropped).
+    pub runs: Vec<RateSimResult>,
+}
+
+/// Runs every configuration of `grid` under each of `seeds` and ranks them by their
+/// penalty averaged over the seeds, best first. One seed is not enough to rank by: a
+/// 99.99th percentile over ~368 k packets per period rests on its 37th-worst packet,
+/// so a single seed's optimum is partly tuned to that seed's noise (digest §4.6, "run
+/// several seeds").
+pub fn sweep(
+    cfg: &RateSimConfig,
+    seeds: &[u64],
+    grid: &[AlgoConfig],
+    threads: usize,
+) -> Vec<SweepRow> {
+    let per_seed: Vec<Vec<RateSimResult>> = seeds
+        .iter()
+        .map(|&seed| run_many(&RateSimConfig { seed, ..cfg.clone() }, grid, threads))
+        .collect();
+    let mut rows: Vec<SweepRow> = grid
+        .iter()
+        .enumerate()
+        .map(|(i, &algo)| {
+            let runs: Vec<RateSimResult> = per_seed.iter().map(|rs| rs[i].clone()).collect();
+            let penalty = runs.iter().map(|r| r.penalty).sum::<f64>() / runs.len().max(1) as f64;
+            SweepRow {
+                algo,
+                penalty,
+                runs,
+            }
+        })
+        .collect();
+    rows.sort_by(|x, y| x.penalty.total_cmp(&y.penalty));
+    rows
 }
 
 /// Runs `configs` on `threads` worker threads (results in input order, each run
@@ -898,7 +953,7 @@ mod tests {
     fn ne_paced_has_no_queueing() {
         let r = simulate(&small(), AlgoConfig::tuned(Algorithm::Ne, 2000.0));
         assert_eq!(r.latency_p9999_ns, 500.0);
-        assert_eq!(r.overhead_gbps, 0.0);
+        assert_eq!(r.overhead_worst_gbps, 0.0);
         assert!(
             r.periods
                 .iter()
@@ -920,7 +975,7 @@ mod tests {
         assert!((p1.backlog_growth - 6.0).abs() < 1.0, "{p1:?}");
         // Before the first change nothing waits: the warm-up fits the share.
         assert!(r.worst_percentiles[0].1 < r.latency_p9999_ns);
-        assert_eq!(r.overhead_gbps, 0.0);
+        assert_eq!(r.overhead_worst_gbps, 0.0);
     }
 
     #[test]
@@ -961,5 +1016,38 @@ mod tests {
         let b = simulate(&small(), AlgoConfig::tuned(Algorithm::SeTre, 2000.0));
         assert_eq!(a.penalty, b.penalty);
         assert_eq!(a.events, b.events);
+    }
+
+    #[test]
+    fn sweep_ranks_by_the_penalty_averaged_over_seeds() {
+        let grid = &sweep_grid(Algorithm::SeTe, 2000.0)[..3];
+        let rows = sweep(&small(), &[1, 2], grid, 2);
+        assert_eq!(rows.len(), grid.len());
+        for w in rows.windows(2) {
+            assert!(w[0].penalty <= w[1].penalty);
+        }
+        for row in &rows {
+            assert_eq!(row.runs.len(), 2);
+            let alone: Vec<f64> = [1, 2]
+                .iter()
+                .map(|&seed| simulate(&RateSimConfig { seed, ..small() }, row.algo).penalty)
+                .collect();
+            assert_eq!(row.runs[0].penalty, alone[0]);
+            assert_eq!(row.runs[1].penalty, alone[1]);
+            assert_eq!(row.penalty, (alone[0] + alone[1]) / 2.0);
+        }
+        // The seeds really differ, or averaging them would be pointless.
+        assert_ne!(rows[0].runs[0].events, rows[0].runs[1].events);
+    }
+
+    #[test]
+    fn mean_overhead_lies_between_the_periods() {
+        let r = simulate(&small(), AlgoConfig::tuned(Algorithm::SeTre, 2000.0));
+        let o: Vec<f64> = r.periods.iter().map(|p| p.overhead * 100.0).collect();
+        let lo = o.iter().copied().fold(f64::INFINITY, f64::min);
+        assert!(r.overhead_worst_gbps > 0.0);
+        assert_eq!(r.overhead_worst_gbps, o.iter().copied().fold(0.0, f64::max));
+        assert!(r.overhead_mean_gbps >= lo && r.overhead_mean_gbps <= r.overhead_worst_gbps);
+        assert!((r.overhead_mean_gbps - o.iter().sum::<f64>() / 3.0).abs() < 1e-9);
     }
 }

@@ -58,4 +58,5 @@ fn bad_options_say_what_is_wrong() {
     assert!(e(&["rate", "--buckets", "50"]).contains("cannot hold the largest packet"));
     assert!(e(&["rate", "--bogus"]).contains("--bogus"));
     assert!(e(&["rate", "--ctrl-phits", "0"]).contains("--ctrl-phits must be a positive number"));
+    assert!(e(&["rate", "--sweep", "--sweep-seeds", "1,x"]).contains("--sweep-seeds"));
 }
