@@ -871,7 +871,16 @@ pub fn sweep(
 ) -> Vec<SweepRow> {
     let per_seed: Vec<Vec<RateSimResult>> = seeds
         .iter()
-        .map(|&seed| run_many(&RateSimConfig { seed, ..cfg.clone() }, grid, threads))
+        .map(|&seed| {
+            run_many(
+                &RateSimConfig {
+                    seed,
+                    ..cfg.clone()
+                },
+                grid,
+                threads,
+            )
+        })
         .collect();
     let mut rows: Vec<SweepRow> = grid
         .iter()
