@@ -217,7 +217,16 @@ pub enum Pattern {
     /// checks, so that every table line they touch stays cached. Its tail is what this
     /// machine adds to any check (interrupts, hypervisor, the other core's traffic).
     Cached,
+    /// Control, not from the dissertation: no check at all, one dependent load per
+    /// sample from a random cycle over [`MEMORY_CONTROL_BYTES`] (far beyond the caches,
+    /// on huge pages where the kernel grants them), timed the same way. What one
+    /// memory access costs on this machine: a check whose lines miss every cache cannot
+    /// be faster.
+    Memory,
 }
+
+/// Size of the [`Pattern::Memory`] control's buffer.
+pub const MEMORY_CONTROL_BYTES: usize = 256 << 20;
 
 impl Pattern {
     /// All four.
@@ -356,15 +365,70 @@ pub fn measure(
     ns_per_tick: f64,
     pause: Duration,
 ) -> LatencyResult {
+    let zero = std::hint::black_box(0u32);
+    time_chain(
+        p,
+        checks,
+        |(li, t), dep| tables.check(li | (dep & zero), t).ok().map(|(a, _)| a.0),
+        batch,
+        ns_per_tick,
+        pause,
+    )
+}
+
+/// A random cyclic permutation of `0..n` (Sattolo's algorithm): following
+/// `next[i]` from any slot visits every slot before it returns.
+pub fn random_cycle(n: usize, seed: u64, huge_pages: bool) -> Vec<u32> {
+    let mut next: Vec<u32> = (0..n as u32).collect();
+    if huge_pages {
+        timing::advise_huge_pages(next.as_ptr() as *const u8, n * std::mem::size_of::<u32>());
+    }
+    let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    for i in (1..n).rev() {
+        let j = rng.random_range(0..i);
+        next.swap(i, j);
+    }
+    next
+}
+
+/// The [`Pattern::Memory`] control: `samples` dependent loads chasing `next` (a
+/// [`random_cycle`]), timed exactly as [`measure`] times checks.
+pub fn measure_memory(
+    next: &[u32],
+    samples: usize,
+    batch: usize,
+    ns_per_tick: f64,
+    pause: Duration,
+) -> LatencyResult {
+    let items = vec![(); samples];
+    time_chain(
+        Pattern::Memory,
+        &items,
+        |(), dep| Some(next[dep as usize]),
+        batch,
+        ns_per_tick,
+        pause,
+    )
+}
+
+/// The timing harness of [`measure`] for any chain of dependent steps: `step(item,
+/// dep)` returns the next `dep` (or `None` for a denied check).
+fn time_chain<T: Copy>(
+    p: Pattern,
+    checks: &[T],
+    step: impl Fn(T, u32) -> Option<u32>,
+    batch: usize,
+    ns_per_tick: f64,
+    pause: Duration,
+) -> LatencyResult {
     const SLICE: usize = 1 << 17;
     let batch = batch.max(1);
-    let zero = std::hint::black_box(0u32);
-    let slices: Vec<&[(LocalIndex, Triple)]> = checks.chunks(SLICE).collect();
+    let slices: Vec<&[T]> = checks.chunks(SLICE).collect();
     let mut dep = 0u32;
-    let run = |c: &[(LocalIndex, Triple)], dep: &mut u32| {
-        for &(li, t) in c {
-            if let Ok((a, _)) = tables.check(li | (*dep & zero), t) {
-                *dep = a.0;
+    let run = |c: &[T], dep: &mut u32| {
+        for &x in c {
+            if let Some(d) = step(x, *dep) {
+                *dep = d;
             }
         }
     };
@@ -382,18 +446,18 @@ pub fn measure(
         // Baseline: the same batch loop with an empty body.
         for c in s.chunks(batch) {
             let t0 = timing::ticks();
-            for &(li, t) in c {
-                std::hint::black_box((li | (dep & zero), t));
+            for &x in c {
+                std::hint::black_box((x, dep));
             }
             let t1 = timing::ticks();
             base_raw.push((t1 - t0, c.len()));
         }
         for c in s.chunks(batch) {
             let t0 = timing::ticks();
-            for &(li, t) in c {
-                match tables.check(li | (dep & zero), t) {
-                    Ok((a, _)) => dep = a.0,
-                    Err(_) => denied += 1,
+            for &x in c {
+                match step(x, dep) {
+                    Some(d) => dep = d,
+                    None => denied += 1,
                 }
             }
             let t1 = timing::ticks();
@@ -496,7 +560,7 @@ pub struct SikkerSimOptions {
     pub realtime: bool,
     /// Pause between slices of 131,072 checks.
     pub pause: Duration,
-    /// Also run the [`Pattern::Cached`] control.
+    /// Also run the [`Pattern::Cached`] and [`Pattern::Memory`] controls.
     pub control: bool,
 }
 
@@ -511,6 +575,7 @@ fn load_average() -> f64 {
 pub fn run(o: &SikkerSimOptions) -> Vec<SikkerSimRow> {
     let npt = timing::ns_per_tick(Duration::from_millis(200));
     let mut rows = Vec::new();
+    let mut memory = None;
     for &hosts in &o.hosts {
         let params = ModelParams::table_4_1(hosts);
         let m = build_host(params, 0, o.seed);
@@ -533,6 +598,19 @@ pub fn run(o: &SikkerSimOptions) -> Vec<SikkerSimRow> {
             });
             realtime &= rt;
             latency.push(r);
+        }
+        if o.control {
+            // Measured once, beside the first host count's patterns, and repeated in
+            // every row: it does not depend on the tables.
+            let r = memory.get_or_insert_with(|| {
+                let n = MEMORY_CONTROL_BYTES / std::mem::size_of::<u32>();
+                let next = random_cycle(n, o.seed, o.huge_pages);
+                timing::with_realtime(o.realtime, || {
+                    measure_memory(&next, o.checks, o.batch, npt, o.pause)
+                })
+            });
+            realtime &= r.1;
+            latency.push(r.0.clone());
         }
         rows.push(SikkerSimRow {
             params,
@@ -605,6 +683,24 @@ mod tests {
         );
         assert_eq!(r.denied, 0);
         assert_eq!(r.checks, 5000);
+    }
+
+    #[test]
+    fn memory_control_chases_one_cycle_through_every_slot() {
+        let n = 1 << 12;
+        let next = random_cycle(n, 5, false);
+        let mut seen = vec![false; n];
+        let mut i = 0usize;
+        for _ in 0..n {
+            assert!(!seen[i], "slot {i} visited twice before the cycle closed");
+            seen[i] = true;
+            i = next[i] as usize;
+        }
+        assert_eq!(i, 0, "the chase returns to its start after n steps");
+        assert!(seen.iter().all(|&x| x));
+        let r = measure_memory(&next, 3000, 4, 1.0, Duration::ZERO);
+        assert_eq!(r.pattern, Pattern::Memory);
+        assert_eq!((r.checks, r.denied), (3000, 0));
     }
 
     #[test]
