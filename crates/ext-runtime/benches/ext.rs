@@ -22,7 +22,7 @@ use sidecore_ext::verify::Calibration;
 use sidecore_ext::{ExecMode, ExtConfig, ExtEngine, ViolationPolicy, WasmExtension, tsc};
 
 fn corpus(name: &str) -> Vec<u8> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let p = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo"))
         .join("../ext-verify/corpus/benign")
         .join(format!("{name}.wat"));
     wat::parse_file(&p).unwrap()

@@ -12,7 +12,7 @@ use sidecore_offcode::{
 use sidecore_types::{Delivery, PeKind};
 
 fn corpus(rel: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo"))
         .join("../ext-verify/corpus")
         .join(rel)
 }

@@ -14,7 +14,7 @@ use sidecore_ext::{
 };
 
 fn corpus(rel: &str) -> Vec<u8> {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    let p = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo"))
         .join("../ext-verify/corpus")
         .join(rel);
     wat::parse_file(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))

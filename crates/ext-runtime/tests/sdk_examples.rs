@@ -11,7 +11,8 @@ use sidecore_ext::verify::{BoundSource, Calibration};
 use sidecore_ext::{ExecMode, ExtConfig, ExtEngine, ViolationPolicy, WasmExtension};
 
 fn build_examples() -> PathBuf {
-    let root = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let root =
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")).join("../..");
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root.join("target"))

@@ -2,7 +2,7 @@
 //! file:line:column it points at; plus the good cases (the built-in example,
 //! multi-file imports, diamonds).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use sidecore_manifest::{Manifest, load, parse_str};
 use sidecore_types::{Cast, ConstraintKind, Delivery, Order, PeKind, Priority};
@@ -51,7 +51,8 @@ fn offcode(name: &str, id: &str, extra: &str) -> String {
 
 #[test]
 fn the_built_in_example_loads() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/checksum.toml");
+    let root = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo"))
+        .join("../../examples/checksum.toml");
     let m = load(&root).unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(m.app, "checksum-demo");
     assert_eq!(m.offcodes.len(), 2);

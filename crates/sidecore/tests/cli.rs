@@ -3,13 +3,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Stdio;
 
 use common::*;
 
 fn example() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/checksum.toml")
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo"))
+        .join("../../examples/checksum.toml")
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! offcodes (admitted at deploy time, run on the wasm PE), and the `ext`/`calibrate`
 //! commands of the real binary.
 
-use std::path::Path;
+use std::path::PathBuf;
 use std::process::{Command, Output};
 
 fn bin() -> Command {
@@ -11,8 +11,8 @@ fn bin() -> Command {
     c
 }
 
-fn root() -> &'static Path {
-    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+fn root() -> PathBuf {
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")).join("../..")
 }
 
 fn out(o: &Output) -> String {
