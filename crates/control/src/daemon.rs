@@ -184,14 +184,21 @@ impl Daemon {
         };
         let mut out = Vec::new();
         for (id, name) in targets {
-            self.rt.stop_app(id);
-            self.held
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .remove(&id);
+            self.stop(id);
             out.push(name);
         }
         Ok(out)
+    }
+
+    /// Stops one app and releases what it held; returns its final status, read
+    /// once its offcodes have stopped (`None`: no such app).
+    pub fn stop(&self, id: AppId) -> Option<AppStatus> {
+        let last = self.rt.stop_app_with_status(id).map(|(_, s)| s);
+        self.held
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        last
     }
 
     /// Answers one control request.

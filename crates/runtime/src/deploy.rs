@@ -135,6 +135,36 @@ pub struct AppStatus {
     pub offcodes: Vec<OffcodeStatus>,
 }
 
+fn app_status(a: &AppEntry) -> AppStatus {
+    AppStatus {
+        id: a.id,
+        name: a.name.clone(),
+        state: a.state,
+        uptime_ms: a
+            .finished
+            .unwrap_or_else(Instant::now)
+            .duration_since(a.started)
+            .as_millis() as u64,
+        offcodes: a
+            .handles
+            .iter()
+            .map(|h| OffcodeStatus {
+                name: h.name.clone(),
+                implementation: h.implementation.clone(),
+                pe: h.pe.clone(),
+                state: h.state(),
+                uptime_ms: h.landed_at.elapsed().as_millis() as u64,
+                handled: h.handled.load(Ordering::Relaxed),
+                sent: h.sent.load(Ordering::Relaxed),
+                dropped: h.dropped.load(Ordering::Relaxed),
+                turns: h.turns.load(Ordering::Relaxed),
+                metrics: h.metrics.snapshot().into_iter().collect(),
+                stop_reason: h.stop_reason(),
+            })
+            .collect(),
+    }
+}
+
 /// The runtime: deploys apps and supervises them.
 pub struct Runtime {
     config: RuntimeConfig,
@@ -592,38 +622,11 @@ impl Runtime {
         })
     }
 
-    /// Status of every app.
+    /// Status of every app. Each offcode's counters are read live, one after
+    /// another, so two offcodes of a running app are seen at slightly different
+    /// moments; [`Runtime::stop_app_with_status`] gives figures that agree.
     pub fn status(&self) -> Vec<AppStatus> {
-        self.apps()
-            .iter()
-            .map(|a| AppStatus {
-                id: a.id,
-                name: a.name.clone(),
-                state: a.state,
-                uptime_ms: a
-                    .finished
-                    .unwrap_or_else(Instant::now)
-                    .duration_since(a.started)
-                    .as_millis() as u64,
-                offcodes: a
-                    .handles
-                    .iter()
-                    .map(|h| OffcodeStatus {
-                        name: h.name.clone(),
-                        implementation: h.implementation.clone(),
-                        pe: h.pe.clone(),
-                        state: h.state(),
-                        uptime_ms: h.landed_at.elapsed().as_millis() as u64,
-                        handled: h.handled.load(Ordering::Relaxed),
-                        sent: h.sent.load(Ordering::Relaxed),
-                        dropped: h.dropped.load(Ordering::Relaxed),
-                        turns: h.turns.load(Ordering::Relaxed),
-                        metrics: h.metrics.snapshot().into_iter().collect(),
-                        stop_reason: h.stop_reason(),
-                    })
-                    .collect(),
-            })
-            .collect()
+        self.apps().iter().map(app_status).collect()
     }
 
     /// Finds an app by id or name.
@@ -637,7 +640,14 @@ impl Runtime {
     /// Stops an app: tears down its resource tree (offcodes newest first, then
     /// executors) and forgets it. Returns the resources released, in order.
     pub fn stop_app(&self, id: AppId) -> Option<Vec<String>> {
-        let (root, name) = {
+        self.stop_app_with_status(id).map(|(released, _)| released)
+    }
+
+    /// [`Runtime::stop_app`], also returning the app's final status, read once
+    /// every offcode has stopped: its counters no longer move, so they agree with
+    /// one another (no sink ahead of its source).
+    pub fn stop_app_with_status(&self, id: AppId) -> Option<(Vec<String>, AppStatus)> {
+        let a = {
             let mut apps = self.apps();
             let pos = apps.iter().position(|a| a.id == id)?;
             let a = apps.remove(pos);
@@ -646,17 +656,21 @@ impl Runtime {
             for h in &a.handles {
                 h.request_stop("app stopped");
             }
-            (a.root, a.name)
+            a
         };
-        let released = self.tree.teardown(root);
+        let released = self.tree.teardown(a.root);
         self.events.emit(
-            &name,
+            &a.name,
             "-",
             EventKind::App {
                 message: format!("stopped; released {} resources", released.len()),
             },
         );
-        Some(released)
+        let mut last = app_status(&a);
+        if last.state == AppState::Running {
+            last.state = AppState::Stopped;
+        }
+        Some((released, last))
     }
 
     /// Waits until the app has finished (every offcode done or stopped by the

@@ -508,6 +508,45 @@ fn checksum_pipeline_checksums_every_record_on_two_cores() {
 }
 
 #[test]
+fn the_final_status_of_a_stopped_app_is_read_at_rest() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // An endless source: its counters are moving when the app is stopped.
+    let text = format!(
+        "[app]\nname = \"rest\"\n{}{}[[channel]]\nname = \"records\"\nfrom = \"source.out\"\nto = \"sum.in\"\nslots = 256\n",
+        offcode(
+            "source",
+            1,
+            "record-source",
+            "outputs = [\"out\"]\nparams = { record_size = 64 }",
+            &["host"]
+        ),
+        offcode("sum", 2, "inet-checksum", "inputs = [\"in\"]", &["host"]),
+    );
+    let m = write(dir.path(), "rest.toml", &text);
+    let rt = Runtime::new(RuntimeConfig::default());
+    let reg = registry(None);
+    let id = deploy(&rt, &reg, &m).unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let (released, last) = rt.stop_app_with_status(id).unwrap();
+    assert_eq!(released.last().map(String::as_str), Some("app rest"));
+    assert_eq!(last.state, AppState::Stopped);
+    let by = |n: &str| last.offcodes.iter().find(|o| o.name == n).unwrap();
+    let (src, sum) = (by("source"), by("sum"));
+    assert!(src.state != OffcodeState::Running && sum.state != OffcodeState::Running);
+    let got = sum.metrics["records"];
+    assert!(got > 0, "{last:?}");
+    // Read at rest: the sink can never be ahead of its source, and the ring holds
+    // at most its 256 slots of what the source sent.
+    assert!(src.metrics["records"] >= got, "{last:?}");
+    assert!(src.metrics["records"] - got <= 256, "{last:?}");
+    assert_eq!(sum.metrics["sequence_gaps"], 0);
+    assert!(rt.status().is_empty(), "the stopped app is forgotten");
+    assert!(rt.stop_app_with_status(id).is_none());
+    rt.shutdown();
+}
+
+#[test]
 fn unreliable_channels_count_drops_reliable_ones_never_drop() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();

@@ -139,11 +139,18 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
             last_print = Instant::now();
         }
     };
-    let final_status: Vec<AppStatus> = daemon
+    let live: Vec<AppStatus> = daemon
         .ps()
         .into_iter()
         .filter(|a| a.id == report.id)
         .collect();
+    // A running app's offcodes are read one after another while their counters
+    // move, so a sink could appear ahead of its source: stop the app first and
+    // report the counters at rest.
+    let final_status: Vec<AppStatus> = match live.first() {
+        Some(a) if a.state == AppState::Running => daemon.stop(report.id).into_iter().collect(),
+        _ => live,
+    };
     let elapsed = t0.elapsed();
     daemon.stop_all();
     server.stop();
