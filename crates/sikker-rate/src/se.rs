@@ -54,6 +54,13 @@ pub struct SeParams {
     pub th_r: f64,
     /// `F_mr`, `0 < F_mr < 1`.
     pub f_mr: f64,
+    /// **Not in the dissertation; off (`None`) unless asked for.** With `Some(τ)`, a
+    /// giver never gives rate it is using: `R_give` (Eq. 5.6) is further capped at
+    /// `R_t − u`, where `u` is the sender's own send rate averaged exponentially over
+    /// `τ` time units. An experiment on why SE-TRE keeps exchanging once demand is
+    /// uniform (BENCHMARKS.md, RateSim); the reproduction of record runs without it.
+    #[serde(default)]
+    pub keep_used: Option<f64>,
 }
 
 impl SeParams {
@@ -72,6 +79,7 @@ impl SeParams {
             f_r: 0.75,
             th_r: 0.90 * s_b,
             f_mr: 0.75,
+            keep_used: None,
         }
     }
 }
@@ -140,6 +148,9 @@ pub struct SeSender {
     pending: Vec<u64>,
     next_id: u64,
     acct: SeAccounting,
+    /// Send rate averaged over `keep_used`'s τ, as of `t_usage` (only with it).
+    usage: f64,
+    t_usage: f64,
 }
 
 impl SeSender {
@@ -164,6 +175,8 @@ impl SeSender {
             peers,
             pending: Vec::new(),
             next_id: 0,
+            usage: initial_rate,
+            t_usage: now,
         }
     }
 
@@ -200,6 +213,11 @@ impl SeSender {
         self.bucket.refilled
     }
 
+    /// The send rate averaged over `tau` (exponential decay), as of `now`.
+    fn usage_at(&self, now: f64, tau: f64) -> f64 {
+        self.usage * (-(now - self.t_usage).max(0.0) / tau.max(f64::MIN_POSITIVE)).exp()
+    }
+
     /// Brings the bucket up to `now`.
     pub fn refill(&mut self, now: f64) {
         self.bucket.refill(now);
@@ -212,6 +230,10 @@ impl SeSender {
             self.bucket.tokens
         };
         if self.bucket.try_take(now, size) {
+            if let Some(tau) = self.params.keep_used {
+                self.usage = self.usage_at(now, tau) + size / tau;
+                self.t_usage = now.max(self.t_usage);
+            }
             // Within EPSILON of empty, the bucket gives what it has.
             self.acct.consumed += before - self.bucket.tokens;
             true
@@ -279,6 +301,9 @@ impl SeSender {
         let mut rate = 0.0;
         if self.variant.rate() && req.rate > 0.0 && n_obs > p.th_r {
             rate = formulas::r_give(req.rate, self.bucket.rate, p.f_mr).max(0.0);
+            if let Some(tau) = p.keep_used {
+                rate = rate.min((self.bucket.rate - self.usage_at(now, tau)).max(0.0));
+            }
             self.bucket.rate -= rate;
         }
         Response {
@@ -348,6 +373,7 @@ mod tests {
             f_r: 1.0,
             th_r: 400.0,
             f_mr: 0.5,
+            keep_used: None,
         }
     }
 
@@ -422,6 +448,37 @@ mod tests {
         let before = a.rate();
         a.on_response(0.0, &r, &mut rng);
         assert!((a.rate() - before - 0.2).abs() < 1e-12);
+    }
+
+    #[test]
+    fn keep_used_gives_no_rate_the_giver_is_using() {
+        let mut rng = ChaCha8Rng::seed_from_u64(5);
+        let mut a = SeSender::new(SeVariant::RateExchange, params(), 0.1, vec![1], 0.0);
+        assert!(a.try_send(0.0, 300.0));
+        let req = a.maybe_ask(0.0, &mut rng)[0].1; // asks (1 − 0.1)/3 = 0.3
+        let mut p = params();
+        p.keep_used = Some(100.0);
+        // A giver at rate 0.5 that has sent 0.4 per time unit for a long while.
+        let mut g = SeSender::new(SeVariant::RateExchange, p, 0.5, vec![0], 0.0);
+        let mut t = 0.0;
+        while t < 2000.0 {
+            t += 10.0;
+            assert!(g.try_send(t, 4.0));
+        }
+        let u = g.usage_at(t, 100.0);
+        assert!((u - 0.4).abs() < 0.03, "usage {u}");
+        let r = g.on_request(t, &req);
+        // Eq. 5.6 alone would give min(0.3, 0.5 × 0.5) = 0.25; the cap leaves 0.5 − u.
+        assert!((r.rate - (0.5 - u)).abs() < 1e-9, "{r:?}");
+        assert!(g.rate() >= u - 1e-9, "kept what it uses");
+        // Without the option the same giver gives Eq. 5.6's 0.25.
+        let mut h = SeSender::new(SeVariant::RateExchange, params(), 0.5, vec![0], 0.0);
+        let mut t = 0.0;
+        while t < 2000.0 {
+            t += 10.0;
+            assert!(h.try_send(t, 4.0));
+        }
+        assert!((h.on_request(t, &req).rate - 0.25).abs() < 1e-9);
     }
 
     #[test]

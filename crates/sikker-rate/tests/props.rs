@@ -68,11 +68,12 @@ proptest! {
         f_mr in 0.01f64..0.99,
         th_t in 0.0f64..2000.0,
         th_r in 0.0f64..2000.0,
+        keep_used in prop::option::of(1.0f64..5000.0),
         seed in any::<u64>(),
     ) {
         const N: usize = 6;
         let r_a = 3.0;
-        let p = SeParams { bucket_size: 2000.0, th_low, n_peers, f_t, th_t, f_r, th_r, f_mr };
+        let p = SeParams { bucket_size: 2000.0, th_low, n_peers, f_t, th_t, f_r, th_r, f_mr, keep_used };
         let mut rng = ChaCha8Rng::seed_from_u64(seed);
         let mut s: Vec<SeSender> = (0..N)
             .map(|i| {

@@ -64,6 +64,11 @@ pub struct RateArgs {
     /// dissertation does not give it (2 is inferred from RE's published overhead).
     #[arg(long, default_value_t = 2.0)]
     pub ctrl_phits: f64,
+    /// What-if, not in the dissertation: a giver never gives rate it is using (Eq. 5.6
+    /// capped at `R_t` minus its send rate averaged over `S_b` cycles). Off for the
+    /// reproduction of record; see BENCHMARKS.md.
+    #[arg(long)]
+    pub keep_used_rate: bool,
     /// Worker threads for the sweep.
     #[arg(long, default_value_t = 2)]
     pub threads: usize,
@@ -300,11 +305,23 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
         ctrl_size: a.ctrl_phits,
         ..Default::default()
     };
-    let mut best: Vec<AlgoConfig> = algs.iter().map(|&x| AlgoConfig::tuned(x, 2000.0)).collect();
+    let what_if = |mut c: AlgoConfig| {
+        if a.keep_used_rate {
+            c.se.keep_used = Some(c.se.bucket_size);
+        }
+        c
+    };
+    let mut best: Vec<AlgoConfig> = algs
+        .iter()
+        .map(|&x| what_if(AlgoConfig::tuned(x, 2000.0)))
+        .collect();
     let mut sweep_out = Vec::new();
     if a.sweep {
         for (k, &alg) in algs.iter().enumerate() {
-            let grid = ratesim::sweep_grid(alg, 2000.0);
+            let grid: Vec<AlgoConfig> = ratesim::sweep_grid(alg, 2000.0)
+                .into_iter()
+                .map(what_if)
+                .collect();
             let n = grid.len();
             eprintln!(
                 "sweep: {alg}: {n} configurations × {} seeds",
@@ -326,7 +343,7 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
             c.se.th_low *= f;
             c.se.th_t *= f;
             c.se.th_r *= f;
-            t82.push(ratesim::simulate(&cfg, c));
+            t82.push(ratesim::simulate(&cfg, what_if(c)));
         }
     }
     let mut one_ms = Vec::new();
@@ -424,6 +441,11 @@ fn run_rate(a: RateArgs) -> anyhow::Result<()> {
         "Table 8.1 — rate control, S_b = 2000, {:.0} kHz changes (sidecore | dissertation)",
         1e6 / cfg.interval
     );
+    if a.keep_used_rate {
+        println!(
+            "WHAT-IF (--keep-used-rate, not in the dissertation): givers keep the rate they use"
+        );
+    }
     println!(
         "overhead: mean of the three periods (Table 8.1's column, read as the run's aggregate); \
          worst period beside it"

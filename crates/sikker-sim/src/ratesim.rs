@@ -1015,6 +1015,24 @@ mod tests {
         }
     }
 
+    #[test]
+    fn keep_used_touches_only_rate_gives_and_keeps_the_limit() {
+        for alg in [Algorithm::SeTe, Algorithm::SeTre] {
+            let exact = simulate(&small(), AlgoConfig::tuned(alg, 2000.0));
+            let mut c = AlgoConfig::tuned(alg, 2000.0);
+            c.se.keep_used = Some(2000.0);
+            let what_if = simulate(&small(), c);
+            assert!(what_if.max_rate_sum <= 20.0 + 1e-6, "{alg}");
+            if alg == Algorithm::SeTe {
+                // No rate is exchanged: the option cannot change anything.
+                assert_eq!(what_if.events, exact.events);
+                assert_eq!(what_if.penalty, exact.penalty);
+            } else {
+                assert_ne!(what_if.events, exact.events, "the option took effect");
+            }
+        }
+    }
+
     fn c_bin() -> f64 {
         RateSimConfig::default().bin
     }

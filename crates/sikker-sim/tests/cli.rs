@@ -41,6 +41,23 @@ fn rate_small_run() {
 }
 
 #[test]
+fn rate_what_if_runs() {
+    sim(&[
+        "rate",
+        "--algorithms",
+        "se-re,se-tre",
+        "--interval",
+        "2000",
+        "--no-1ms",
+        "--buckets",
+        "2000",
+        "--keep-used-rate",
+        "--json",
+    ])
+    .unwrap();
+}
+
+#[test]
 fn bad_options_say_what_is_wrong() {
     let e = |args: &[&str]| sim(args).unwrap_err().to_string();
     assert!(e(&["sikker", "--hosts", "1000"]).contains("1000 is not a power of two"));
