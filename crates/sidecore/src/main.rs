@@ -14,6 +14,7 @@ mod check;
 mod ctl;
 mod devices;
 mod layout;
+mod policy;
 mod up;
 
 use std::path::PathBuf;
@@ -116,6 +117,8 @@ enum Command {
     Calibrate(sidecore_ext::cli::CalibrateCommand),
     /// Run the Sikker simulators: SikkerSim (permission checks) and RateSim (rate control).
     Sim(sidecore_sikker_sim::SimCommand),
+    /// Validate Sikker policies and trace what they permit.
+    Policy(policy::PolicyCommand),
 }
 
 /// The offcode library this binary ships.
@@ -161,6 +164,7 @@ fn main() -> ExitCode {
         Command::Ext(c) => c.run().map(|code| ExitCode::from(code as u8)),
         Command::Calibrate(c) => c.run().map(|code| ExitCode::from(code as u8)),
         Command::Sim(cmd) => sidecore_sikker_sim::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Policy(cmd) => policy::run(cmd),
     };
     match r {
         Ok(code) => code,
