@@ -113,6 +113,10 @@ pub struct SikkerArgs {
     /// Do not ask for huge pages.
     #[arg(long)]
     pub no_huge_pages: bool,
+    /// Size of the `Memory` control's buffer (one random cycle of loads), MiB; it
+    /// must be far larger than the caches to measure a miss.
+    #[arg(long, default_value_t = 256)]
+    pub memory_mib: usize,
     /// Print JSON instead of tables.
     #[arg(long)]
     pub json: bool,
@@ -143,6 +147,12 @@ fn run_sikker(a: SikkerArgs) -> anyhow::Result<()> {
     if !(a.sigma > 0.0 && a.sigma.is_finite()) {
         anyhow::bail!("--sigma must be a positive number, got {}", a.sigma);
     }
+    if !(1..=16384).contains(&a.memory_mib) {
+        anyhow::bail!(
+            "--memory-mib must be between 1 and 16384, got {}",
+            a.memory_mib
+        );
+    }
     let o = SikkerSimOptions {
         hosts: a.hosts.clone(),
         checks: a.checks,
@@ -157,6 +167,7 @@ fn run_sikker(a: SikkerArgs) -> anyhow::Result<()> {
         realtime: a.realtime,
         pause: std::time::Duration::from_millis(a.pause_ms),
         control: true,
+        memory_bytes: a.memory_mib << 20,
     };
     let rows = sikkersim::run(&o);
     if a.json {

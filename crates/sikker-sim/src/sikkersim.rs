@@ -218,14 +218,15 @@ pub enum Pattern {
     /// machine adds to any check (interrupts, hypervisor, the other core's traffic).
     Cached,
     /// Control, not from the dissertation: no check at all, one dependent load per
-    /// sample from a random cycle over [`MEMORY_CONTROL_BYTES`] (far beyond the caches,
+    /// sample from a random cycle over [`SikkerSimOptions::memory_bytes`] (by
+    /// default [`MEMORY_CONTROL_BYTES`], far beyond the caches,
     /// on huge pages where the kernel grants them), timed the same way. What one
     /// memory access costs on this machine: a check whose lines miss every cache cannot
     /// be faster.
     Memory,
 }
 
-/// Size of the [`Pattern::Memory`] control's buffer.
+/// Default size of the [`Pattern::Memory`] control's buffer.
 pub const MEMORY_CONTROL_BYTES: usize = 256 << 20;
 
 impl Pattern {
@@ -562,6 +563,8 @@ pub struct SikkerSimOptions {
     pub pause: Duration,
     /// Also run the [`Pattern::Cached`] and [`Pattern::Memory`] controls.
     pub control: bool,
+    /// Size of the [`Pattern::Memory`] control's buffer, bytes.
+    pub memory_bytes: usize,
 }
 
 fn load_average() -> f64 {
@@ -603,7 +606,7 @@ pub fn run(o: &SikkerSimOptions) -> Vec<SikkerSimRow> {
             // Measured once, beside the first host count's patterns, and repeated in
             // every row: it does not depend on the tables.
             let r = memory.get_or_insert_with(|| {
-                let n = MEMORY_CONTROL_BYTES / std::mem::size_of::<u32>();
+                let n = (o.memory_bytes / std::mem::size_of::<u32>()).max(2);
                 let next = random_cycle(n, o.seed, o.huge_pages);
                 timing::with_realtime(o.realtime, || {
                     measure_memory(&next, o.checks, o.batch, npt, o.pause)

@@ -18,9 +18,28 @@ fn sim(args: &[&str]) -> anyhow::Result<()> {
 
 #[test]
 fn sikker_small_run_prints_tables() {
-    sim(&["sikker", "--hosts", "1024", "--checks", "5000"]).unwrap();
+    // A small Memory control: the default 256 MiB takes seconds to build in debug.
     sim(&[
-        "sikker", "--hosts", "1024", "--checks", "5000", "--batch", "8", "--json",
+        "sikker",
+        "--hosts",
+        "1024",
+        "--checks",
+        "5000",
+        "--memory-mib",
+        "8",
+    ])
+    .unwrap();
+    sim(&[
+        "sikker",
+        "--hosts",
+        "1024",
+        "--checks",
+        "5000",
+        "--batch",
+        "8",
+        "--json",
+        "--memory-mib",
+        "4",
     ])
     .unwrap();
 }
@@ -67,6 +86,9 @@ fn bad_options_say_what_is_wrong() {
             .contains("--batch must be between 1 and --checks")
     );
     assert!(e(&["sikker", "--sigma=-1"]).contains("--sigma must be a positive number"));
+    assert!(
+        e(&["sikker", "--memory-mib", "0"]).contains("--memory-mib must be between 1 and 16384")
+    );
     assert!(e(&["rate", "--algorithms", "fast"]).contains("unknown algorithm `fast`"));
     assert!(
         e(&["rate", "--arrivals", "bursty"]).contains("`bursty` is neither `paced` nor `poisson`")
