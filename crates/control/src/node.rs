@@ -12,10 +12,11 @@ use std::time::Duration;
 
 use sidecore_pe::node::{Hello, NODE_PROTOCOL, NodeInfo};
 
-/// Serves a `deploy` request: the connection, its first line, and a flag set
-/// when the listener stops. It runs for as long as the part it deploys (the
-/// connection is the part's lease; see `sidecore_runtime::remote`).
-pub type DeployHandler = Arc<dyn Fn(TcpStream, &str, &AtomicBool) + Send + Sync>;
+/// Serves a `deploy` request: the connection (buffered, with whatever followed
+/// its first line still in the buffer), that first line, and a flag set when the
+/// listener stops. It runs for as long as the part it deploys (the connection is
+/// the part's lease; see `sidecore_runtime::remote`).
+pub type DeployHandler = Arc<dyn Fn(BufReader<TcpStream>, &str, &AtomicBool) + Send + Sync>;
 
 /// A running node listener.
 pub struct NodeListener {
@@ -109,16 +110,16 @@ fn serve(
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
     let mut w = s.try_clone()?;
     let mut line = String::new();
-    // Read the first line without buffering past it: a deploy request's
-    // connection carries more after it.
-    let mut r = BufReader::with_capacity(1, s.try_clone()?);
+    // A deploy request's connection carries more after its first line: the
+    // reader, with anything it buffered past the line, goes to the handler.
+    let mut r = BufReader::new(s.try_clone()?);
     r.by_ref().take(1 << 20).read_line(&mut line)?;
     let op = serde_json::from_str::<serde_json::Value>(line.trim())
         .ok()
         .and_then(|v| Some(v.get("op")?.as_str()?.to_string()));
     if op.as_deref() == Some("deploy") {
         match deploy {
-            Some(d) => d(s, &line, stop),
+            Some(d) => d(r, &line, stop),
             None => w.write_all(
                 b"{\"reply\":\"error\",\"error\":\"this node does not accept deployments\"}\n",
             )?,

@@ -487,22 +487,23 @@ fn mirror(
     }
 }
 
-/// The peer's side: deploys the part asked for on `sock` (whose first line,
-/// `first`, is the request) into `rt`, then reports its status until the origin
-/// stops it, the lease closes, or `stop` is set. Errors go back to the origin.
+/// The peer's side: deploys the part asked for on `conn` (whose first line,
+/// `first`, is the request; anything read past it is still in the buffer) into
+/// `rt`, then reports its status until the origin stops it, the lease closes, or
+/// `stop` is set. Errors go back to the origin.
 pub fn serve(
     rt: &Arc<Runtime>,
     registry: &Registry,
-    sock: TcpStream,
+    conn: BufReader<TcpStream>,
     first: &str,
     stop: &AtomicBool,
 ) {
-    let mut w = match sock.try_clone() {
+    let mut w = match conn.get_ref().try_clone() {
         Ok(w) => w,
         Err(_) => return,
     };
-    match serve_part(rt, registry, &sock, first) {
-        Ok(id) => lease(rt, id, sock, w, stop),
+    match serve_part(rt, registry, conn.get_ref(), first) {
+        Ok(id) => lease(rt, id, conn, w, stop),
         Err(error) => {
             let _ = send_line(&mut w, &Reply::Error { error });
         }
@@ -625,9 +626,14 @@ fn serve_part(
 }
 
 /// Reports the part's status until the origin says stop or goes away.
-fn lease(rt: &Arc<Runtime>, id: AppId, sock: TcpStream, mut w: TcpStream, stop: &AtomicBool) {
-    let _ = sock.set_read_timeout(Some(STATUS_EVERY));
-    let mut r = BufReader::new(sock);
+fn lease(
+    rt: &Arc<Runtime>,
+    id: AppId,
+    mut r: BufReader<TcpStream>,
+    mut w: TcpStream,
+    stop: &AtomicBool,
+) {
+    let _ = r.get_ref().set_read_timeout(Some(STATUS_EVERY));
     let mut buf = Vec::new();
     let mut next = Instant::now();
     let status = |rt: &Runtime| rt.status().into_iter().find(|a| a.id == id);
