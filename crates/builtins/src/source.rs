@@ -132,27 +132,38 @@ impl Offcode for RecordSource {
             budget = budget.min(self.limit - self.next);
         }
         let mut sent = 0u64;
+        let mut failed = None;
         while sent < budget {
             let seq = self.next;
             let size = self.size;
             match cx.send(self.out, |slot| {
                 fill_record(seq, &mut slot[..size]);
                 size
-            })? {
-                SendOutcome::Sent | SendOutcome::Dropped => {
+            }) {
+                Ok(SendOutcome::Sent | SendOutcome::Dropped) => {
                     self.next += 1;
                     sent += 1;
                 }
-                SendOutcome::Full => {
+                Ok(SendOutcome::Full) => {
                     self.waits.add(1);
+                    break;
+                }
+                Err(e) => {
+                    failed = Some(e);
                     break;
                 }
             }
         }
+        // Count before any error returns: what was sent is already in the channel
+        // (a full batch publishes itself), and the receiver counts it even when the
+        // app stops halfway through a batch.
+        self.records.add(sent);
+        self.bytes.add(sent * self.size as u64);
+        if let Some(e) = failed {
+            return Err(e);
+        }
         if sent > 0 {
             cx.flush()?;
-            self.records.add(sent);
-            self.bytes.add(sent * self.size as u64);
             Ok(Progress::Busy)
         } else {
             if self.rate > 0 {

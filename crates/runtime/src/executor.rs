@@ -436,14 +436,7 @@ fn run(
             state.current.store(0, Ordering::Release);
             let took = state.epoch.elapsed().saturating_sub(t0);
             handle.turns.fetch_add(1, Ordering::Relaxed);
-            let (sent, dropped) = r
-                .slot
-                .outlets
-                .iter()
-                .map(Outlet::counts)
-                .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-            handle.sent.store(sent, Ordering::Relaxed);
-            handle.dropped.store(dropped, Ordering::Relaxed);
+            store_counts(&handle, &r.slot.outlets);
             if let Some(wd) = handle.watchdog
                 && took > wd
                 && handle.state() == OffcodeState::Running
@@ -587,6 +580,16 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
     })
 }
 
+/// Copies the outlets' (sent, dropped) counters, summed, into the handle.
+fn store_counts(handle: &OffcodeHandle, outlets: &[Outlet]) {
+    let (sent, dropped) = outlets
+        .iter()
+        .map(Outlet::counts)
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
+    handle.sent.store(sent, Ordering::Relaxed);
+    handle.dropped.store(dropped, Ordering::Relaxed);
+}
+
 /// Calls `stop` and drops the slot (closing its channel ends).
 fn finish(
     app: &str,
@@ -606,6 +609,8 @@ fn finish(
         );
     }
     let _ = cx.flush();
+    // What `stop` sent, and what the last turn left staged, is published only now.
+    store_counts(&slot.handle, &slot.outlets);
     if !slot.handle.state().is_final() || state != OffcodeState::Done {
         let keep_failed = slot.handle.state() == OffcodeState::Failed;
         slot.handle.set_state(if keep_failed {

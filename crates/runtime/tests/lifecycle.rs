@@ -539,6 +539,9 @@ fn the_final_status_of_a_stopped_app_is_read_at_rest() {
     // Read at rest: the sink can never be ahead of its source, and the ring holds
     // at most its 256 slots of what the source sent.
     assert!(src.metrics["records"] >= got, "{last:?}");
+    // The source's own count is what actually left it, even when the stop came in
+    // the middle of a batch.
+    assert_eq!(src.metrics["records"], src.sent, "{last:?}");
     assert!(src.metrics["records"] - got <= 256, "{last:?}");
     assert_eq!(sum.metrics["sequence_gaps"], 0);
     assert!(rt.status().is_empty(), "the stopped app is forgotten");
