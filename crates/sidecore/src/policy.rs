@@ -290,7 +290,12 @@ fn trace(path: &Path, placement: Option<&Path>, from: &str, to: &str) -> anyhow:
         Ok(p) => p,
         Err(code) => return Ok(code),
     };
-    let (src, src_proc, _) = endpoint(&policy, "--from", from, 1)?;
+    let (src, src_proc, src_dom) = endpoint(&policy, "--from", from, 1)?;
+    if src_dom.is_some() {
+        bail!(
+            "--from `{from}`: a source is SERVICE or SERVICE:PROCESS (domains belong to the destination)"
+        );
+    }
     let (dst, Some(proc), Some(dom)) = endpoint(&policy, "--to", to, 3)? else {
         unreachable!("endpoint() requires all three parts")
     };

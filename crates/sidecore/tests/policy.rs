@@ -134,6 +134,9 @@ fn bad_input_is_refused_with_what_and_where() {
     assert!(t("bill", "kvs:x:MammalsGet").contains("process `x` is not a number"));
     assert!(t("bill", "kvs:3").contains("expected SERVICE:PROCESS:DOMAIN"));
     assert!(
+        t("bill:101:Reply", "kvs:3:MammalsGet").contains("a source is SERVICE or SERVICE:PROCESS")
+    );
+    assert!(
         err(&[
             "policy",
             "trace",
