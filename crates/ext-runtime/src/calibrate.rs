@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sidecore_ext_verify::{Calibration, LatencyRow, OpClass, RegionCaps, abi};
-use wasmtime::{Linker, Module, Store, StoreLimitsBuilder};
+use wasmtime::{Module, Store, StoreLimitsBuilder};
 
 use crate::ext::{ExecMode, ExtConfig, ExtEngine, WasmExtension};
-use crate::host::{self, HostState};
+use crate::host::HostState;
 use crate::tsc;
 
 /// Where the calibration is read from and written to by default:
@@ -105,20 +105,37 @@ impl Effort {
 
 const K: usize = 32;
 
+/// The whole host ABI as WAT imports, each function named `$<name>`
+/// (generated from [`abi::HOST_ABI`], so the kernels always import what the runtime links).
+fn abi_imports_wat() -> String {
+    let list = |kw: &str, vs: Vec<String>| {
+        if vs.is_empty() {
+            String::new()
+        } else {
+            format!(" ({kw} {})", vs.join(" "))
+        }
+    };
+    abi::HOST_ABI
+        .iter()
+        .map(|f| {
+            format!(
+                "  (import \"{}\" \"{}\" (func ${}{}{}))\n",
+                abi::MODULE,
+                f.name,
+                f.name,
+                list("param", f.params.iter().map(|v| v.to_string()).collect()),
+                list("result", f.results.iter().map(|v| v.to_string()).collect())
+            )
+        })
+        .collect()
+}
+
 fn kernel(body: &str, reps: usize) -> String {
     let b = body.repeat(reps);
+    let imports = abi_imports_wat();
     format!(
         r#"(module
-  (import "sc" "emit" (func $emit (param i32 i32 i32) (result i32)))
-  (import "sc" "output" (func $output (param i32 i32) (result i32)))
-  (import "sc" "state_get" (func $state_get (param i64 i32 i32) (result i32)))
-  (import "sc" "state_put" (func $state_put (param i64 i32 i32) (result i32)))
-  (import "sc" "state_del" (func $state_del (param i64) (result i32)))
-  (import "sc" "cache_put" (func $cache_put (param i32 i32 i32) (result i32)))
-  (import "sc" "cache_get" (func $cache_get (param i32 i32 i32) (result i32)))
-  (import "sc" "shared_lookup" (func $shared_lookup (param i32 i32) (result i32)))
-  (import "sc" "shared_read" (func $shared_read (param i32 i32 i32 i32) (result i32)))
-  (import "sidecore" "poll" (func $poll))
+{imports}  (import "sidecore" "poll" (func $poll))
   (memory (export "memory") 1 1)
   (data (i32.const 16) "out")
   (type $t (func (param i32) (result i32)))
@@ -171,10 +188,10 @@ impl Bench {
         let wat = kernel(body, reps);
         let module =
             Module::new(&self.engine.engine, wat.as_bytes()).expect("calibration kernel compiles");
-        let mut linker = Linker::new(&self.engine.engine);
-        host::link(&mut linker).expect("link");
         let mut store = self.store();
-        let inst = linker
+        let inst = self
+            .engine
+            .linker
             .instantiate(&mut store, &module)
             .expect("instantiate kernel");
         store.data_mut().memory = inst.get_memory(&mut store, "memory");
@@ -304,7 +321,7 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
     // Accounted invocation of an empty handler, then host calls measured the same way:
     // one call per invocation, minus the empty invocation (so each call is priced in the
     // context real handlers make it in, not amortised over a tight loop).
-    let invoke = invoke_cost("", effort)?;
+    let invoke = invoke_cost(&bench.engine, "", effort)?;
     let mut host_base = BTreeMap::new();
     let calls: &[(&str, &str)] = &[
         (
@@ -342,7 +359,7 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
         ),
     ];
     for (name, body) in calls {
-        let c = (invoke_cost(body, effort)? - invoke).max(0.0);
+        let c = (invoke_cost(&bench.engine, body, effort)? - invoke).max(0.0);
         host_base.insert(format!("{}.{name}", abi::MODULE), c.round());
     }
     let poll = ((bench.per_iter("(call $poll)", 8, effort) - base) / 8.0).max(0.0);
@@ -351,6 +368,7 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
         (poll * 10.0).round() / 10.0,
     );
     let emit_big = invoke_cost(
+        &bench.engine,
         "(drop (call $emit (i32.const 0) (i32.const 4096) (i32.const 2048)))",
         effort,
     )? - invoke;
@@ -370,19 +388,11 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
 
 /// Median cycles of an accounted invocation of a handler whose body is `body` (with the
 /// whole host ABI imported and a shared area and a state entry present).
-fn invoke_cost(body: &str, effort: Effort) -> anyhow::Result<f64> {
+fn invoke_cost(engine: &ExtEngine, body: &str, effort: Effort) -> anyhow::Result<f64> {
+    let imports = abi_imports_wat();
     let wat = format!(
         r#"(module
-      (import "sc" "emit" (func $emit (param i32 i32 i32) (result i32)))
-      (import "sc" "output" (func $output (param i32 i32) (result i32)))
-      (import "sc" "state_get" (func $state_get (param i64 i32 i32) (result i32)))
-      (import "sc" "state_put" (func $state_put (param i64 i32 i32) (result i32)))
-      (import "sc" "state_del" (func $state_del (param i64) (result i32)))
-      (import "sc" "cache_put" (func $cache_put (param i32 i32 i32) (result i32)))
-      (import "sc" "cache_get" (func $cache_get (param i32 i32 i32) (result i32)))
-      (import "sc" "shared_lookup" (func $shared_lookup (param i32 i32) (result i32)))
-      (import "sc" "shared_read" (func $shared_read (param i32 i32 i32 i32) (result i32)))
-      (memory (export "memory") 1 1)
+{imports}      (memory (export "memory") 1 1)
       (data (i32.const 16) "out")
       (func (export "sc_input_ptr") (result i32) (i32.const 4096))
       (func (export "sc_input_cap") (result i32) (i32.const 2048))
@@ -401,16 +411,11 @@ fn invoke_cost(body: &str, effort: Effort) -> anyhow::Result<f64> {
         },
         ..ExtConfig::default()
     };
-    let engine = ExtEngine::new(
-        ExecMode::Hybrid,
-        cfg.policy.max_stack_bytes,
-        Duration::from_millis(1),
-    )?;
     let shared = Arc::new(vec![(
         "out".to_string(),
         Arc::<[u8]>::from(vec![7u8; 8192]),
     )]);
-    let mut ext = WasmExtension::load(&engine, &bytes, &cfg, &Calibration::fallback(), shared)
+    let mut ext = WasmExtension::load(engine, &bytes, &cfg, &Calibration::fallback(), shared)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     for _ in 0..1000 {
         ext.invoke(0, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;

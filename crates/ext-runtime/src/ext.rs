@@ -21,7 +21,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use sidecore_ext_verify::{Admission, Calibration, Policy, Rejection, abi, verify};
+use sidecore_ext_verify::{Admission, Calibration, EntryReport, Policy, Rejection, abi, verify};
 use wasmtime::{
     Config, Engine, Instance, Linker, Memory, Module, Store, TypedFunc, UpdateDeadline,
 };
@@ -69,6 +69,8 @@ impl Default for ExtConfig {
 pub struct ExtEngine {
     pub engine: Engine,
     pub mode: ExecMode,
+    /// The host ABI (`sc.*`), linked once for every instance of this engine.
+    pub linker: Linker<HostState>,
     stop: Arc<AtomicBool>,
     ticker: Option<JoinHandle<()>>,
 }
@@ -92,6 +94,8 @@ impl ExtEngine {
             ExecMode::Hybrid | ExecMode::Unchecked => {}
         }
         let engine = Engine::new(&cfg).map_err(anyhow::Error::from)?;
+        let mut linker = Linker::new(&engine);
+        host::link(&mut linker)?;
         let stop = Arc::new(AtomicBool::new(false));
         let ticker = (mode == ExecMode::Epoch).then(|| {
             let (e, s) = (engine.clone(), stop.clone());
@@ -108,6 +112,7 @@ impl ExtEngine {
         Ok(ExtEngine {
             engine,
             mode,
+            linker,
             stop,
             ticker,
         })
@@ -258,7 +263,7 @@ impl WasmExtension {
         } else {
             wasm.to_vec()
         };
-        Self::instantiate(engine, &bytes, admission, cfg, cal, shared)
+        Self::instantiate(engine, &bytes, admission, cfg, shared)
     }
 
     /// Instantiates `bytes` under an existing admission (the runtime never runs a module
@@ -268,14 +273,11 @@ impl WasmExtension {
         bytes: &[u8],
         admission: Admission,
         cfg: &ExtConfig,
-        cal: &Calibration,
         shared: SharedAreas,
     ) -> Result<WasmExtension, LoadError> {
         let caps = cfg.policy.caps.clone();
         let module = Module::new(&engine.engine, bytes)
             .map_err(|e| LoadError::Instantiate(format!("{e:?}")))?;
-        let mut linker = Linker::new(&engine.engine);
-        host::link(&mut linker).map_err(|e| LoadError::Instantiate(format!("{e:?}")))?;
         let limits = host::store_limits(&caps);
         let mut state = HostState::new(caps.clone(), cfg.outputs.clone(), shared, limits);
         state.declared_loops = declared_descriptions(&admission);
@@ -298,7 +300,8 @@ impl WasmExtension {
             }
             _ => {}
         }
-        let instance = linker
+        let instance = engine
+            .linker
             .instantiate(&mut store, &module)
             .map_err(|e| LoadError::Instantiate(format!("{e:?}")))?;
         let memory = instance
@@ -373,23 +376,19 @@ impl WasmExtension {
             }
             _ => None,
         };
-        // Fuel accounting limit: the acceptable limit scaled by the handler's
-        // fuel-per-cycle ratio from the static analysis.
-        let limit_fuel = admission
-            .entries
-            .iter()
-            .filter(|e| e.handler && e.bound_cycles > 0.0)
-            .map(|e| (admission.limit_cycles * e.bound_fuel / e.bound_cycles).max(1.0) as u64)
-            .min()
-            .unwrap_or(u64::MAX);
-        let limit_fuel_batch = admission
-            .entries
-            .iter()
-            .filter(|e| e.batch.is_some() && e.bound_cycles > 0.0)
-            .map(|e| (admission.limit_cycles * e.bound_fuel / e.bound_cycles).max(1.0) as u64)
-            .min()
-            .unwrap_or(u64::MAX);
-        let _ = cal;
+        // Fuel accounting limit: the acceptable limit scaled by the entry's
+        // fuel-per-cycle ratio from the static analysis (handlers, batch entries).
+        let fuel_limit = |entry: fn(&EntryReport) -> bool| {
+            admission
+                .entries
+                .iter()
+                .filter(|e| entry(e) && e.bound_cycles > 0.0)
+                .map(|e| (admission.limit_cycles * e.bound_fuel / e.bound_cycles).max(1.0) as u64)
+                .min()
+                .unwrap_or(u64::MAX)
+        };
+        let limit_fuel = fuel_limit(|e| e.handler);
+        let limit_fuel_batch = fuel_limit(|e| e.batch.is_some());
         Ok(WasmExtension {
             live: Some(Live {
                 store,
@@ -450,16 +449,8 @@ impl WasmExtension {
         let Live { store, memory, .. } = live;
         memory.data_mut(&mut *store)[self.input_ptr..self.input_ptr + input.len()]
             .copy_from_slice(input);
-        {
-            let st = store.data_mut();
-            st.emitted.clear();
-            st.out_bytes.clear();
-            st.violated = false;
-            st.limit_cycles = self.limit_cycles;
-            st.max_emits = host::MAX_EMITS;
-            st.batch_cur = usize::MAX;
-        }
         let (lc, lf) = (self.limit_cycles, self.limit_fuel);
+        store.data_mut().begin(lc, host::MAX_EMITS, usize::MAX);
         let o = self.call(false, h, input.len() as i32, lc, lf);
         if o.unloaded {
             self.unload_now();
@@ -624,18 +615,14 @@ impl WasmExtension {
             let l = self.live.as_mut().expect("live while not unloaded");
             let Live { store, memory, .. } = l;
             memory.data_mut(&mut *store)[b.base..b.base + 4].copy_from_slice(&0u32.to_le_bytes());
-            let st = store.data_mut();
-            st.emitted.clear();
-            st.out_bytes.clear();
-            st.violated = false;
-            st.limit_cycles = self.limit_cycles.saturating_mul(n as u64);
-            st.max_emits = host::MAX_EMITS * n;
-            st.batch_cur = b.base;
         }
         let (lc, lf) = (
             self.limit_cycles.saturating_mul(n as u64),
             self.limit_fuel_batch.saturating_mul(n as u64),
         );
+        if let Some(l) = self.live.as_mut() {
+            l.store.data_mut().begin(lc, host::MAX_EMITS * n, b.base);
+        }
         let o = self.call(true, h, n as i32, lc, lf);
         self.items.clear();
         if let Some(l) = self.live.as_mut() {
@@ -892,25 +879,23 @@ fn trap_message(e: &wasmtime::Error) -> String {
     }
 }
 
+/// The trap message of each declared-bound loop, indexed by the id its
+/// instrumentation reports (`LoopReport::declared_id`).
 fn declared_descriptions(a: &Admission) -> Vec<String> {
-    // Same order as `instrument::Plan::declared` (keyed by (function, ordinal)).
-    let mut v: Vec<(u32, u32, String)> = a
-        .loops
-        .iter()
-        .filter(|l| matches!(l.source, sidecore_ext_verify::BoundSource::Declared(_)))
-        .map(|l| {
-            (
-                l.func,
-                l.ordinal,
-                format!(
-                    "loop #{} in {} at {:#x} ran past its declared bound {}",
-                    l.ordinal, l.func_name, l.offset, l.iterations
-                ),
-            )
-        })
-        .collect();
-    v.sort_by_key(|x| (x.0, x.1));
-    v.into_iter().map(|x| x.2).collect()
+    let mut v = Vec::new();
+    for l in &a.loops {
+        if let Some(id) = l.declared_id {
+            let id = id as usize;
+            if v.len() <= id {
+                v.resize(id + 1, String::new());
+            }
+            v[id] = format!(
+                "loop #{} in {} at {:#x} ran past its declared bound {}",
+                l.ordinal, l.func_name, l.offset, l.iterations
+            );
+        }
+    }
+    v
 }
 
 /// The host imports a module may use, for documentation and tools.

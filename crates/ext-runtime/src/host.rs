@@ -66,6 +66,18 @@ pub struct HostState {
 }
 
 impl HostState {
+    /// Resets the per-call state before a guest call: no output yet, no violation,
+    /// the call's cycle limit and emit cap, and the batch region's `cur` word
+    /// (`usize::MAX` outside a batch).
+    pub fn begin(&mut self, limit_cycles: u64, max_emits: usize, batch_cur: usize) {
+        self.emitted.clear();
+        self.out_bytes.clear();
+        self.violated = false;
+        self.limit_cycles = limit_cycles;
+        self.max_emits = max_emits;
+        self.batch_cur = batch_cur;
+    }
+
     pub fn new(
         caps: RegionCaps,
         outputs: Vec<String>,

@@ -24,14 +24,14 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use serde::Deserialize;
-use sidecore_ext_verify::{Admission, Calibration, RegionCaps, verify};
+use sidecore_ext_verify::{Admission, RegionCaps, verify};
 use sidecore_offcode::{
     BuildSpec, Drained, Implementation, InitCx, Inlet, InputId, Metric, Offcode, OffcodeError,
     OutputId, Registry, RunCx,
 };
 use sidecore_types::PeKind;
 
-use crate::ext::{ExecMode, ExtConfig, ExtEngine, InvokeError, WasmExtension};
+use crate::ext::{ExecMode, ExtConfig, ExtEngine, InvokeError, Outcome, WasmExtension};
 use crate::policy::ViolationPolicy;
 
 /// Admission and runtime parameters of a Wasm offcode (the manifest's `params`).
@@ -68,16 +68,7 @@ impl WasmParams {
             cfg.violations = v;
         }
         if let Some(c) = &self.caps {
-            cfg.policy.caps = c.clone();
-            cfg.policy
-                .symbols
-                .insert("PACKET_LEN_MAX".into(), c.scratch_bytes);
-            cfg.policy
-                .symbols
-                .insert("STATE_VALUE_MAX".into(), c.state_value_bytes);
-            cfg.policy
-                .symbols
-                .insert("CACHE_SLOTS".into(), c.cache_slots as u64);
+            cfg.policy.set_caps(c.clone());
         }
         if let Some(s) = &self.symbols {
             cfg.policy.symbols.extend(s.clone());
@@ -99,20 +90,24 @@ fn engine() -> Result<&'static ExtEngine, OffcodeError> {
 
 /// An admitted Wasm module, instantiated at `initialize`.
 pub struct WasmOffcode {
-    bytes: Vec<u8>,
     cfg: ExtConfig,
-    cal: Calibration,
     pub admission: Admission,
     ext: Option<WasmExtension>,
     /// Handler index for each input port.
     handlers: Vec<usize>,
     /// Batch entry index for each input port, if the module has one for it.
     batches: Vec<Option<usize>>,
-    m_batches: Metric,
-    m_invocations: Metric,
-    m_violations: Metric,
-    m_cycles: Metric,
-    m_dropped: Metric,
+    m: Metrics,
+}
+
+/// The counters a Wasm offcode publishes.
+#[derive(Default)]
+struct Metrics {
+    batches: Metric,
+    invocations: Metric,
+    violations: Metric,
+    cycles: Metric,
+    dropped: Metric,
 }
 
 impl WasmOffcode {
@@ -130,18 +125,12 @@ impl WasmOffcode {
         let admission = verify(&bytes, &cfg.policy, &cal)
             .map_err(|r| OffcodeError::failed(format!("{}: {r}", module.display())))?;
         Ok(WasmOffcode {
-            bytes,
             cfg,
-            cal,
             admission,
             ext: None,
             handlers: Vec::new(),
             batches: Vec::new(),
-            m_batches: Metric::default(),
-            m_invocations: Metric::default(),
-            m_violations: Metric::default(),
-            m_cycles: Metric::default(),
-            m_dropped: Metric::default(),
+            m: Metrics::default(),
         })
     }
 }
@@ -155,11 +144,9 @@ impl Offcode for WasmOffcode {
             &self.admission.module,
             self.admission.clone(),
             &self.cfg,
-            &self.cal,
             Arc::new(Vec::new()),
         )
         .map_err(|e| OffcodeError::failed(e.to_string()))?;
-        let _ = &self.bytes;
         self.handlers.clear();
         for input in &info.inputs {
             let h = ext
@@ -177,11 +164,13 @@ impl Offcode for WasmOffcode {
                     .or_else(|| ext.batch_entry("batch")),
             );
         }
-        self.m_batches = cx.metric("batches");
-        self.m_invocations = cx.metric("invocations");
-        self.m_violations = cx.metric("violations");
-        self.m_cycles = cx.metric("last_cycles");
-        self.m_dropped = cx.metric("dropped");
+        self.m = Metrics {
+            batches: cx.metric("batches"),
+            invocations: cx.metric("invocations"),
+            violations: cx.metric("violations"),
+            cycles: cx.metric("last_cycles"),
+            dropped: cx.metric("dropped"),
+        };
         self.ext = Some(ext);
         Ok(())
     }
@@ -203,38 +192,12 @@ impl Offcode for WasmOffcode {
         let o = match ext.invoke(h, msg) {
             Ok(o) => o,
             Err(InvokeError::InputTooLarge { .. }) => {
-                self.m_dropped.add(1);
+                self.m.dropped.add(1);
                 return Ok(());
             }
             Err(e) => return Err(OffcodeError::failed(e.to_string())),
         };
-        self.m_invocations.add(1);
-        self.m_cycles.set(o.cycles);
-        if o.violated || o.trap.is_some() {
-            self.m_violations.add(1);
-        }
-        let mut err = None;
-        ext.for_each_emitted(|out, bytes| {
-            if err.is_none()
-                && let Err(e) = cx.send_bytes(OutputId(out as usize), bytes)
-            {
-                err = Some(e);
-            }
-        });
-        if o.unloaded {
-            // The invocation is over (idle): report, and the runtime takes it down.
-            let why = ext
-                .unload_reason()
-                .map(|u| u.to_string())
-                .unwrap_or_default();
-            return Err(OffcodeError::failed(format!(
-                "wasm offcode unloaded: {why}"
-            )));
-        }
-        match err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        settle(&self.m, cx, ext, &o, 1, false)
     }
 
     fn handle_burst(
@@ -255,7 +218,7 @@ impl Offcode for WasmOffcode {
                 .ext
                 .as_mut()
                 .ok_or_else(|| OffcodeError::failed("not initialized"))?;
-            let dropped = &self.m_dropped;
+            let dropped = &self.m.dropped;
             // Each message is copied from its ring slot straight into a batch slot.
             let d = inlet.drain(want, |m| match ext.stage(m) {
                 Ok(_) => Ok(()),
@@ -289,35 +252,53 @@ impl WasmOffcode {
         let o = ext
             .invoke_staged(b)
             .map_err(|e| OffcodeError::failed(e.to_string()))?;
-        // Counted per buffer, like the per-buffer path; `batches` counts the calls.
-        self.m_invocations.add(n as u64);
-        self.m_batches.add(1);
-        self.m_cycles.set(o.cycles);
-        if o.violated || o.trap.is_some() {
-            self.m_violations.add(1);
-        }
-        let mut err = None;
-        ext.for_each_batch_output(|_, out, bytes| {
-            if err.is_none()
-                && let Err(e) = cx.send_bytes(OutputId(out as usize), bytes)
-            {
-                err = Some(e);
-            }
-        });
-        if o.unloaded {
-            let why = ext
-                .unload_reason()
-                .map(|u| u.to_string())
-                .unwrap_or_default();
-            return Err(OffcodeError::failed(format!(
-                "wasm offcode unloaded: {why}"
-            )));
-        }
-        match err {
-            Some(e) => Err(e),
-            None => Ok(()),
-        }
+        settle(&self.m, cx, ext, &o, n as u64, true)
     }
+}
+
+/// After one invocation of `buffers` buffers (one batch call when `batch`): counts it
+/// (per buffer; `batches` counts the calls), sends what it emitted in order (every send
+/// is tried, the first error is returned), and turns an unload — the invocation is over,
+/// the instance idle — into the offcode's failure, which the runtime takes down.
+fn settle(
+    m: &Metrics,
+    cx: &mut RunCx<'_>,
+    ext: &WasmExtension,
+    o: &Outcome,
+    buffers: u64,
+    batch: bool,
+) -> Result<(), OffcodeError> {
+    m.invocations.add(buffers);
+    if batch {
+        m.batches.add(1);
+    }
+    m.cycles.set(o.cycles);
+    if o.violated || o.trap.is_some() {
+        m.violations.add(1);
+    }
+    let mut err = None;
+    let mut send = |out: u32, bytes: &[u8]| {
+        if err.is_none()
+            && let Err(e) = cx.send_bytes(OutputId(out as usize), bytes)
+        {
+            err = Some(e);
+        }
+    };
+    if batch {
+        ext.for_each_batch_output(|_, out, bytes| send(out, bytes));
+    } else {
+        ext.for_each_emitted(&mut send);
+    }
+    if o.unloaded {
+        let why = ext
+            .unload_reason()
+            .map(|u| u.to_string())
+            .unwrap_or_default();
+        return Err(OffcodeError::failed(format!(
+            "wasm offcode unloaded: {why}"
+        )));
+    }
+    err.map_or(Ok(()), Err)
 }
 
 /// The `loader:wasm` implementation for the registry.

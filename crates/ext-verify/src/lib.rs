@@ -99,21 +99,35 @@ pub struct Policy {
 
 impl Default for Policy {
     fn default() -> Self {
-        let caps = RegionCaps::default();
         let mut symbols = BTreeMap::new();
         symbols.insert("MTU".to_string(), 1500);
-        symbols.insert("PACKET_LEN_MAX".to_string(), caps.scratch_bytes);
-        symbols.insert("STATE_VALUE_MAX".to_string(), caps.state_value_bytes);
-        symbols.insert("CACHE_SLOTS".to_string(), caps.cache_slots as u64);
-        Policy {
+        let mut p = Policy {
             acceptable_limit_ns: 1230.0,
             inflation: 64.0,
             symbols,
             max_declared_bound: 1 << 20,
             max_stack_bytes: 256 << 10,
-            caps,
+            caps: RegionCaps::default(),
             require_abi: true,
+        };
+        p.set_caps(RegionCaps::default());
+        p
+    }
+}
+
+impl Policy {
+    /// Sets the region caps and the symbols that follow from them (`PACKET_LEN_MAX`,
+    /// `STATE_VALUE_MAX`, `CACHE_SLOTS`), so declared bounds written with them stay
+    /// in step with the caps.
+    pub fn set_caps(&mut self, caps: RegionCaps) {
+        for (name, v) in [
+            ("PACKET_LEN_MAX", caps.scratch_bytes),
+            ("STATE_VALUE_MAX", caps.state_value_bytes),
+            ("CACHE_SLOTS", caps.cache_slots as u64),
+        ] {
+            self.symbols.insert(name.to_string(), v);
         }
+        self.caps = caps;
     }
 }
 
@@ -140,6 +154,10 @@ pub struct LoopReport {
     /// A declared bound enforced by one check at loop entry (counted loop with an
     /// invariant limit) rather than a per-iteration counter.
     pub checked_at_entry: bool,
+    /// For a declared-bound loop: the id its instrumentation passes to
+    /// `sidecore.bound_exceeded` ([`instrument::Plan::declared_id`]).
+    #[serde(default)]
+    pub declared_id: Option<u32>,
 }
 
 /// One entry point's result.
@@ -691,10 +709,7 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             });
         }
         let path_steps = analysis::steps(&c.path);
-        let path = path_steps
-            .iter()
-            .map(|s| describe_step(&m, s, cal))
-            .collect();
+        let path = path_steps.iter().map(|s| describe_step(&m, s)).collect();
         let mut doms: Vec<(f64, String)> = Vec::new();
         collect_loops(&m, &cycles, *f, &mut doms, 1.0, 0);
         doms.sort_by(|a, b| b.0.total_cmp(&a.0));
@@ -723,6 +738,13 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             dominant_loops,
         });
     }
+    // What to instrument: declared-bound loops and poll points.
+    let plan = instrument::Plan {
+        declared: declared_loops,
+        entry_checks,
+        polls,
+        n_imported: m.n_imported(),
+    };
     let mut loops_out = Vec::new();
     for (f, fc) in &cycles {
         for l in &fc.loops {
@@ -738,8 +760,9 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
                     .unwrap_or(BoundSource::Proven(String::new())),
                 per_iter_cycles: l.per_iter,
                 total_cycles: l.total,
-                poll_every: polls.get(&(*f, l.ordinal)).copied(),
-                checked_at_entry: entry_checks.contains_key(&(*f, l.ordinal)),
+                poll_every: plan.polls.get(&(*f, l.ordinal)).copied(),
+                checked_at_entry: plan.entry_checks.contains_key(&(*f, l.ordinal)),
+                declared_id: plan.declared_id((*f, l.ordinal)),
             });
         }
     }
@@ -762,13 +785,6 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             report: Some(adm.report),
         });
     }
-    // Instrument declared-bound loops and poll points.
-    let plan = instrument::Plan {
-        declared: declared_loops.clone(),
-        entry_checks: entry_checks.clone(),
-        polls: polls.clone(),
-        n_imported: m.n_imported(),
-    };
     if plan.is_empty() {
         adm.module = bytes.to_vec();
     } else {
@@ -817,8 +833,7 @@ fn collect_loops(
     }
 }
 
-fn describe_step(m: &ModuleInfo<'_>, s: &Step, cal: &Calibration) -> String {
-    let _ = cal;
+fn describe_step(m: &ModuleInfo<'_>, s: &Step) -> String {
     match s {
         Step::Loop {
             func,

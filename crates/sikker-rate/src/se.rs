@@ -456,15 +456,19 @@ mod tests {
         let mut a = SeSender::new(SeVariant::RateExchange, params(), 0.1, vec![1], 0.0);
         assert!(a.try_send(0.0, 300.0));
         let req = a.maybe_ask(0.0, &mut rng)[0].1; // asks (1 − 0.1)/3 = 0.3
+        // A giver at rate 0.5 that has sent 0.4 per time unit for a long while.
+        let busy_giver = |p: SeParams| {
+            let mut g = SeSender::new(SeVariant::RateExchange, p, 0.5, vec![0], 0.0);
+            let mut t = 0.0;
+            while t < 2000.0 {
+                t += 10.0;
+                assert!(g.try_send(t, 4.0));
+            }
+            (g, t)
+        };
         let mut p = params();
         p.keep_used = Some(100.0);
-        // A giver at rate 0.5 that has sent 0.4 per time unit for a long while.
-        let mut g = SeSender::new(SeVariant::RateExchange, p, 0.5, vec![0], 0.0);
-        let mut t = 0.0;
-        while t < 2000.0 {
-            t += 10.0;
-            assert!(g.try_send(t, 4.0));
-        }
+        let (mut g, t) = busy_giver(p);
         let u = g.usage_at(t, 100.0);
         assert!((u - 0.4).abs() < 0.03, "usage {u}");
         let r = g.on_request(t, &req);
@@ -472,12 +476,7 @@ mod tests {
         assert!((r.rate - (0.5 - u)).abs() < 1e-9, "{r:?}");
         assert!(g.rate() >= u - 1e-9, "kept what it uses");
         // Without the option the same giver gives Eq. 5.6's 0.25.
-        let mut h = SeSender::new(SeVariant::RateExchange, params(), 0.5, vec![0], 0.0);
-        let mut t = 0.0;
-        while t < 2000.0 {
-            t += 10.0;
-            assert!(h.try_send(t, 4.0));
-        }
+        let (mut h, t) = busy_giver(params());
         assert!((h.on_request(t, &req).rate - 0.25).abs() < 1e-9);
     }
 
