@@ -160,34 +160,18 @@ impl Daemon {
 
     /// Stops one app, or all. Returns the names stopped.
     pub fn down(&self, app: Option<&str>) -> Result<Vec<String>, String> {
-        let targets: Vec<(AppId, String)> = match app {
-            Some(which) => {
-                let id = self
-                    .rt
+        let ids: Vec<AppId> = match app {
+            Some(which) => vec![
+                self.rt
                     .find(which)
-                    .ok_or_else(|| format!("no app named `{which}` (see `sidecore ps`)"))?;
-                let name = self
-                    .rt
-                    .status()
-                    .into_iter()
-                    .find(|a| a.id == id)
-                    .map(|a| a.name)
-                    .unwrap_or_default();
-                vec![(id, name)]
-            }
-            None => self
-                .rt
-                .status()
-                .into_iter()
-                .map(|a| (a.id, a.name))
-                .collect(),
+                    .ok_or_else(|| format!("no app named `{which}` (see `sidecore ps`)"))?,
+            ],
+            None => self.rt.status().into_iter().map(|a| a.id).collect(),
         };
-        let mut out = Vec::new();
-        for (id, name) in targets {
-            self.stop(id);
-            out.push(name);
-        }
-        Ok(out)
+        Ok(ids
+            .into_iter()
+            .filter_map(|id| self.stop(id).map(|s| s.name))
+            .collect())
     }
 
     /// Stops one app and releases what it held; returns its final status, read
@@ -208,13 +192,7 @@ impl Daemon {
             Request::Up { manifest } => match self.up(Path::new(&manifest)) {
                 Ok(r) => Response::Ok {
                     message: Some(format!("deployed {} (id {})", r.app, r.id)),
-                    apps: to_wire(
-                        &self
-                            .ps()
-                            .into_iter()
-                            .filter(|a| a.id == r.id)
-                            .collect::<Vec<_>>(),
-                    ),
+                    apps: to_wire(&self.rt.status_of(r.id).into_iter().collect::<Vec<_>>()),
                     lines: r
                         .placements
                         .iter()

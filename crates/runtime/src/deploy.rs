@@ -629,6 +629,11 @@ impl Runtime {
         self.apps().iter().map(app_status).collect()
     }
 
+    /// Status of one app.
+    pub fn status_of(&self, id: AppId) -> Option<AppStatus> {
+        self.apps().iter().find(|a| a.id == id).map(app_status)
+    }
+
     /// Finds an app by id or name.
     pub fn find(&self, which: &str) -> Option<AppId> {
         self.apps()
@@ -651,9 +656,9 @@ impl Runtime {
             let mut apps = self.apps();
             let pos = apps.iter().position(|a| a.id == id)?;
             let a = apps.remove(pos);
-            // Tell every offcode first, so none mistakes a peer that stops
-            // before it for a failure.
-            for h in &a.handles {
+            // Tell every offcode still running first, so none mistakes a peer that
+            // stops before it for a failure (finished ones keep their own ending).
+            for h in a.handles.iter().filter(|h| !h.state().is_final()) {
                 h.request_stop("app stopped");
             }
             a

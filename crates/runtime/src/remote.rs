@@ -393,7 +393,10 @@ pub(crate) fn follow(
         stopping.store(true, Ordering::Release);
         if let Some(mut s) = sock.lock().unwrap_or_else(|p| p.into_inner()).take() {
             let _ = send_line(&mut s, &OriginOp { op: "stop".into() });
-            let _ = s.shutdown(Shutdown::Both);
+            // Let the mirror take the peer's last report (its counters at rest) until
+            // the peer closes the lease, bounded in case it never answers.
+            let _ = s.set_read_timeout(Some(STEP_TIMEOUT));
+            let _ = s.shutdown(Shutdown::Write);
         }
         if let Some(t) = thread {
             let _ = t.join();
@@ -636,14 +639,13 @@ fn lease(
     let _ = r.get_ref().set_read_timeout(Some(STATUS_EVERY));
     let mut buf = Vec::new();
     let mut next = Instant::now();
-    let status = |rt: &Runtime| rt.status().into_iter().find(|a| a.id == id);
     loop {
         if stop.load(Ordering::Acquire) {
             break;
         }
         if Instant::now() >= next {
             next = Instant::now() + STATUS_EVERY;
-            let Some(s) = status(rt) else { break };
+            let Some(s) = rt.status_of(id) else { break };
             if send_line(&mut w, &Reply::Status { status: s }).is_err() {
                 break;
             }
@@ -659,5 +661,9 @@ fn lease(
             Err(_) => break,
         }
     }
-    rt.stop_app(id);
+    // The last report, read once the part has stopped: the origin's final status
+    // then agrees with what really ran here.
+    if let Some((_, s)) = rt.stop_app_with_status(id) {
+        let _ = send_line(&mut w, &Reply::Status { status: s });
+    }
 }

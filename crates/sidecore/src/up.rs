@@ -108,7 +108,6 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     }
     let t0 = Instant::now();
     let mut last = (Instant::now(), rates_base(&daemon.ps(), report.id));
-    let mut last_print = Instant::now();
     let why = loop {
         std::thread::sleep(Duration::from_millis(50));
         if term.load(Ordering::Acquire) {
@@ -129,28 +128,18 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
             Some(a) if a.state != AppState::Running => break "every offcode finished".into(),
             Some(_) => {}
         }
-        if !args.quiet && last_print.elapsed() >= Duration::from_secs(1) {
+        if !args.quiet && last.0.elapsed() >= Duration::from_secs(1) {
             let now = rates_base(&ps, report.id);
             eprintln!(
                 "{}",
                 progress_line(&last.1, &now, last.0.elapsed(), t0.elapsed())
             );
             last = (Instant::now(), now);
-            last_print = Instant::now();
         }
     };
-    let live: Vec<AppStatus> = daemon
-        .ps()
-        .into_iter()
-        .filter(|a| a.id == report.id)
-        .collect();
-    // A running app's offcodes are read one after another while their counters
-    // move, so a sink could appear ahead of its source: stop the app first and
-    // report the counters at rest.
-    let final_status: Vec<AppStatus> = match live.first() {
-        Some(a) if a.state == AppState::Running => daemon.stop(report.id).into_iter().collect(),
-        _ => live,
-    };
+    // Stop the app first and report its counters at rest: read while running,
+    // one offcode after another, a sink could appear ahead of its source.
+    let final_status: Vec<AppStatus> = daemon.stop(report.id).into_iter().collect();
     let elapsed = t0.elapsed();
     daemon.stop_all();
     server.stop();
