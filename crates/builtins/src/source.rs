@@ -123,8 +123,8 @@ impl Offcode for RecordSource {
     }
 
     fn poll(&mut self, cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
+        // The executor publishes what a turn sent right after `poll` returns.
         if self.limit != 0 && self.next >= self.limit {
-            cx.flush()?;
             return Ok(Progress::Done);
         }
         let mut budget = (self.batch as u64).min(self.allowed_now(cx.now()));
@@ -163,7 +163,6 @@ impl Offcode for RecordSource {
             return Err(e);
         }
         if sent > 0 {
-            cx.flush()?;
             Ok(Progress::Busy)
         } else {
             if self.rate > 0 {

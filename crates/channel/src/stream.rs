@@ -105,8 +105,11 @@ pub fn parse_hello(buf: &[u8]) -> Result<Option<(String, usize)>, WireError> {
 /// Splits a byte stream into frames. Sans-IO: feed bytes, take frames.
 #[derive(Debug)]
 pub struct FrameDecoder {
+    /// `buf[start..end]` is received and not yet returned; `buf[end..]` is room
+    /// already zeroed once, reused by [`spare`](Self::spare) without zeroing again.
     buf: Vec<u8>,
     start: usize,
+    end: usize,
     max_frame: usize,
 }
 
@@ -116,44 +119,54 @@ impl FrameDecoder {
         FrameDecoder {
             buf: Vec::with_capacity(64 * 1024),
             start: 0,
+            end: 0,
             max_frame,
         }
     }
 
     /// Appends received bytes.
     pub fn feed(&mut self, bytes: &[u8]) {
-        self.compact();
-        self.buf.extend_from_slice(bytes);
+        self.spare(bytes.len()).copy_from_slice(bytes);
+        self.end += bytes.len();
     }
 
-    /// Space to read into directly: returns a slice to fill; call
+    /// Space to read into directly: returns a slice of `want` bytes to fill; call
     /// [`commit`](Self::commit) with how much was filled.
     pub fn spare(&mut self, want: usize) -> &mut [u8] {
         self.compact();
-        let len = self.buf.len();
-        self.buf.resize(len + want, 0);
-        &mut self.buf[len..]
+        if self.buf.len() < self.end + want {
+            self.buf.resize(self.end + want, 0);
+        }
+        &mut self.buf[self.end..self.end + want]
     }
 
-    /// Keeps `filled` bytes of the last [`spare`](Self::spare) slice.
+    /// Keeps `filled` bytes of the last [`spare`](Self::spare) slice of `want`.
     pub fn commit(&mut self, want: usize, filled: usize) {
-        let len = self.buf.len();
-        self.buf.truncate(len - want + filled.min(want));
+        self.end += filled.min(want);
     }
 
     fn compact(&mut self) {
-        if self.start > 0 && self.start == self.buf.len() {
-            self.buf.clear();
+        if self.start == self.end {
             self.start = 0;
+            self.end = 0;
         } else if self.start > 32 * 1024 {
-            self.buf.drain(..self.start);
+            self.buf.copy_within(self.start..self.end, 0);
+            self.end -= self.start;
             self.start = 0;
         }
     }
 
+    /// Whether a complete frame is buffered (so [`next_frame`](Self::next_frame)
+    /// returns it without more bytes).
+    pub fn has_frame(&self) -> bool {
+        let b = &self.buf[self.start..self.end];
+        b.len() >= 4
+            && b.len() >= 4 + u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize
+    }
+
     /// The next complete frame, if one is buffered.
     pub fn next_frame(&mut self) -> Result<Option<&[u8]>, WireError> {
-        let avail = &self.buf[self.start..];
+        let avail = &self.buf[self.start..self.end];
         if avail.len() < 4 {
             return Ok(None);
         }
@@ -174,7 +187,7 @@ impl FrameDecoder {
 
     /// Bytes buffered but not yet returned as frames.
     pub fn buffered(&self) -> usize {
-        self.buf.len() - self.start
+        self.end - self.start
     }
 }
 
@@ -490,7 +503,7 @@ impl StreamReceiver {
     /// The next message without waiting: `Ok(None)` if none has arrived,
     /// `Err(Closed)` once the peer has closed and everything is read.
     pub fn try_recv(&mut self) -> Result<Option<&[u8]>, StreamError> {
-        if self.decoder.buffered() < 4 || !self.has_full_frame() {
+        if !self.decoder.has_frame() {
             self.fill()?;
         }
         let peer = &self.peer;
@@ -517,12 +530,6 @@ impl StreamReceiver {
             }
             std::thread::sleep(Duration::from_micros(50));
         }
-    }
-
-    fn has_full_frame(&self) -> bool {
-        let b = &self.decoder.buf[self.decoder.start..];
-        b.len() >= 4
-            && b.len() >= 4 + u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize
     }
 
     fn fill(&mut self) -> Result<(), StreamError> {

@@ -91,26 +91,6 @@ pub fn pin_current_thread(cpu: u32) -> std::io::Result<()> {
     }
 }
 
-/// Restores the calling thread's affinity to every allowed CPU in `cpus`.
-pub fn unpin_current_thread(cpus: &[u32]) -> std::io::Result<()> {
-    // SAFETY: zeroed cpu_set_t is a valid empty set.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    for &c in cpus
-        .iter()
-        .filter(|&&c| (c as usize) < libc::CPU_SETSIZE as usize)
-    {
-        // SAFETY: bound checked by the filter.
-        unsafe { libc::CPU_SET(c as usize, &mut set) };
-    }
-    // SAFETY: as in pin_current_thread.
-    let rc = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    if rc == 0 {
-        Ok(())
-    } else {
-        Err(std::io::Error::last_os_error())
-    }
-}
-
 /// `MemAvailable` from /proc/meminfo, in bytes.
 pub fn mem_available() -> u64 {
     read("/proc/meminfo")

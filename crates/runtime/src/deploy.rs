@@ -723,22 +723,14 @@ impl Runtime {
                     if let Some((h, elapsed)) = e.running()
                         && let Some(wd) = h.watchdog
                         && elapsed > wd
-                        && h.state() == OffcodeState::Running
                     {
-                        h.set_state(OffcodeState::Failed);
-                        self.events.emit(
-                            &a.name,
-                            &h.name,
-                            EventKind::WatchdogExpired {
-                                period_ms: wd.as_millis() as u64,
-                                elapsed_ms: elapsed.as_millis() as u64,
-                            },
-                        );
-                        h.request_stop(format!(
-                            "watchdog: no progress for {} ms (period {} ms)",
-                            elapsed.as_millis(),
-                            wd.as_millis()
-                        ));
+                        h.expire_watchdog(&self.events, &a.name, wd, elapsed, || {
+                            format!(
+                                "watchdog: no progress for {} ms (period {} ms)",
+                                elapsed.as_millis(),
+                                wd.as_millis()
+                            )
+                        });
                     }
                 }
                 // Obsolete time, counted from landing.

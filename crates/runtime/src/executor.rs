@@ -128,6 +128,40 @@ impl OffcodeHandle {
         self.state.store(s as u8, Ordering::Release);
     }
 
+    /// The watchdog expired (a turn ran `elapsed` past period `wd`; `why` says
+    /// how): a running offcode fails, once — the executor and the supervisor may
+    /// both notice the same overrun, and only the one that moves it from
+    /// `Running` reports it and asks it to stop.
+    pub(crate) fn expire_watchdog(
+        &self,
+        events: &EventLog,
+        app: &str,
+        wd: Duration,
+        elapsed: Duration,
+        why: impl FnOnce() -> String,
+    ) {
+        if self
+            .state
+            .compare_exchange(
+                OffcodeState::Running as u8,
+                OffcodeState::Failed as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            events.emit(
+                app,
+                &self.name,
+                EventKind::WatchdogExpired {
+                    period_ms: wd.as_millis() as u64,
+                    elapsed_ms: elapsed.as_millis() as u64,
+                },
+            );
+            self.request_stop(why());
+        }
+    }
+
     /// Asks the executor to stop the offcode; the first reason wins.
     pub fn request_stop(&self, reason: impl Into<String>) {
         let mut r = self.stop_reason.lock().unwrap_or_else(|p| p.into_inner());
@@ -419,14 +453,8 @@ fn run(
             }
             let handle = Arc::clone(&r.slot.handle);
             if handle.stop_requested() {
-                let reason = handle.stop_reason().unwrap_or_else(|| "requested".into());
-                let r = slots.remove(i);
-                let final_state = if handle.state() == OffcodeState::Failed {
-                    OffcodeState::Failed
-                } else {
-                    OffcodeState::Stopped
-                };
-                finish(&app, &events, r.slot, Some(reason), final_state);
+                // `finish` keeps a `Failed` state (e.g. after the watchdog).
+                stop_slot(&app, &events, slots.remove(i).slot);
                 continue;
             }
             let t0 = state.epoch.elapsed();
@@ -439,22 +467,14 @@ fn run(
             store_counts(&handle, &r.slot.outlets);
             if let Some(wd) = handle.watchdog
                 && took > wd
-                && handle.state() == OffcodeState::Running
             {
-                handle.set_state(OffcodeState::Failed);
-                events.emit(
-                    &app,
-                    &handle.name,
-                    EventKind::WatchdogExpired {
-                        period_ms: wd.as_millis() as u64,
-                        elapsed_ms: took.as_millis() as u64,
-                    },
-                );
-                handle.request_stop(format!(
-                    "watchdog: a turn took {} ms, period {} ms",
-                    took.as_millis(),
-                    wd.as_millis()
-                ));
+                handle.expire_watchdog(&events, &app, wd, took, || {
+                    format!(
+                        "watchdog: a turn took {} ms, period {} ms",
+                        took.as_millis(),
+                        wd.as_millis()
+                    )
+                });
             }
             match outcome {
                 Ok(TurnOutcome::Progress) => progress = true,
@@ -469,9 +489,7 @@ fn run(
                 Err(_) if handle.stop_requested() => {
                     // Being stopped already (e.g. the app is going down and a
                     // peer went first): an error now is part of stopping.
-                    let reason = handle.stop_reason().unwrap_or_else(|| "requested".into());
-                    let r = slots.remove(i);
-                    finish(&app, &events, r.slot, Some(reason), OffcodeState::Stopped);
+                    stop_slot(&app, &events, slots.remove(i).slot);
                     continue;
                 }
                 Err(e) => {
@@ -578,6 +596,15 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
         Progress::Idle if handled > 0 => TurnOutcome::Progress,
         Progress::Idle => TurnOutcome::Idle,
     })
+}
+
+/// Finishes an offcode whose stop was requested, with the request's reason.
+fn stop_slot(app: &str, events: &EventLog, slot: Box<Slot>) {
+    let reason = slot
+        .handle
+        .stop_reason()
+        .unwrap_or_else(|| "requested".into());
+    finish(app, events, slot, Some(reason), OffcodeState::Stopped);
 }
 
 /// Copies the outlets' (sent, dropped) counters, summed, into the handle.
