@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use sidecore_sikker_nmu::{DomainId, ProcessId, Triple};
+use sidecore_sikker_nmu::{DomainId, ProcessId, TableStats, Triple};
 use sidecore_sikker_policy::{Nos, Policy, Service, parse_placement, parse_policy};
 
 /// `sidecore policy …`.
@@ -75,36 +75,23 @@ fn list<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
     format!("[{}]", v.join(", "))
 }
 
-/// Reads and validates a policy, or prints its errors (`Err(code)`).
-fn load_policy(path: &Path) -> anyhow::Result<Result<Policy, ExitCode>> {
+/// Reads and validates a policy; its located errors are printed before the error.
+fn load_policy(path: &Path) -> anyhow::Result<Policy> {
     let src = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-    Ok(
-        parse_policy(&path.display().to_string(), &src).map_err(|e| {
-            eprint!("{}", e.rendered());
-            eprintln!("{}: {} problem(s) found", path.display(), e.0.len());
-            ExitCode::from(2)
-        }),
-    )
+    parse_policy(&path.display().to_string(), &src).map_err(|e| {
+        eprint!("{}", e.rendered());
+        anyhow::anyhow!("{}: {} problem(s) found", path.display(), e.0.len())
+    })
 }
 
-/// Reads a placement and compiles the NOS, or prints why not (`Err(code)`).
-fn load_nos(path: &Path, policy: &Policy) -> anyhow::Result<Result<Nos, ExitCode>> {
+/// Reads a placement and compiles the Network OS's tables for it.
+fn load_nos(path: &Path, policy: &Policy) -> anyhow::Result<Nos> {
     let src = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
-    let placement = match parse_placement(&path.display().to_string(), &src, policy) {
-        Ok(p) => p,
-        Err(e) => {
-            eprint!("{}", e.rendered());
-            eprintln!("{}: {} problem(s) found", path.display(), e.0.len());
-            return Ok(Err(ExitCode::from(2)));
-        }
-    };
-    match Nos::compile(policy.clone(), &placement) {
-        Ok(n) => Ok(Ok(n)),
-        Err(e) => {
-            eprintln!("{}: {e}", path.display());
-            Ok(Err(ExitCode::from(2)))
-        }
-    }
+    let placement = parse_placement(&path.display().to_string(), &src, policy).map_err(|e| {
+        eprint!("{}", e.rendered());
+        anyhow::anyhow!("{}: {} problem(s) found", path.display(), e.0.len())
+    })?;
+    Nos::compile(policy.clone(), &placement).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))
 }
 
 fn svc_name(p: &Policy, id: u32) -> String {
@@ -123,41 +110,23 @@ fn domain_names(s: &Service, ids: &std::collections::BTreeSet<DomainId>) -> Vec<
 }
 
 fn check(path: &Path, placement: Option<&Path>, json: bool) -> anyhow::Result<ExitCode> {
-    let policy = match load_policy(path)? {
-        Ok(p) => p,
-        Err(code) => return Ok(code),
+    let policy = load_policy(path)?;
+    let nos = placement.map(|pl| load_nos(pl, &policy)).transpose()?;
+    // The compiled Network OS already holds the expanded SACL.
+    let own_sacl;
+    let sacl = match &nos {
+        Some(n) => n.sacl(),
+        None => {
+            own_sacl = policy.sacl();
+            &own_sacl
+        }
     };
-    let nos = match placement {
-        Some(pl) => match load_nos(pl, &policy)? {
-            Ok(n) => Some(n),
-            Err(code) => return Ok(code),
-        },
-        None => None,
-    };
-    let sacl = policy.sacl();
-    let entries: Vec<serde_json::Value> = sacl
-        .iter()
-        .map(|((from, to), e)| {
-            let dst = &policy.services[to];
-            serde_json::json!({
-                "from": svc_name(&policy, *from),
-                "to": dst.name,
-                "processes": e.processes,
-                "domains": domain_names(dst, &e.domains),
-                "rate_gbps": e.rate_slot.map(|i| policy.rate_limits[i as usize].gbps),
-            })
-        })
-        .collect();
-    let hosts: Vec<serde_json::Value> = nos
+    let hosts: Vec<(String, TableStats)> = nos
         .iter()
         .flat_map(|n| {
             n.host_names().into_iter().map(move |h| {
                 let st = n.tables(&h).map(|t| t.stats()).unwrap_or_default();
-                serde_json::json!({
-                    "host": h, "processes": st.processes, "services": st.services,
-                    "sacl_entries": st.sacl_entries, "process_entries": st.process_entries,
-                    "domain_entries": st.domain_entries, "bytes": st.total_bytes,
-                })
+                (h, st)
             })
         })
         .collect();
@@ -170,6 +139,29 @@ fn check(path: &Path, placement: Option<&Path>, json: bool) -> anyhow::Result<Ex
                     "name": s.name, "id": s.id, "processes": s.processes.len(),
                     "domains": s.domains.keys().collect::<Vec<_>>(),
                     "portals": s.portals.keys().collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        let entries: Vec<serde_json::Value> = sacl
+            .iter()
+            .map(|((from, to), e)| {
+                let dst = &policy.services[to];
+                serde_json::json!({
+                    "from": svc_name(&policy, *from),
+                    "to": dst.name,
+                    "processes": e.processes,
+                    "domains": domain_names(dst, &e.domains),
+                    "rate_gbps": e.rate_slot.map(|i| policy.rate_limits[i as usize].gbps),
+                })
+            })
+            .collect();
+        let hosts: Vec<serde_json::Value> = hosts
+            .iter()
+            .map(|(h, st)| {
+                serde_json::json!({
+                    "host": h, "processes": st.processes, "services": st.services,
+                    "sacl_entries": st.sacl_entries, "process_entries": st.process_entries,
+                    "domain_entries": st.domain_entries, "bytes": st.total_bytes,
                 })
             })
             .collect();
@@ -200,7 +192,7 @@ fn check(path: &Path, placement: Option<&Path>, json: bool) -> anyhow::Result<Ex
         );
     }
     println!("SACL (who may reach what):");
-    for ((from, to), e) in &sacl {
+    for ((from, to), e) in sacl {
         let dst = &policy.services[to];
         println!(
             "  {} → {}: processes {} × domains {}{}",
@@ -215,31 +207,38 @@ fn check(path: &Path, placement: Option<&Path>, json: bool) -> anyhow::Result<Ex
     }
     if !hosts.is_empty() {
         println!("NMU tables per host:");
-        for h in &hosts {
+        for (h, st) in &hosts {
             println!(
-                "  {}: {} resident process(es) of {} service(s), {} SACL entries, {} bytes",
-                h["host"].as_str().unwrap_or_default(),
-                h["processes"],
-                h["services"],
-                h["sacl_entries"],
-                h["bytes"]
+                "  {h}: {} resident process(es) of {} service(s), {} SACL entries, {} bytes",
+                st.processes, st.services, st.sacl_entries, st.total_bytes
             );
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// Parses `SERVICE[:PROCESS[:DOMAIN]]` against the policy; `parts` is how many of
-/// the three are required.
-fn endpoint<'p>(
+/// Splits `text` (an argument `what`) at `:` into `parts` pieces, or says the
+/// form expected (`form`) before anything is looked up.
+fn split<'t>(
+    what: &str,
+    text: &'t str,
+    parts: std::ops::RangeInclusive<usize>,
+    form: &str,
+) -> anyhow::Result<Vec<&'t str>> {
+    let v: Vec<&str> = text.split(':').collect();
+    if !parts.contains(&v.len()) {
+        bail!("{what} `{text}`: {form}");
+    }
+    Ok(v)
+}
+
+fn service<'p>(
     policy: &'p Policy,
     what: &str,
     text: &str,
-    parts: usize,
-) -> anyhow::Result<(&'p Service, Option<ProcessId>, Option<DomainId>)> {
-    let mut it = text.splitn(3, ':');
-    let name = it.next().unwrap_or_default();
-    let svc = policy.service_by_name(name).with_context(|| {
+    name: &str,
+) -> anyhow::Result<&'p Service> {
+    policy.service_by_name(name).with_context(|| {
         format!(
             "{what} `{text}`: no service `{name}` in the policy (services: {})",
             policy
@@ -249,56 +248,49 @@ fn endpoint<'p>(
                 .collect::<Vec<_>>()
                 .join(", ")
         )
-    })?;
-    let proc = match it.next() {
-        Some(p) => {
-            let id: ProcessId = p
-                .parse()
-                .with_context(|| format!("{what} `{text}`: process `{p}` is not a number"))?;
-            if !svc.processes.contains_key(&id) {
-                bail!("{what} `{text}`: service `{name}` has no process {id}");
-            }
-            Some(id)
-        }
-        None => None,
-    };
-    let dom = match it.next() {
-        Some(d) => Some(*svc.domains.get(d).with_context(|| {
-            format!(
-                "{what} `{text}`: service `{name}` has no domain `{d}` (domains: {})",
-                svc.domains.keys().cloned().collect::<Vec<_>>().join(", ")
-            )
-        })?),
-        None => None,
-    };
-    let given = 1 + proc.is_some() as usize + dom.is_some() as usize;
-    if given < parts {
+    })
+}
+
+fn process(svc: &Service, what: &str, text: &str, p: &str) -> anyhow::Result<ProcessId> {
+    let id: ProcessId = p
+        .parse()
+        .with_context(|| format!("{what} `{text}`: process `{p}` is not a number"))?;
+    if !svc.processes.contains_key(&id) {
         bail!(
-            "{what} `{text}`: expected {}",
-            if parts == 3 {
-                "SERVICE:PROCESS:DOMAIN"
-            } else {
-                "SERVICE:PROCESS"
-            }
+            "{what} `{text}`: service `{}` has no process {id}",
+            svc.name
         );
     }
-    Ok((svc, proc, dom))
+    Ok(id)
+}
+
+fn domain(svc: &Service, what: &str, text: &str, d: &str) -> anyhow::Result<DomainId> {
+    svc.domains.get(d).copied().with_context(|| {
+        format!(
+            "{what} `{text}`: service `{}` has no domain `{d}` (domains: {})",
+            svc.name,
+            svc.domains.keys().cloned().collect::<Vec<_>>().join(", ")
+        )
+    })
 }
 
 fn trace(path: &Path, placement: Option<&Path>, from: &str, to: &str) -> anyhow::Result<ExitCode> {
-    let policy = match load_policy(path)? {
-        Ok(p) => p,
-        Err(code) => return Ok(code),
-    };
-    let (src, src_proc, src_dom) = endpoint(&policy, "--from", from, 1)?;
-    if src_dom.is_some() {
-        bail!(
-            "--from `{from}`: a source is SERVICE or SERVICE:PROCESS (domains belong to the destination)"
-        );
-    }
-    let (dst, Some(proc), Some(dom)) = endpoint(&policy, "--to", to, 3)? else {
-        unreachable!("endpoint() requires all three parts")
-    };
+    let policy = load_policy(path)?;
+    let f = split(
+        "--from",
+        from,
+        1..=2,
+        "a source is SERVICE or SERVICE:PROCESS (domains belong to the destination)",
+    )?;
+    let src = service(&policy, "--from", from, f[0])?;
+    let src_proc = f
+        .get(1)
+        .map(|p| process(src, "--from", from, p))
+        .transpose()?;
+    let t = split("--to", to, 3..=3, "expected SERVICE:PROCESS:DOMAIN")?;
+    let dst = service(&policy, "--to", to, t[0])?;
+    let proc = process(dst, "--to", to, t[1])?;
+    let dom = domain(dst, "--to", to, t[2])?;
     let sacl = policy.sacl();
     let verdict = match sacl.get(&(src.id, dst.id)) {
         None => Err(format!(
@@ -335,10 +327,7 @@ fn trace(path: &Path, placement: Option<&Path>, from: &str, to: &str) -> anyhow:
         let Some(sp) = src_proc else {
             bail!("--from `{from}`: give SERVICE:PROCESS to check through the sender's NMU");
         };
-        let nos = match load_nos(pl, &policy)? {
-            Ok(n) => n,
-            Err(code) => return Ok(code),
-        };
+        let nos = load_nos(pl, &policy)?;
         let (host, _, li) = nos.locate(src.id, sp).with_context(|| {
             format!(
                 "--from `{from}`: the placement puts process {sp} of `{}` on no host",
