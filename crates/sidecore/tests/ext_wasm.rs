@@ -2,25 +2,21 @@
 //! offcodes (admitted at deploy time, run on the wasm PE), and the `ext`/`calibrate`
 //! commands of the real binary.
 
-use std::path::PathBuf;
-use std::process::{Command, Output};
+mod common;
 
-fn bin() -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_sidecore"));
-    c.env_remove("SIDECORE_NODES").env_remove("SIDECORE_SOCKET");
-    c
-}
+use std::path::PathBuf;
+use std::process::Output;
+
+use common::{bin, text};
 
 fn root() -> PathBuf {
     PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo")).join("../..")
 }
 
+/// Standard output and error together.
 fn out(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    let (stdout, stderr) = text(o);
+    stdout + &stderr
 }
 
 #[test]
