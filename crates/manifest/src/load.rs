@@ -46,9 +46,6 @@ struct Pending {
     name_span: Range<usize>,
     id_span: Range<usize>,
     imports: Vec<S<RawImport>>,
-    /// Port name → span, for channel checks.
-    input_spans: Vec<Range<usize>>,
-    output_spans: Vec<Range<usize>>,
 }
 
 struct Loader {
@@ -56,8 +53,6 @@ struct Loader {
     sources: Sources,
     report: Report,
     pending: Vec<Pending>,
-    /// Files fully loaded: canonical path → file id.
-    done: HashMap<PathBuf, FileId>,
     /// Files being loaded, innermost last: (canonical path, file id).
     stack: Vec<(PathBuf, FileId)>,
     channels: Vec<(FileId, S<RawChannel>)>,
@@ -185,7 +180,6 @@ impl Loader {
             sources: Sources::default(),
             report: Report::default(),
             pending: Vec::new(),
-            done: HashMap::new(),
             stack: Vec::new(),
             channels: Vec::new(),
             app: None,
@@ -235,7 +229,7 @@ impl Loader {
             }
             return;
         }
-        if self.done.contains_key(&canonical) {
+        if self.sources.find(&canonical).is_some() {
             return;
         }
         if self.stack.len() >= MAX_IMPORT_DEPTH {
@@ -260,7 +254,6 @@ impl Loader {
             },
         };
         let file = self.sources.add(&canonical, display_name(path), text);
-        self.done.insert(canonical.clone(), file);
         let raw: RawFile = match toml::from_str(self.sources.text(file)) {
             Ok(r) => r,
             Err(e) => {
@@ -346,7 +339,6 @@ impl Loader {
         let raw = raw.into_inner();
         let r = &mut self.report;
         let name = raw.name.get_ref().clone();
-        let mut ok = true;
         if !is_name(&name, true) {
             r.error(
                 file,
@@ -354,8 +346,8 @@ impl Loader {
                 format!("offcode name `{name}` is not a valid binding name"),
                 "letters, digits, `_`, `-` and `.`, starting with a letter, at most 64",
             );
-            ok = false;
         }
+        let duplicate = self.pending.iter().any(|p| p.offcode.name == name);
         if let Some(prev) = self.pending.iter().find(|p| p.offcode.name == name) {
             let (pf, ps) = (prev.file, prev.name_span.clone());
             let d = r.error(
@@ -365,7 +357,6 @@ impl Loader {
                 "second declaration",
             );
             also(d, pf, ps, "first declared here");
-            ok = false;
         }
         let id = guid(r, file, &raw.id, "id");
         if let Some(id) = id
@@ -379,7 +370,6 @@ impl Loader {
                 "duplicate GUID",
             );
             also(d, pf, ps, format!("`{pn}` has this id"));
-            ok = false;
         }
         let priority = raw
             .priority
@@ -416,10 +406,8 @@ impl Loader {
                 ),
                 "not a name",
             );
-            ok = false;
         }
-        let ports = |r: &mut Report, list: &[S<String>], what: &str| -> bool {
-            let mut ok = true;
+        let ports = |r: &mut Report, list: &[S<String>], what: &str| {
             for (i, p) in list.iter().enumerate() {
                 if !is_name(p.get_ref(), false) {
                     r.error(
@@ -428,7 +416,6 @@ impl Loader {
                         format!("{what} port `{}` is not a valid port name", p.get_ref()),
                         "letters, digits, `_` and `-`, starting with a letter",
                     );
-                    ok = false;
                 } else if list[..i].iter().any(|q| q.get_ref() == p.get_ref()) {
                     r.error(
                         file,
@@ -436,13 +423,11 @@ impl Loader {
                         format!("{what} port `{}` is listed twice", p.get_ref()),
                         "duplicate",
                     );
-                    ok = false;
                 }
             }
-            ok
         };
-        ok &= ports(r, &raw.inputs, "input");
-        ok &= ports(r, &raw.outputs, "output");
+        ports(r, &raw.inputs, "input");
+        ports(r, &raw.outputs, "output");
         if let Some(dup) = raw
             .outputs
             .iter()
@@ -454,7 +439,6 @@ impl Loader {
                 format!("port `{}` is both an input and an output", dup.get_ref()),
                 "rename one of them",
             );
-            ok = false;
         }
         let interfaces = self.interfaces(file, &raw.interface);
         let targets = self.targets(file, &name, table_span.clone(), &raw.target);
@@ -464,8 +448,6 @@ impl Loader {
             .map(|p| self.sources.origin(file, &p.span()));
         // Problems are already reported; keep the offcode (with stand-in values)
         // so that imports and channels naming it do not cascade into more errors.
-        let duplicate = self.pending.iter().any(|p| p.offcode.name == name);
-        let _ = ok;
         if duplicate {
             return;
         }
@@ -519,8 +501,6 @@ impl Loader {
             file,
             name_span: raw.name.span(),
             id_span: raw.id.span(),
-            input_spans: raw.inputs.iter().map(|p| p.span()).collect(),
-            output_spans: raw.outputs.iter().map(|p| p.span()).collect(),
             imports: raw.import,
         });
     }
@@ -1155,22 +1135,11 @@ impl Loader {
             return None;
         };
         let p = &self.pending[idx];
-        let (ports, spans, dir, other) = if output {
-            (
-                &p.offcode.outputs,
-                &p.output_spans,
-                "output",
-                &p.offcode.inputs,
-            )
+        let (ports, dir, other) = if output {
+            (&p.offcode.outputs, "output", &p.offcode.inputs)
         } else {
-            (
-                &p.offcode.inputs,
-                &p.input_spans,
-                "input",
-                &p.offcode.outputs,
-            )
+            (&p.offcode.inputs, "input", &p.offcode.outputs)
         };
-        let _ = spans;
         if !ports.iter().any(|q| q == port) {
             let hint = if other.iter().any(|q| q == port) {
                 format!(
