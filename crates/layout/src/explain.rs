@@ -204,10 +204,25 @@ fn pull_peers(p: &Problem, n: usize) -> Vec<Peer> {
 }
 
 /// The reason that needs no extra solve, or `None` if a host offcode needs one.
+/// What each PE's assigned offcodes use, per resource (cpu, memory, slots).
+fn usage(p: &Problem, layout: &Layout) -> Vec<[f64; 3]> {
+    let mut used = vec![[0.0f64; 3]; p.pes.len()];
+    for (m, &pe) in layout.assignment.iter().enumerate() {
+        if let Some(c) = p.offcodes[m].candidates.iter().find(|c| c.pe == pe) {
+            used[pe][0] += c.cpu;
+            used[pe][1] += c.memory as f64;
+            used[pe][2] += 1.0;
+        }
+    }
+    used
+}
+
+/// `used` is [`usage`] of `layout`.
 fn cheap_reason(
     p: &Problem,
     prep: &Prep,
     layout: &Layout,
+    used: &[[f64; 3]],
     n: usize,
     allow_none: bool,
 ) -> Option<Why> {
@@ -243,14 +258,6 @@ fn cheap_reason(
         return None;
     }
     // Cheap reason: is there room for its group on a non-host candidate?
-    let mut used = vec![[0.0f64; 3]; p.pes.len()];
-    for (m, &pe) in layout.assignment.iter().enumerate() {
-        if let Some(c) = p.offcodes[m].candidates.iter().find(|c| c.pe == pe) {
-            used[pe][0] += c.cpu;
-            used[pe][1] += c.memory as f64;
-            used[pe][2] += 1.0;
-        }
-    }
     let mut full = Vec::new();
     let mut room = false;
     for c in g.cands.iter().filter(|c| Some(c.pe) != host) {
@@ -368,10 +375,11 @@ fn reason(p: &Problem, layout: &Layout, n: usize, why: Why) -> Reason {
 /// Reasons without re-solving (used when explanations are off or the problem is big).
 pub(crate) fn brief_reasons(p: &Problem, layout: &Layout) -> Vec<Reason> {
     let prep = prepare(p, &Active::all(p));
+    let used = usage(p, layout);
     (0..p.offcodes.len())
         .map(|n| {
             // With `allow_none` false every branch returns a reason.
-            let why = cheap_reason(p, &prep, layout, n, false).unwrap_or(Why::Tie);
+            let why = cheap_reason(p, &prep, layout, &used, n, false).unwrap_or(Why::Tie);
             reason(p, layout, n, why)
         })
         .collect()
@@ -390,14 +398,16 @@ pub(crate) fn reasons(
         return Ok(brief_reasons(p, layout));
     }
     let prep = prepare(p, &Active::all(p));
+    let used = usage(p, layout);
     let mut out = Vec::with_capacity(p.offcodes.len());
     let start = std::time::Instant::now();
     let deadline = opts.explain_time_limit.map(|t| start + t);
-    let mut left = (0..p.offcodes.len())
-        .filter(|&n| cheap_reason(p, &prep, layout, n, true).is_none())
-        .count();
-    for n in 0..p.offcodes.len() {
-        let why = match cheap_reason(p, &prep, layout, n, true) {
+    let cheap: Vec<Option<Why>> = (0..p.offcodes.len())
+        .map(|n| cheap_reason(p, &prep, layout, &used, n, true))
+        .collect();
+    let mut left = cheap.iter().filter(|w| w.is_none()).count();
+    for (n, cheap) in cheap.into_iter().enumerate() {
+        let why = match cheap {
             Some(w) => w,
             None => {
                 // Share what is left of the explanation budget among the offcodes
@@ -409,8 +419,9 @@ pub(crate) fn reasons(
                     Some(t) if t.is_zero() => None,
                     _ => forced_reason(p, opts, layout, n, share),
                 };
-                forced
-                    .unwrap_or_else(|| cheap_reason(p, &prep, layout, n, false).unwrap_or(Why::Tie))
+                forced.unwrap_or_else(|| {
+                    cheap_reason(p, &prep, layout, &used, n, false).unwrap_or(Why::Tie)
+                })
             }
         };
         out.push(reason(p, layout, n, why));

@@ -148,11 +148,7 @@ pub(crate) fn greedy_from(prep: &Prep, rule: Rule, init: Option<&[usize]>) -> Op
                 for &g in &members[x] {
                     let grp = &prep.groups[g];
                     let fitting = grp.cands.iter().enumerate().filter(|(_, cd)| {
-                        !prep.is_host(cd.pe)
-                            && (0..3).all(|r| {
-                                prep.caps[cd.pe][r]
-                                    .is_none_or(|cap| fits(used[cd.pe][r] + cd.demand[r], cap))
-                            })
+                        !prep.is_host(cd.pe) && prep.room(cd.pe, &used[cd.pe], &cd.demand)
                     });
                     let slot = match rule {
                         Rule::FirstFit => fitting.into_iter().next(),
@@ -198,11 +194,7 @@ pub(crate) fn greedy_from(prep: &Prep, rule: Rule, init: Option<&[usize]>) -> Op
             .enumerate()
             .find(|(_, cd)| prep.is_host(cd.pe))?;
         add_demand(&mut used[cd.pe], &cd.demand);
-        let room = prep.caps[cd.pe]
-            .iter()
-            .zip(&used[cd.pe])
-            .all(|(cap, u)| cap.is_none_or(|cap| fits(*u, cap)));
-        if !room {
+        if !prep.room(cd.pe, &used[cd.pe], &[0.0; 3]) {
             return None;
         }
         *slot = Some(i);
@@ -271,17 +263,7 @@ pub fn check(problem: &Problem, assignment: &[usize]) -> Result<(u64, f64), Stri
             return Err(format!("constraint {i} ({}) violated", c.kind));
         }
     }
-    let weight = (0..p.offcodes.len())
-        .filter(|&n| off(n))
-        .map(|n| u64::from(p.offcodes[n].weight))
-        .sum();
-    let cross = p
-        .flows
-        .iter()
-        .filter(|f| assignment[f.a] != assignment[f.b])
-        .map(|f| f.bandwidth)
-        .fold(0.0, |a, b| a + b); // not `sum`: an empty f64 sum is -0.0
-    Ok((weight, cross))
+    Ok(crate::model::objectives(p, assignment, host))
 }
 
 /// Local search for the bandwidth objective: move an offloaded group to another
@@ -334,9 +316,7 @@ pub(crate) fn improve_bandwidth(p: &Problem, prep: &Prep, choice: &mut [usize]) 
                     .find(|(k, _)| *k == c.pe)
                     .map_or(0.0, |e| e.1)
                     - stay;
-                let room = (0..3).all(|r| {
-                    prep.caps[c.pe][r].is_none_or(|cap| fits(used[c.pe][r] + c.demand[r], cap))
-                });
+                let room = prep.room(c.pe, &used[c.pe], &c.demand);
                 if gain > 1e-9 && room && best.is_none_or(|(_, b)| gain > b) {
                     best = Some((i, gain));
                 }

@@ -70,6 +70,12 @@ impl Prep {
     pub fn is_host(&self, pe: usize) -> bool {
         self.host == Some(pe)
     }
+
+    /// Whether `pe`, already using `used`, has room for `demand` more on every
+    /// resource it caps.
+    pub fn room(&self, pe: usize, used: &[f64; 3], demand: &[f64; 3]) -> bool {
+        (0..3).all(|r| self.caps[pe][r].is_none_or(|cap| fits(used[r] + demand[r], cap)))
+    }
 }
 
 /// Union-find with path halving (tiny; a crate would add nothing here).
@@ -807,9 +813,7 @@ fn unpack(
             })
             .fold(0.0, f64::max)
     };
-    let room = |used: &[[f64; 3]], pe: usize, d: &[f64; 3]| {
-        (0..3).all(|r| prep.caps[pe][r].is_none_or(|cap| fits(used[pe][r] + d[r], cap)))
-    };
+    let room = |used: &[[f64; 3]], pe: usize, d: &[f64; 3]| prep.room(pe, &used[pe], d);
     // Groups that cannot go home: no host candidate, or going home would force one
     // of those home through gang / asym-gang (home(b) forces home(a) for a -> b).
     let mut pinned: Vec<bool> = (0..ng)
@@ -978,8 +982,7 @@ fn feasible_choice(prep: &Prep, choice: &[usize]) -> bool {
         let c = prep.groups[g].cands[i];
         add_demand(&mut used[c.pe], &c.demand);
     }
-    let caps_ok = (0..prep.caps.len())
-        .all(|k| (0..3).all(|r| prep.caps[k][r].is_none_or(|cap| fits(used[k][r], cap))));
+    let caps_ok = (0..prep.caps.len()).all(|k| prep.room(k, &used[k], &[0.0; 3]));
     let off = |g: usize| !prep.is_host(prep.groups[g].cands[choice[g]].pe);
     caps_ok
         && prep.gangs.iter().all(|&(a, b, sym)| {
@@ -1449,11 +1452,18 @@ pub(crate) fn assignment(p: &Problem, prep: &Prep, choice: &[usize]) -> (Vec<usi
             asg[m] = grp.cands[choice[g]].pe;
         }
     }
-    let w = p
+    let (w, cross) = objectives(p, &asg, prep.host);
+    (asg, w, cross)
+}
+
+/// The two objectives of an offcode assignment: offloaded weight (offcodes off the
+/// `host` PE) and cross-PE flow bandwidth.
+pub(crate) fn objectives(p: &Problem, asg: &[usize], host: Option<usize>) -> (u64, f64) {
+    let weight = p
         .offcodes
         .iter()
-        .zip(&asg)
-        .filter(|(_, k)| !prep.is_host(**k))
+        .zip(asg)
+        .filter(|(_, k)| Some(**k) != host)
         .map(|(o, _)| u64::from(o.weight))
         .sum();
     let cross = p
@@ -1462,7 +1472,7 @@ pub(crate) fn assignment(p: &Problem, prep: &Prep, choice: &[usize]) -> (Vec<usi
         .filter(|f| asg[f.a] != asg[f.b])
         .map(|f| f.bandwidth)
         .fold(0.0, |a, b| a + b); // not `sum`: an empty f64 sum is -0.0
-    (asg, w, cross)
+    (weight, cross)
 }
 
 /// The whole solve (validated problem): optimum or an explained infeasibility.
