@@ -69,6 +69,22 @@ impl Implementation {
                     .any(|k| matches!(k, PeKind::Core | PeKind::Host)))
     }
 
+    /// `Ok` if it runs on `kind`; otherwise why not, naming the kinds it runs on.
+    pub fn check_runs_on(&self, kind: PeKind) -> Result<(), String> {
+        if self.runs_on(kind) {
+            return Ok(());
+        }
+        Err(format!(
+            "implementation `{}` does not run on {kind} (it runs on: {})",
+            self.name,
+            self.kinds
+                .iter()
+                .map(|k| k.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ))
+    }
+
     /// Checks that the manifest's ports are ones this implementation provides.
     pub fn check_ports(&self, inputs: &[String], outputs: &[String]) -> Result<(), String> {
         let check =

@@ -131,22 +131,11 @@ fn impl_for<'r>(
             .lookup(&loader, kind)
             .ok_or_else(|| format!("this sidecore has no loader for {kind} modules"));
     }
-    match registry.get(&oc.implementation) {
-        None => Err(format!(
-            "the library has no implementation `{}`",
-            oc.implementation
-        )),
-        Some(i) if !i.runs_on(kind) => Err(format!(
-            "implementation `{}` does not run on {kind} (it runs on: {})",
-            oc.implementation,
-            i.kinds
-                .iter()
-                .map(|k| k.to_string())
-                .collect::<Vec<_>>()
-                .join(", ")
-        )),
-        Some(i) => Ok(i),
-    }
+    let i = registry
+        .get(&oc.implementation)
+        .ok_or_else(|| format!("the library has no implementation `{}`", oc.implementation))?;
+    i.check_runs_on(kind)?;
+    Ok(i)
 }
 
 /// Builds the layout problem and solves it into a plan.

@@ -47,22 +47,11 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                     let at = oc.params_origin.as_ref().unwrap_or(&oc.origin);
                     problems.push(format!("{at}: offcode `{}`: {e}", oc.name));
                 }
-                for t in native
-                    .iter()
-                    .filter(|t| !imp.runs_on(t.kind) && t.kind != PeKind::Host)
-                {
-                    problems.push(format!(
-                        "{}: offcode `{}`: implementation `{}` cannot run on `{}` (it runs on: {})",
-                        t.origin,
-                        oc.name,
-                        imp.name,
-                        t.kind,
-                        imp.kinds
-                            .iter()
-                            .map(|k| k.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ));
+                // A host target always works: the planner falls back to it.
+                for t in native.iter().filter(|t| t.kind != PeKind::Host) {
+                    if let Err(e) = imp.check_runs_on(t.kind) {
+                        problems.push(format!("{}: offcode `{}`: {e}", t.origin, oc.name));
+                    }
                 }
             }
         }
