@@ -558,22 +558,7 @@ impl Loader {
                     );
                     ok = false;
                 }
-                let ty = |r: &mut Report, t: &S<String>| -> Option<ValueType> {
-                    let v = ValueType::parse(t.get_ref());
-                    if v.is_none() {
-                        r.error(
-                            file,
-                            t.span(),
-                            format!(
-                                "unknown type `{}`; expected one of: {}",
-                                t.get_ref(),
-                                ValueType::KEYWORDS
-                            ),
-                            "unknown type",
-                        );
-                    }
-                    v
-                };
+                let ty = |r: &mut Report, t: &S<String>| keyword::<ValueType>(r, file, t, "type");
                 let params: Vec<_> = m.params.iter().map(|p| ty(r, p)).collect();
                 let returns = m.returns.as_ref().map(|t| ty(r, t));
                 match (mid, params.iter().all(Option::is_some), returns) {

@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 pub use sidecore_types::PropValue;
+pub use sidecore_types::ValueType;
 use sidecore_types::{ChannelProps, ConstraintKind, Guid, PeKind, Priority};
 
 use crate::diag::{Origin, Sources};
@@ -90,48 +91,6 @@ pub struct Method {
     pub id: u16,
     pub params: Vec<ValueType>,
     pub returns: Option<ValueType>,
-}
-
-/// Types a method may take and return (HYDRA's PARAM_* codes, plus bytes).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ValueType {
-    Bool,
-    U8,
-    U16,
-    U32,
-    U64,
-    I8,
-    I16,
-    I32,
-    I64,
-    F32,
-    F64,
-    String,
-    Bytes,
-}
-
-impl ValueType {
-    pub const KEYWORDS: &'static str =
-        "bool, u8, u16, u32, u64, i8, i16, i32, i64, f32, f64, string, bytes";
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "bool" => ValueType::Bool,
-            "u8" => ValueType::U8,
-            "u16" => ValueType::U16,
-            "u32" => ValueType::U32,
-            "u64" => ValueType::U64,
-            "i8" => ValueType::I8,
-            "i16" => ValueType::I16,
-            "i32" => ValueType::I32,
-            "i64" => ValueType::I64,
-            "f32" => ValueType::F32,
-            "f64" => ValueType::F64,
-            "string" => ValueType::String,
-            "bytes" => ValueType::Bytes,
-            _ => return None,
-        })
-    }
 }
 
 /// A kind of PE an offcode can run on, with what it requires there.

@@ -189,6 +189,25 @@ impl fmt::Display for PropValue {
     }
 }
 
+keyword_enum!(
+    /// Types a method may take and return (HYDRA's PARAM_* codes, plus bytes).
+    ValueType, "type", {
+        Bool = "bool",
+        U8 = "u8",
+        U16 = "u16",
+        U32 = "u32",
+        U64 = "u64",
+        I8 = "i8",
+        I16 = "i16",
+        I32 = "i32",
+        I64 = "i64",
+        F32 = "f32",
+        F64 = "f64",
+        String = "string",
+        Bytes = "bytes",
+    }
+);
+
 #[cfg(test)]
 mod tests {
     use super::*;
