@@ -11,7 +11,8 @@ size=${2:-64}
 root=$(cd "$(dirname "$0")/.." && pwd)
 target=${CARGO_TARGET_DIR:-$root/target}
 bin=$target/release/sidecore
-[ -x "$bin" ] || cargo build --release -p sidecore
+# Always (re)build: a no-op when up to date, and never a stale binary.
+(cd "$root" && cargo build --release -p sidecore --quiet)
 tmp=$(mktemp -d)
 cleanup() {
   [ -n "${peer_pid:-}" ] && kill "$peer_pid" 2>/dev/null || true

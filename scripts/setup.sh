@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs everything sidecore needs on a fresh Debian 12 machine: the Debian
-# packages (clang and libbpf headers for the eBPF programs, libclang and cmake for
-# the HiGHS MILP solver, iproute2 for network-namespace tests) and the Rust
-# pieces (rustfmt, clippy, the wasm32 target for extensions). Idempotent: a second
-# run only checks.
+# packages (libclang and cmake for the HiGHS MILP solver, iproute2 for
+# network-namespace tests, python3 for the benchmark scripts; clang, llvm and the
+# libbpf headers are for eBPF programs in C, which no offcode ships yet) and the
+# Rust pieces (rustfmt, clippy, the wasm32 target for extensions). Idempotent: a
+# second run only checks.
 set -euo pipefail
 
-need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 pkg-config cmake g++ make)
+need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 pkg-config cmake g++ make python3)
 missing=()
 for p in "${need_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -23,8 +24,10 @@ if ! command -v cargo >/dev/null; then
   echo "setup: cargo not found; install Rust with rustup first (https://rustup.rs)" >&2
   exit 1
 fi
-if command -v rustup >/dev/null; then
-  rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt >&2
-  rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy >&2
-  rustup target list --installed 2>/dev/null | grep -q '^wasm32-unknown-unknown$' || rustup target add wasm32-unknown-unknown >&2
+if ! command -v rustup >/dev/null; then
+  echo "setup: rustup not found; the test suite needs rustfmt, clippy and the wasm32-unknown-unknown target, which this script installs through rustup (https://rustup.rs)" >&2
+  exit 1
 fi
+rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt >&2
+rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy >&2
+rustup target list --installed 2>/dev/null | grep -q '^wasm32-unknown-unknown$' || rustup target add wasm32-unknown-unknown >&2
