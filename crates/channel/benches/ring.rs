@@ -10,6 +10,7 @@
 //!
 //! Run: `cargo bench -p sidecore-channel --bench ring` (set `RING_BENCH_MSGS` to
 //! change the message count, default 4,000,000; `RING_BENCH_RTT`, default 200,000).
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::hint::black_box;
 use std::io::{Read, Write};

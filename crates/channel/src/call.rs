@@ -149,7 +149,7 @@ impl CallTable {
     }
 
     fn lock_free(&self) -> std::sync::MutexGuard<'_, Vec<u32>> {
-        self.free.lock().unwrap_or_else(|p| p.into_inner())
+        self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Allocates an entry in state PENDING.
@@ -207,7 +207,7 @@ impl CallTable {
     pub fn finish(&self, id: CallId, code: u16, result: &[u8]) -> Result<(), CallError> {
         let e = self.entry(id)?;
         {
-            let mut r = e.result.lock().unwrap_or_else(|p| p.into_inner());
+            let mut r = e.result.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
             r.clear();
             r.extend_from_slice(result);
         }
@@ -222,7 +222,7 @@ impl CallTable {
         if status != CallStatus::Finished {
             return Err(CallError::Timeout(status));
         }
-        let out = std::mem::take(&mut *e.result.lock().unwrap_or_else(|p| p.into_inner()));
+        let out = std::mem::take(&mut *e.result.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
         let code = e.code.load(Ordering::Acquire);
         e.status.store(STATUS_FREE, Ordering::Release);
         self.lock_free().push(id.index() as u32);

@@ -439,7 +439,7 @@ impl SlotMut<'_> {
             "commit of {len} bytes into a {}-byte slot",
             self.producer.payload_cap
         );
-        self.producer.commit_slot(len)
+        self.producer.commit_slot(len);
     }
 
     /// Sets the length that `Deref` exposes (for writers that append).

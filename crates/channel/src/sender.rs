@@ -77,7 +77,7 @@ impl Sender {
 
     /// Makes committed messages visible.
     pub fn publish(&mut self) {
-        self.producer.publish()
+        self.producer.publish();
     }
 
     /// Writes a message in place: `fill` receives the slot and returns the

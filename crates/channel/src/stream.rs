@@ -402,7 +402,7 @@ impl StreamListener {
             match self.listener.accept() {
                 Ok(a) => break Ok(a),
                 Err(e) if e.kind() == ErrorKind::WouldBlock && Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(1))
+                    std::thread::sleep(Duration::from_millis(1));
                 }
                 Err(e) if e.kind() == ErrorKind::WouldBlock => {
                     break Err(io::Error::new(

@@ -1,5 +1,6 @@
 //! The stream channel over real TCP on loopback: order, no loss when reliable,
 //! a handshake that names bad peers, and a clean close.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::io::Write;
 use std::net::TcpStream;

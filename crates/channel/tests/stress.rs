@@ -1,6 +1,7 @@
 //! Concurrent stress tests of the channels across real threads: ordering, no
 //! loss on reliable channels, exactly counted drops on unreliable ones, and
 //! multicast fan-out to every consumer.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::sync::atomic::Ordering;
 use std::thread;

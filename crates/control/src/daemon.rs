@@ -68,7 +68,7 @@ impl Daemon {
     pub fn deploy_handler(self: &Arc<Self>) -> crate::node::DeployHandler {
         let d = Arc::clone(self);
         Arc::new(move |sock, line: &str, stop| {
-            sidecore_runtime::remote::serve(&d.rt, &d.registry, sock, line, stop)
+            sidecore_runtime::remote::serve(&d.rt, &d.registry, sock, line, stop);
         })
     }
 
@@ -79,7 +79,7 @@ impl Daemon {
 
     /// The machine's PEs (probed once).
     pub fn inventory(&self) -> Inventory {
-        let mut inv = self.inventory.lock().unwrap_or_else(|p| p.into_inner());
+        let mut inv = self.inventory.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         inv.get_or_insert_with(|| sidecore_pe::discover(&self.opts.discover))
             .clone()
     }
@@ -87,7 +87,7 @@ impl Daemon {
     /// The PEs with what running apps hold subtracted.
     fn free_inventory(&self) -> Inventory {
         let mut inv = self.inventory();
-        let held = self.held.lock().unwrap_or_else(|p| p.into_inner());
+        let held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         for (pe, cpu, mem) in held.values().flatten() {
             if let Some(p) = inv.pes.iter_mut().find(|p| &p.id == pe) {
                 p.capacity.cpu = (p.capacity.cpu - cpu).max(0.0);
@@ -140,7 +140,7 @@ impl Daemon {
             .collect();
         self.held
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(id, holds);
         Ok(UpReport {
             id,
@@ -180,7 +180,7 @@ impl Daemon {
         let last = self.rt.stop_app_with_status(id).map(|(_, s)| s);
         self.held
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&id);
         last
     }
@@ -219,7 +219,7 @@ impl Daemon {
                 Response::Ok {
                     message: None,
                     apps: Vec::new(),
-                    lines: evs.iter().map(|e| e.to_string()).collect(),
+                    lines: evs.iter().map(std::string::ToString::to_string).collect(),
                 }
             }
             Request::Shutdown => {
@@ -232,22 +232,22 @@ impl Daemon {
     /// Asks whoever waits in [`wait_shutdown`](Self::wait_shutdown) to stop.
     pub fn request_shutdown(&self) {
         let (m, c) = &self.shutdown;
-        *m.lock().unwrap_or_else(|p| p.into_inner()) = true;
+        *m.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = true;
         c.notify_all();
     }
 
     /// True once shutdown was requested.
     pub fn shutting_down(&self) -> bool {
-        *self.shutdown.0.lock().unwrap_or_else(|p| p.into_inner())
+        *self.shutdown.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Waits for a shutdown request; true if one came within `timeout`.
     pub fn wait_shutdown(&self, timeout: Duration) -> bool {
         let (m, c) = &self.shutdown;
-        let g = m.lock().unwrap_or_else(|p| p.into_inner());
+        let g = m.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let (g, _) = c
             .wait_timeout_while(g, timeout, |s| !*s)
-            .unwrap_or_else(|p| p.into_inner());
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         *g
     }
 

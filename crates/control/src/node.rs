@@ -62,18 +62,18 @@ impl NodeListener {
                                     let _ = serve(s, &info, deploy.as_ref(), &st);
                                 })
                             {
-                                let mut c = conns.lock().unwrap_or_else(|p| p.into_inner());
+                                let mut c = conns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                                 c.retain(|h| !h.is_finished());
                                 c.push(h);
                             }
                         }
                         Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20))
+                            std::thread::sleep(Duration::from_millis(20));
                         }
                         Err(_) => std::thread::sleep(Duration::from_millis(100)),
                     }
                 }
-                for h in conns.into_inner().unwrap_or_else(|p| p.into_inner()) {
+                for h in conns.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
                     let _ = h.join();
                 }
             })

@@ -1,5 +1,6 @@
 //! The control socket and node listener over real sockets: requests, bad
 //! requests, stale and live socket files, and a peer's hello.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -12,6 +12,7 @@
 //! 6. packets per second through a chain of three elements, per buffer and batched.
 //!
 //! Run: `cargo bench -p sidecore-ext --bench ext` (prints Markdown tables).
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -76,12 +77,12 @@ fn prepare(name: &str, x: &mut WasmExtension) {
 }
 
 fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
+    v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
 fn pct(v: &mut [f64], p: f64) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
+    v.sort_by(f64::total_cmp);
     v[((v.len() as f64 - 1.0) * p) as usize]
 }
 
@@ -378,7 +379,7 @@ fn batched(cal: &Calibration) {
             .map(|e| WasmExtension::load(e, &bytes, &cfg(), cal, Arc::new(Vec::new())).unwrap())
             .collect();
         let inputs: Vec<Vec<u8>> = vec![input.clone(); B];
-        let refs: Vec<&[u8]> = inputs.iter().map(|v| v.as_slice()).collect();
+        let refs: Vec<&[u8]> = inputs.iter().map(std::vec::Vec::as_slice).collect();
         // Native: the same batch, the same copies in (into per-buffer slots) and out.
         let mut slots = vec![0u8; B * 2048];
         let mut out: Vec<u8> = Vec::with_capacity(B * 2048);
@@ -605,7 +606,7 @@ fn main() {
         "Machine: {} ({} cores); TSC {:.3} ticks/ns; calibration took {:.1} s.",
         cal.machine,
         std::thread::available_parallelism()
-            .map(|n| n.get())
+            .map(std::num::NonZero::get)
             .unwrap_or(1),
         cal.tsc_per_ns,
         t0.elapsed().as_secs_f64()

@@ -123,8 +123,8 @@ fn abi_imports_wat() -> String {
                 abi::MODULE,
                 f.name,
                 f.name,
-                list("param", f.params.iter().map(|v| v.to_string()).collect()),
-                list("result", f.results.iter().map(|v| v.to_string()).collect())
+                list("param", f.params.iter().map(std::string::ToString::to_string).collect()),
+                list("result", f.results.iter().map(std::string::ToString::to_string).collect())
             )
         })
         .collect()
@@ -225,7 +225,7 @@ impl Bench {
 }
 
 fn median(v: &mut [f64]) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
+    v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 

@@ -94,7 +94,7 @@ pub fn read_module(path: &Path) -> anyhow::Result<Vec<u8>> {
         return Ok(bytes);
     }
     wat::parse_bytes(&bytes)
-        .map(|b| b.into_owned())
+        .map(std::borrow::Cow::into_owned)
         .map_err(|e| {
             anyhow::anyhow!(
                 "{}: neither a Wasm binary nor valid Wasm text: {e}",
@@ -288,7 +288,7 @@ fn run(r: &RunArgs) -> anyhow::Result<i32> {
                         println!(
                             "unloaded: {}",
                             ext.unload_reason()
-                                .map(|u| u.to_string())
+                                .map(std::string::ToString::to_string)
                                 .unwrap_or_default()
                         );
                         return Ok(2);

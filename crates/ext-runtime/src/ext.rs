@@ -524,7 +524,7 @@ impl WasmExtension {
         let (status, trap, bound_exceeded) = match r {
             Ok(s) => (s, None, false),
             Err(e) => {
-                let be = e.downcast_ref::<BoundExceeded>().map(|b| b.to_string());
+                let be = e.downcast_ref::<BoundExceeded>().map(std::string::ToString::to_string);
                 let msg = be.clone().unwrap_or_else(|| trap_message(&e));
                 (-1, Some(msg), be.is_some())
             }
@@ -789,7 +789,7 @@ impl WasmExtension {
         self.live
             .as_ref()
             .and_then(|l| l.store.data().state.get(&key))
-            .map(|v| v.as_slice())
+            .map(std::vec::Vec::as_slice)
     }
 
     /// Control-plane read of the offcode's linear memory (region 'C). Bounds-checked.

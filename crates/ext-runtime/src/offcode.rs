@@ -208,7 +208,7 @@ impl Offcode for WasmOffcode {
         max: usize,
     ) -> Result<Drained, OffcodeError> {
         let batch = self.batches.get(input.0).copied().flatten();
-        let (Some(b), Some(bmax)) = (batch, self.ext.as_ref().and_then(|x| x.batch_max())) else {
+        let (Some(b), Some(bmax)) = (batch, self.ext.as_ref().and_then(super::ext::WasmExtension::batch_max)) else {
             return inlet.drain(max, |m| self.handle(cx, input, m));
         };
         let mut total = Drained::default();
@@ -292,7 +292,7 @@ fn settle(
     if o.unloaded {
         let why = ext
             .unload_reason()
-            .map(|u| u.to_string())
+            .map(std::string::ToString::to_string)
             .unwrap_or_default();
         return Err(OffcodeError::failed(format!(
             "wasm offcode unloaded: {why}"

@@ -2,6 +2,7 @@
 //! (statuses, outputs in order, final state) of the same inputs run one by one, in every
 //! execution mode; malformed batches and verdicts are refused with clear errors; a
 //! violating batch is one recorded violation and unloading happens between batches.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -71,7 +72,7 @@ fn batched(x: &mut WasmExtension, inputs: &[Vec<u8>]) -> PerBuffer {
     let b = x.batch_max().unwrap();
     let mut res = PerBuffer::new();
     for chunk in inputs.chunks(b) {
-        let refs: Vec<&[u8]> = chunk.iter().map(|v| v.as_slice()).collect();
+        let refs: Vec<&[u8]> = chunk.iter().map(std::vec::Vec::as_slice).collect();
         let o = x.invoke_batch(h, &refs).unwrap();
         assert_eq!((o.status, o.trap.clone()), (0, None));
         let base = res.len();
@@ -275,7 +276,7 @@ fn emits_and_in_place_verdicts_are_delivered_per_buffer_and_bad_verdicts_refused
     let mut x = load(&e, &wat::parse_str(VERDICTS).unwrap(), &cfg());
     let h = x.batch_entry("batch").unwrap();
     let bufs: Vec<Vec<u8>> = (0..5u8).map(|i| vec![100 + i; 8]).collect();
-    let refs: Vec<&[u8]> = bufs.iter().map(|b| b.as_slice()).collect();
+    let refs: Vec<&[u8]> = bufs.iter().map(std::vec::Vec::as_slice).collect();
     let o = x.invoke_batch(h, &refs).unwrap();
     assert_eq!((o.status, o.trap), (0, None));
     let it = x.batch_items();

@@ -1,5 +1,6 @@
 //! The command structs the `sidecore` binary mounts: parse like the binary would and
 //! check exit statuses and errors.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use clap::Parser;
 use sidecore_ext::cli::{CalibrateCommand, ExtCommand};

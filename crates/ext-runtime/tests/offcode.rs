@@ -1,6 +1,7 @@
 //! A Wasm module as an ordinary offcode: built by the registry's `loader:wasm` from a
 //! manifest-style spec (admitted at deploy time), initialized with the manifest's port
 //! names, and run through the `Offcode` trait into a real shared-memory ring.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;

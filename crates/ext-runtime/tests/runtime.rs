@@ -2,6 +2,7 @@
 //! computes the right answers, hostile modules are contained (never killed mid-packet by
 //! sidecore: violations are recorded and the offcode is unloaded when idle), regions are
 //! capped, and the four execution modes agree.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -235,7 +236,7 @@ fn a_lying_declared_bound_traps_and_the_offcode_is_unloaded() {
     assert!(o.unloaded);
     match x.invoke(0, &[0u8; 5]) {
         Err(InvokeError::Unloaded(why)) => {
-            assert!(why.contains("declared loop bound exceeded"), "{why}")
+            assert!(why.contains("declared loop bound exceeded"), "{why}");
         }
         other => panic!("{other:?}"),
     }

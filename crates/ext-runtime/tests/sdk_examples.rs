@@ -1,6 +1,7 @@
 //! The Rust SDK end to end: builds `examples/ext` for wasm32-unknown-unknown with the
 //! documented one command (scripts/setup.sh installs the target), then admits and runs
 //! the modules the real compiler produced.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -163,7 +164,7 @@ fn sdk_examples_build_are_admitted_and_run() {
         }
         let mut got: PerBuffer = Vec::new();
         for chunk in frames.chunks(32) {
-            let refs: Vec<&[u8]> = chunk.iter().map(|v| v.as_slice()).collect();
+            let refs: Vec<&[u8]> = chunk.iter().map(std::vec::Vec::as_slice).collect();
             let o = batch.invoke_batch(h, &refs).unwrap();
             assert_eq!((o.status, o.trap), (0, None), "{name}");
             let base = got.len();

@@ -1,5 +1,6 @@
 //! The test corpus through the verifier: benign modules are admitted with their bounds,
 //! hostile ones are rejected for the right reason (asserted on kind and message).
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::path::PathBuf;
 
@@ -329,7 +330,7 @@ fn batch_entries_are_admitted_with_the_batch_loop_proven_against_b() {
         assert_eq!(lp.iterations, 33, "{name}: {}", a.report);
         match &lp.source {
             BoundSource::Proven(how) => {
-                assert!(how.contains("batch size n, 1 ≤ n ≤ 32"), "{name}: {how}")
+                assert!(how.contains("batch size n, 1 ≤ n ≤ 32"), "{name}: {how}");
             }
             other => panic!("{name}: batch loop not proven: {other:?}"),
         }

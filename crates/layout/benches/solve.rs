@@ -5,6 +5,7 @@
 //! and gap of each stage) so time can be read together with what it bought.
 //!
 //! `cargo bench -p sidecore-layout --bench solve`
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 #[path = "gen/mod.rs"]
 mod generator;
@@ -97,15 +98,15 @@ fn bench(c: &mut Criterion) {
             let p = generator::problem(n, k, 1);
             let id = format!("{n}x{k}");
             group.bench_with_input(BenchmarkId::new("greedy-first-fit", &id), &p, |b, p| {
-                b.iter(|| black_box(greedy(p).expect("valid")))
+                b.iter(|| black_box(greedy(p).expect("valid")));
             });
             let o1 = opts(false);
             group.bench_with_input(BenchmarkId::new("milp-offload-only", &id), &p, |b, p| {
-                b.iter(|| black_box(solve(p, &o1).expect("solvable")))
+                b.iter(|| black_box(solve(p, &o1).expect("solvable")));
             });
             let o2 = opts(true);
             group.bench_with_input(BenchmarkId::new("milp-lexicographic", &id), &p, |b, p| {
-                b.iter(|| black_box(solve(p, &o2).expect("solvable")))
+                b.iter(|| black_box(solve(p, &o2).expect("solvable")));
             });
         }
     }

@@ -2,6 +2,7 @@
 //! problems (feasibility, both lexicographic objective values, validity of the
 //! assignment), and every reported conflict checked to be infeasible and irreducible
 //! by brute force.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use proptest::prelude::*;
 use sidecore_layout::{

@@ -1,6 +1,7 @@
 //! A benchmark-sized problem (1,000 offcodes on 64 PEs) under a tight budget: the
 //! layout must be feasible, at least as good as the greedy baseline, and below the
 //! reported bound, whatever the machine's speed.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 #[path = "../benches/gen/mod.rs"]
 mod generator;

@@ -1,6 +1,7 @@
 //! Unit tests of the layout: each constraint kind, each capacity, both objectives,
 //! infeasibility explanations (the exact items named), reasons, bad input messages
 //! and the JSON form.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use sidecore_layout::{
     Candidate, ConflictItem, ConstraintSpec, Flow, LayoutError, OffcodeSpec, PeSpec, Problem,
@@ -60,7 +61,7 @@ fn solved(p: &Problem) -> sidecore_layout::Layout {
 fn conflict(p: &Problem) -> Vec<String> {
     match solve(p, &SolveOptions::default()) {
         Err(LayoutError::Infeasible(c)) => {
-            let mut v: Vec<String> = c.items.iter().map(|i| i.to_string()).collect();
+            let mut v: Vec<String> = c.items.iter().map(std::string::ToString::to_string).collect();
             v.sort();
             v
         }

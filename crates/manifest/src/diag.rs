@@ -52,7 +52,6 @@ impl Sources {
     pub fn name(&self, id: FileId) -> String {
         self.files
             .name(id)
-            .map(|n| n.to_string())
             .unwrap_or_default()
     }
 

@@ -479,7 +479,7 @@ impl Loader {
             offcode: Offcode {
                 implementation: raw
                     .implementation
-                    .map(|i| i.into_inner())
+                    .map(toml::Spanned::into_inner)
                     .unwrap_or_else(|| name.clone()),
                 name,
                 id,
@@ -491,7 +491,7 @@ impl Loader {
                 memory: mem,
                 inputs: raw.inputs.iter().map(|p| p.get_ref().clone()).collect(),
                 outputs: raw.outputs.iter().map(|p| p.get_ref().clone()).collect(),
-                params: raw.params.map(|p| p.into_inner()).unwrap_or_default(),
+                params: raw.params.map(toml::Spanned::into_inner).unwrap_or_default(),
                 params_origin,
                 interfaces,
                 targets,
@@ -989,7 +989,7 @@ impl Loader {
             if props.cast == Cast::Multicast && props.order == Order::Parallel {
                 self.report.error(
                     file,
-                    ch.order.as_ref().map_or(raw.span(), |o| o.span()),
+                    ch.order.as_ref().map_or(raw.span(), toml::Spanned::span),
                     format!("channel `{name}` cannot be both multicast and parallel: multicast gives every message to every receiver, parallel gives each message to one"),
                     "conflicting properties",
                 );

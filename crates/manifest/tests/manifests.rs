@@ -1,6 +1,7 @@
 //! Every kind of bad manifest, each with an assertion on its message and on the
 //! file:line:column it points at; plus the good cases (the built-in example,
 //! multi-file imports, diamonds).
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::path::PathBuf;
 

@@ -1,6 +1,7 @@
 //! Property: loading never panics, whatever the bytes, and every rejection
 //! carries at least one diagnostic. Mutations of the built-in example exercise
 //! the deep checks, random text the parser.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use proptest::prelude::*;
 use sidecore_manifest::parse_str;

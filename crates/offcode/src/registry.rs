@@ -79,7 +79,7 @@ impl Implementation {
             self.name,
             self.kinds
                 .iter()
-                .map(|k| k.to_string())
+                .map(std::string::ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(", ")
         ))

@@ -197,7 +197,7 @@ impl Runtime {
             .name("sc-supervisor".into())
             .spawn(move || supervise(weak, stop, every))
             .expect("spawn the supervisor thread");
-        *rt.supervisor.lock().unwrap_or_else(|p| p.into_inner()) = Some(h);
+        *rt.supervisor.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = Some(h);
         rt
     }
 
@@ -217,7 +217,7 @@ impl Runtime {
     }
 
     fn apps(&self) -> std::sync::MutexGuard<'_, Vec<AppEntry>> {
-        self.apps.lock().unwrap_or_else(|p| p.into_inner())
+        self.apps.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Deploys a plan. Parts placed on peer nodes are handed to those peers
@@ -448,7 +448,7 @@ impl Runtime {
                 ),
                 move || {
                     let _ = txc.send(Command::Shutdown);
-                    if let Some(j) = join.lock().unwrap_or_else(|p| p.into_inner()).take() {
+                    if let Some(j) = join.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
                         let _ = j.join();
                     }
                 },
@@ -705,7 +705,7 @@ impl Runtime {
         if let Some(h) = self
             .supervisor
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
             && h.thread().id() != std::thread::current().id()
         {

@@ -141,7 +141,7 @@ impl EventLog {
         {
             s(&e);
         }
-        let mut v = self.events.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = self.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         // Keep memory bounded in a long-running daemon.
         if v.len() >= 100_000 {
             v.drain(..50_000);
@@ -161,7 +161,7 @@ impl EventLog {
     pub fn snapshot(&self) -> Vec<Event> {
         self.events
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 

@@ -164,7 +164,7 @@ impl OffcodeHandle {
 
     /// Asks the executor to stop the offcode; the first reason wins.
     pub fn request_stop(&self, reason: impl Into<String>) {
-        let mut r = self.stop_reason.lock().unwrap_or_else(|p| p.into_inner());
+        let mut r = self.stop_reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if r.is_none() {
             *r = Some(reason.into());
         }
@@ -185,7 +185,7 @@ impl OffcodeHandle {
     pub fn stop_reason(&self) -> Option<String> {
         self.stop_reason
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
 
@@ -275,7 +275,7 @@ impl ExecutorState {
         let h = self
             .handles
             .lock()
-            .unwrap_or_else(|p| p.into_inner())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(cur - 1)
             .cloned()?;
         Some((h, self.epoch.elapsed().saturating_sub(since)))
@@ -366,7 +366,7 @@ fn run(
                             events.emit(&app, &slot.info.name, EventKind::Initialized);
                             let index = {
                                 let mut hs =
-                                    state.handles.lock().unwrap_or_else(|p| p.into_inner());
+                                    state.handles.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
                                 hs.push(Arc::clone(&slot.handle));
                                 hs.len() - 1
                             };

@@ -391,7 +391,7 @@ pub(crate) fn follow(
     let sock = Mutex::new(Some(sock));
     move || {
         stopping.store(true, Ordering::Release);
-        if let Some(mut s) = sock.lock().unwrap_or_else(|p| p.into_inner()).take() {
+        if let Some(mut s) = sock.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take() {
             let _ = send_line(&mut s, &OriginOp { op: "stop".into() });
             // Let the mirror take the peer's last report (its counters at rest) until
             // the peer closes the lease, bounded in case it never answers.

@@ -50,7 +50,7 @@ impl ResourceTree {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Node>> {
-        self.nodes.lock().unwrap_or_else(|p| p.into_inner())
+        self.nodes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Adds a live resource under `parent`; `teardown` releases it.
@@ -204,7 +204,7 @@ mod tests {
         let ran = Arc::new(Mutex::new(false));
         let r = Arc::clone(&ran);
         let a = t.add(None, ResourceKind::Offcode, "a", move || {
-            *r.lock().unwrap() = true
+            *r.lock().unwrap() = true;
         });
         t.forget(a);
         assert!(!*ran.lock().unwrap());

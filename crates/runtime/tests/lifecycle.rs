@@ -5,6 +5,7 @@
 //! (a slow turn and a turn stuck right now), obsolete-time reaping, rollback
 //! of a failed deployment, teardown that leaves no thread behind, and the
 //! checksum pipeline end to end.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,7 +21,7 @@ use sidecore_types::PeKind;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|p| p.into_inner())
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn inventory() -> Inventory {

@@ -74,7 +74,7 @@ pub fn spawn_daemon(socket: &Path, pe: &PeArgs, spin: bool) -> anyhow::Result<()
     if let Some(h) = &pe.housekeeping {
         cmd.arg("--housekeeping").arg(
             h.iter()
-                .map(|c| c.to_string())
+                .map(std::string::ToString::to_string)
                 .collect::<Vec<_>>()
                 .join(","),
         );

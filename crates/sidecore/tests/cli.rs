@@ -1,5 +1,6 @@
 //! End-to-end tests of the `sidecore` binary as a user runs it: real
 //! processes, real cores, real Unix sockets and signals.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! End to end: an untrusted Wasm offcode deployed by `sidecore up` between two built-in
 //! offcodes (admitted at deploy time, run on the wasm PE), and the `ext`/`calibrate`
 //! commands of the real binary.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 mod common;
 

@@ -1,6 +1,7 @@
 //! `sidecore policy check` and `sidecore policy trace` through the real binary, on the
 //! dissertation's key-value-store policy: the SACL it expands to, the NMU tables the
 //! Network OS compiles for each host, verdicts from both, and every kind of bad input.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 mod common;
 

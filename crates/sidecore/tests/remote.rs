@@ -2,6 +2,7 @@
 //! daemon` process (on loopback, and in its own network namespace behind a
 //! veth pair), a real origin `sidecore up`, TCP stream channels between them,
 //! and the lease that ties the peer's part to the origin.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 mod common;
 

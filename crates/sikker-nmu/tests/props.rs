@@ -1,5 +1,6 @@
 //! Property test: a check never allows what the SACL does not allow, and allows
 //! everything it does (§3.1: allow ⇔ proc ∈ Procs ∧ dom ∈ Doms), across replacements.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use proptest::prelude::*;
 use sidecore_sikker_nmu::{Address, NmuConfig, NmuTables, Triple};

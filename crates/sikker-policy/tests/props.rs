@@ -1,6 +1,7 @@
 //! Property: after compiling any policy and placement, and after any sequence of
 //! incremental updates, an NMU check allows exactly what the SACL allows (for placed
 //! destinations) and never anything else.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::collections::{BTreeMap, BTreeSet};
 

@@ -105,7 +105,7 @@ impl Algorithm {
     pub fn parse(s: &str) -> Option<Algorithm> {
         let k: String = s
             .chars()
-            .filter(|c| c.is_ascii_alphanumeric())
+            .filter(char::is_ascii_alphanumeric)
             .collect::<String>()
             .to_ascii_lowercase();
         Some(match k.as_str() {

@@ -1,6 +1,7 @@
 //! Property tests of the exchange protocol: under any interleaving of requests and
 //! responses, including lost, reordered and duplicated ones, the sum of fill rates never
 //! exceeds `R_a` and tokens are never created.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use proptest::prelude::*;
 use rand::SeedableRng;
@@ -142,12 +143,12 @@ proptest! {
             }
             // Invariant 1: Σ R_t + rate in flight ≤ R_a.
             let in_flight_rate: f64 = net.iter().map(|m| match m { Msg::Resp { resp, .. } => resp.rate, _ => 0.0 }).sum();
-            let total_rate: f64 = s.iter().map(|x| x.rate()).sum::<f64>() + in_flight_rate;
+            let total_rate: f64 = s.iter().map(sidecore_sikker_rate::SeSender::rate).sum::<f64>() + in_flight_rate;
             prop_assert!(total_rate <= r_a + 1e-9, "rate {} > R_a {}", total_rate, r_a);
             for x in &s { prop_assert!(x.rate() >= 0.0); prop_assert!(x.tokens() >= -1e-9); }
             // Invariant 2: tokens are only created by refill.
             let in_flight_tokens: f64 = net.iter().map(|m| match m { Msg::Resp { resp, .. } => resp.tokens, _ => 0.0 }).sum();
-            let held: f64 = s.iter().map(|x| x.tokens()).sum();
+            let held: f64 = s.iter().map(sidecore_sikker_rate::SeSender::tokens).sum();
             let mut consumed = 0.0; let mut discarded = 0.0; let mut initial = 0.0; let mut refilled = 0.0;
             for x in &s {
                 let a = x.accounting();

@@ -522,7 +522,7 @@ impl<'a> Sim<'a> {
     fn rate_sum(&self) -> f64 {
         self.senders
             .iter()
-            .filter_map(|s| s.se.as_ref().map(|x| x.rate()))
+            .filter_map(|s| s.se.as_ref().map(sidecore_sikker_rate::SeSender::rate))
             .sum::<f64>()
             + self.rate_in_flight
     }

@@ -1,5 +1,6 @@
 //! The `sim` command as the `sidecore` binary mounts it: small real runs of both
 //! simulators, and the error of each kind of bad option.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use clap::Parser;
 use sidecore_sikker_sim::{SimCommand, run};

@@ -170,6 +170,112 @@ impl Default for ChannelProps {
     }
 }
 
+/// A data rate: **bits per second**, the one bandwidth unit of sidecore. Manifests
+/// (`bandwidth = "10 Gbit/s"`), the layout's flows and link caps, and `devices`
+/// all speak it. Parsed from an integer (bit/s) or a number with a unit:
+/// `bit/s`, `kbit/s`, `Mbit/s`, `Gbit/s`, `Tbit/s` (also `bps`, `kbps`, `Mbps`,
+/// `Gbps`, `Tbps`); decimal prefixes, as network rates are quoted.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Bandwidth {
+    bps: u64,
+}
+
+/// The error returned for a bandwidth that cannot be read.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{got}` is not a bandwidth; write a number with a unit such as `500 Mbit/s` or `10 Gbit/s` (units: bit/s kbit/s Mbit/s Gbit/s Tbit/s)")]
+pub struct BadBandwidth {
+    pub got: String,
+}
+
+impl Bandwidth {
+    /// No traffic.
+    pub const ZERO: Bandwidth = Bandwidth { bps: 0 };
+
+    /// `bps` bits per second.
+    pub const fn from_bps(bps: u64) -> Self {
+        Bandwidth { bps }
+    }
+
+    /// `mbps` megabits (10^6 bits) per second.
+    pub const fn from_mbps(mbps: u64) -> Self {
+        Bandwidth {
+            bps: mbps.saturating_mul(1_000_000),
+        }
+    }
+
+    /// `gbps` gigabits (10^9 bits) per second.
+    pub const fn from_gbps(gbps: u64) -> Self {
+        Bandwidth {
+            bps: gbps.saturating_mul(1_000_000_000),
+        }
+    }
+
+    /// Bits per second.
+    pub const fn bps(self) -> u64 {
+        self.bps
+    }
+
+    /// Bits per second as a float, for solvers and ratios.
+    #[allow(clippy::cast_precision_loss)] // rates far below 2^53 bit/s are exact
+    pub fn bps_f64(self) -> f64 {
+        self.bps as f64
+    }
+}
+
+impl fmt::Display for Bandwidth {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // (scale, digits of the scale, unit): exact decimals, so it parses back.
+        const UNITS: [(u64, usize, &str); 4] = [
+            (1_000_000_000_000, 12, "Tbit/s"),
+            (1_000_000_000, 9, "Gbit/s"),
+            (1_000_000, 6, "Mbit/s"),
+            (1_000, 3, "kbit/s"),
+        ];
+        for (scale, digits, unit) in UNITS {
+            if self.bps >= scale {
+                let (int, frac) = (self.bps / scale, self.bps % scale);
+                if frac == 0 {
+                    return write!(f, "{int} {unit}");
+                }
+                let frac = format!("{frac:0digits$}");
+                return write!(f, "{int}.{} {unit}", frac.trim_end_matches('0'));
+            }
+        }
+        write!(f, "{} bit/s", self.bps)
+    }
+}
+
+impl FromStr for Bandwidth {
+    type Err = BadBandwidth;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let bad = || BadBandwidth { got: s.to_string() };
+        let t = s.trim();
+        let split = t
+            .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '_'))
+            .unwrap_or(t.len());
+        let (num, unit) = t.split_at(split);
+        let num: f64 = num.replace('_', "").parse().map_err(|_| bad())?;
+        let scale: f64 = match unit.trim() {
+            "" | "bit/s" | "bps" | "b/s" => 1.0,
+            "kbit/s" | "kbps" | "Kbit/s" | "Kbps" => 1e3,
+            "Mbit/s" | "Mbps" => 1e6,
+            "Gbit/s" | "Gbps" => 1e9,
+            "Tbit/s" | "Tbps" => 1e12,
+            _ => return Err(bad()),
+        };
+        let bps = num * scale;
+        // u64::MAX as f64 rounds up to 2^64, so `<` keeps the cast in range.
+        #[allow(clippy::cast_precision_loss)]
+        let max = u64::MAX as f64;
+        if !bps.is_finite() || bps < 0.0 || bps >= max {
+            return Err(bad());
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // checked above
+        Ok(Bandwidth::from_bps(bps.round() as u64))
+    }
+}
+
 /// A property of a PE, or a requirement on one (`require = { isolated = true }`).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(untagged)]
@@ -235,5 +341,23 @@ mod tests {
     fn priority_orders_low_to_high() {
         assert!(Priority::Low < Priority::Normal && Priority::Normal < Priority::High);
         assert!(Priority::High.weight() > Priority::Low.weight());
+    }
+
+    #[test]
+    fn bandwidth_reads_units_and_prints_them_back() {
+        assert_eq!("10 Gbit/s".parse::<Bandwidth>().unwrap().bps(), 10_000_000_000);
+        assert_eq!("500Mbps".parse::<Bandwidth>().unwrap(), Bandwidth::from_mbps(500));
+        assert_eq!("1.5 Gbit/s".parse::<Bandwidth>().unwrap().bps(), 1_500_000_000);
+        assert_eq!("64000".parse::<Bandwidth>().unwrap().bps(), 64_000);
+        assert_eq!(Bandwidth::from_gbps(10).to_string(), "10 Gbit/s");
+        assert_eq!(Bandwidth::from_bps(1_500_000).to_string(), "1.5 Mbit/s");
+        assert_eq!(Bandwidth::from_bps(12).to_string(), "12 bit/s");
+        for bad in ["", "fast", "10 GB/s", "-1 Mbit/s", "1e400 bit/s", "10 Gbit/s/s"] {
+            let e = bad.parse::<Bandwidth>().unwrap_err();
+            assert!(e.to_string().contains("is not a bandwidth"), "{bad}: {e}");
+        }
+        for b in [Bandwidth::ZERO, Bandwidth::from_mbps(1), Bandwidth::from_bps(123_456_789)] {
+            assert_eq!(b.to_string().parse::<Bandwidth>().unwrap(), b);
+        }
     }
 }
