@@ -10,7 +10,7 @@ pub struct GpuInfo {
     pub index: u32,
     pub vendor: String,
     pub device: String,
-    pub memory: Option<u64>,
+    pub memory_bytes: Option<u64>,
 }
 
 impl GpuInfo {
@@ -59,7 +59,7 @@ pub fn probe_in(drm: &Path) -> Vec<GpuInfo> {
                 index,
                 vendor: vendor_name(&vendor),
                 device: device.trim().to_string(),
-                memory,
+                memory_bytes: memory,
             })
         })
         .collect()

@@ -109,16 +109,28 @@ fn release() -> String {
         .unwrap_or_else(|_| "?".into())
 }
 
+/// Why the kernel is not usable as a PE.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot load a BPF program: {source}{}", hint(source))]
+pub struct KernelUnusable {
+    #[source]
+    pub source: std::io::Error,
+}
+
+/// What to do about a refused load.
+fn hint(e: &std::io::Error) -> &'static str {
+    match e.raw_os_error() {
+        Some(libc::EPERM) => {
+            " (needs root or CAP_BPF + CAP_NET_ADMIN; check kernel.unprivileged_bpf_disabled and lockdown)"
+        }
+        Some(libc::ENOSYS) => " (kernel built without CONFIG_BPF_SYSCALL)",
+        _ => "",
+    }
+}
+
 /// Probes the eBPF engine. `Err` says why the kernel is not usable as a PE.
-pub fn probe() -> Result<KernelInfo, String> {
-    let prog = load_xdp_pass().map_err(|e| {
-        let hint = match e.raw_os_error() {
-            Some(libc::EPERM) => " (needs root or CAP_BPF + CAP_NET_ADMIN; check kernel.unprivileged_bpf_disabled and lockdown)",
-            Some(libc::ENOSYS) => " (kernel built without CONFIG_BPF_SYSCALL)",
-            _ => "",
-        };
-        format!("cannot load a BPF program: {e}{hint}")
-    })?;
+pub fn probe() -> Result<KernelInfo, KernelUnusable> {
+    let prog = load_xdp_pass().map_err(|source| KernelUnusable { source })?;
     // SAFETY: the argument is a NUL-terminated C string literal.
     let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
     let xdp_attach = if lo == 0 {
@@ -229,7 +241,7 @@ mod tests {
             }
             Err(e) => {
                 assert!(!root, "root must be able to load a BPF program: {e}");
-                assert!(e.contains("cannot load a BPF program"));
+                assert!(e.to_string().contains("cannot load a BPF program"));
             }
         }
     }

@@ -34,8 +34,7 @@ pub use node::NodeConfig;
 pub struct Capacity {
     /// CPU, in shares of one core.
     pub cpu: f64,
-    /// Memory in bytes.
-    pub memory: u64,
+    pub memory_bytes: u64,
     /// Maximum number of offcodes, if limited.
     pub slots: Option<u32>,
 }
@@ -56,16 +55,32 @@ pub struct Pe {
 impl Pe {
     /// Checks `require` against this PE's properties; the error names the first
     /// property that does not match.
-    pub fn satisfies(&self, require: &BTreeMap<String, PropValue>) -> Result<(), String> {
+    pub fn satisfies(&self, require: &BTreeMap<String, PropValue>) -> Result<(), Unsatisfied> {
         for (k, want) in require {
             match self.props.get(k) {
                 Some(have) if have == want => {}
-                Some(have) => return Err(format!("{} has {k} = {have}, required {want}", self.id)),
-                None => return Err(format!("{} has no property {k}", self.id)),
+                have => {
+                    return Err(Unsatisfied {
+                        pe: self.id.clone(),
+                        property: k.clone(),
+                        have: have.cloned(),
+                        want: want.clone(),
+                    });
+                }
             }
         }
         Ok(())
     }
+}
+
+/// A PE that lacks a property a target requires.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{pe} {}, required {want}", match have { Some(h) => format!("has {property} = {h}"), None => format!("has no property {property}") })]
+pub struct Unsatisfied {
+    pub pe: String,
+    pub property: String,
+    pub have: Option<PropValue>,
+    pub want: PropValue,
 }
 
 /// A kind of PE this machine does not offer, and why.
@@ -135,24 +150,53 @@ pub fn discover(opts: &DiscoverOptions) -> Inventory {
         not_dedicatable: Vec::new(),
     };
     let mem = cores::mem_available();
+    let allowed = probe_cores(&mut inv, opts, mem);
+    if opts.probe_kernel {
+        probe_kernel(&mut inv, allowed, mem);
+    }
+    if opts.probe_wasm {
+        probe_wasm(&mut inv, mem);
+    }
+    probe_nodes(&mut inv, opts);
+    probe_gpus(&mut inv);
+    inv.pes.push(Pe {
+        id: "host".into(),
+        kind: PeKind::Host,
+        props: BTreeMap::new(),
+        // Ordinary threads time-share the allowed CPUs, so the host is the
+        // fallback that always fits: its CPU is not a limit, its memory is.
+        capacity: Capacity {
+            cpu: HOST_CPU_CAPACITY,
+            memory_bytes: mem,
+            slots: None,
+        },
+        detail: format!(
+            "ordinary threads on {allowed} allowed CPUs, {} MiB available",
+            mem >> 20
+        ),
+    });
+    inv
+}
+
+/// The dedicated cores; returns how many CPUs this process may use.
+fn probe_cores(inv: &mut Inventory, opts: &DiscoverOptions, mem: u64) -> usize {
     let cpus = cores::probe(opts.housekeeping.as_deref());
-    let allowed = cpus.allowed_count;
     for c in &cpus.cores {
         if let Some(why) = &c.not_dedicatable {
             inv.not_dedicatable.push((c.cpu, why.clone()));
             continue;
         }
         let mut props = BTreeMap::new();
-        props.insert("cpu".into(), PropValue::Int(c.cpu as i64));
+        props.insert("cpu".into(), PropValue::Int(i64::from(c.cpu)));
         props.insert("isolated".into(), PropValue::Bool(c.isolated));
-        props.insert("numa".into(), PropValue::Int(c.numa as i64));
+        props.insert("numa".into(), PropValue::Int(i64::from(c.numa)));
         inv.pes.push(Pe {
             id: format!("core:{}", c.cpu),
             kind: PeKind::Core,
             props,
             capacity: Capacity {
                 cpu: 1.0,
-                memory: mem,
+                memory_bytes: mem,
                 slots: None,
             },
             detail: c.describe(),
@@ -164,52 +208,56 @@ pub fn discover(opts: &DiscoverOptions) -> Inventory {
             reason: cpus.summary.clone(),
         });
     }
+    cpus.allowed_count
+}
 
-    if opts.probe_kernel {
-        match kernel::probe() {
-            Ok(k) => {
-                let mut props = BTreeMap::new();
-                props.insert("xdp".into(), PropValue::Bool(k.xdp_attach.is_ok()));
-                props.insert("btf".into(), PropValue::Bool(k.btf));
-                inv.pes.push(Pe {
-                    id: "kernel".into(),
-                    kind: PeKind::Kernel,
-                    props,
-                    capacity: Capacity {
-                        cpu: allowed as f64,
-                        memory: k.memlock.unwrap_or(mem).min(mem),
-                        slots: None,
-                    },
-                    detail: k.describe(),
-                });
-            }
-            Err(reason) => inv.absent.push(Absent {
+fn probe_kernel(inv: &mut Inventory, allowed: usize, mem: u64) {
+    match kernel::probe() {
+        Ok(k) => {
+            let mut props = BTreeMap::new();
+            props.insert("xdp".into(), PropValue::Bool(k.xdp_attach.is_ok()));
+            props.insert("btf".into(), PropValue::Bool(k.btf));
+            #[allow(clippy::cast_precision_loss)] // a CPU count
+            inv.pes.push(Pe {
+                id: "kernel".into(),
                 kind: PeKind::Kernel,
-                reason,
-            }),
-        }
-    }
-
-    if opts.probe_wasm {
-        match wasm::probe() {
-            Ok(detail) => inv.pes.push(Pe {
-                id: "wasm".into(),
-                kind: PeKind::Wasm,
-                props: BTreeMap::new(),
+                props,
                 capacity: Capacity {
-                    cpu: 1.0,
-                    memory: mem,
+                    cpu: allowed as f64,
+                    memory_bytes: k.memlock.unwrap_or(mem).min(mem),
                     slots: None,
                 },
-                detail,
-            }),
-            Err(reason) => inv.absent.push(Absent {
-                kind: PeKind::Wasm,
-                reason,
-            }),
+                detail: k.describe(),
+            });
         }
+        Err(e) => inv.absent.push(Absent {
+            kind: PeKind::Kernel,
+            reason: e.to_string(),
+        }),
     }
+}
 
+fn probe_wasm(inv: &mut Inventory, mem: u64) {
+    match wasm::probe() {
+        Ok(detail) => inv.pes.push(Pe {
+            id: "wasm".into(),
+            kind: PeKind::Wasm,
+            props: BTreeMap::new(),
+            capacity: Capacity {
+                cpu: 1.0,
+                memory_bytes: mem,
+                slots: None,
+            },
+            detail,
+        }),
+        Err(e) => inv.absent.push(Absent {
+            kind: PeKind::Wasm,
+            reason: e.to_string(),
+        }),
+    }
+}
+
+fn probe_nodes(inv: &mut Inventory, opts: &DiscoverOptions) {
     if opts.nodes.is_empty() {
         inv.absent.push(Absent {
             kind: PeKind::Node,
@@ -227,23 +275,26 @@ pub fn discover(opts: &DiscoverOptions) -> Inventory {
                     kind: PeKind::Node,
                     props,
                     capacity: Capacity {
-                        cpu: info.cpus as f64,
-                        memory: info.memory,
+                        cpu: f64::from(info.cpus),
+                        memory_bytes: info.memory_bytes,
                         slots: None,
                     },
                     detail: format!(
                         "{} at {} (sidecore {}, {} CPUs)",
-                        info.name, n.addr, info.version, info.cpus
+                        info.name, n.addr, info.software, info.cpus
                     ),
                 });
             }
-            Err(reason) => inv.absent.push(Absent {
+            // The error names the node and its address.
+            Err(e) => inv.absent.push(Absent {
                 kind: PeKind::Node,
-                reason: format!("node {} at {}: {reason}", n.name, n.addr),
+                reason: e.to_string(),
             }),
         }
     }
+}
 
+fn probe_gpus(inv: &mut Inventory) {
     let gpus = gpu::probe();
     if gpus.is_empty() {
         inv.absent.push(Absent {
@@ -260,28 +311,10 @@ pub fn discover(opts: &DiscoverOptions) -> Inventory {
             props,
             capacity: Capacity {
                 cpu: 1.0,
-                memory: g.memory.unwrap_or(0),
+                memory_bytes: g.memory_bytes.unwrap_or(0),
                 slots: None,
             },
             detail: g.describe(),
         });
     }
-
-    inv.pes.push(Pe {
-        id: "host".into(),
-        kind: PeKind::Host,
-        props: BTreeMap::new(),
-        // Ordinary threads time-share the allowed CPUs, so the host is the
-        // fallback that always fits: its CPU is not a limit, its memory is.
-        capacity: Capacity {
-            cpu: HOST_CPU_CAPACITY,
-            memory: mem,
-            slots: None,
-        },
-        detail: format!(
-            "ordinary threads on {allowed} allowed CPUs, {} MiB available",
-            mem >> 20
-        ),
-    });
-    inv
 }

@@ -12,32 +12,45 @@ const MODULE: &[u8] = &[
     0x0a, 0x06, 0x01, 0x04, 0x00, 0x41, 0x2a, 0x0b, // code: i32.const 42; end
 ];
 
+/// Why the wasm engine is not usable here.
+#[derive(Debug, thiserror::Error)]
+pub enum WasmUnusable {
+    #[error("this sidecore was built without the wasm engine (feature `wasm`)")]
+    NotBuilt,
+    #[error("wasmtime cannot {step}: {error}")]
+    Engine { step: &'static str, error: String },
+    #[error("the probe module returned {0}, expected 42")]
+    WrongAnswer(i32),
+}
+
 /// Compiles and runs the probe module; `Err` says what failed.
 #[cfg(not(feature = "wasm"))]
-pub fn probe() -> Result<String, String> {
+pub fn probe() -> Result<String, WasmUnusable> {
     let _ = MODULE;
-    Err("this sidecore was built without the wasm engine (feature `wasm`)".into())
+    Err(WasmUnusable::NotBuilt)
 }
 
 /// Compiles and runs the probe module; `Err` says what failed.
 #[cfg(feature = "wasm")]
-pub fn probe() -> Result<String, String> {
-    let engine = wasmtime::Engine::default();
-    let module = wasmtime::Module::new(&engine, MODULE)
-        .map_err(|e| format!("wasmtime cannot compile a module: {e}"))?;
-    let mut store = wasmtime::Store::new(&engine, ());
+pub fn probe() -> Result<String, WasmUnusable> {
+    let engine = |step| move |e: wasmtime::Error| WasmUnusable::Engine {
+        step,
+        error: e.to_string(),
+    };
+    let wasm_engine = wasmtime::Engine::default();
+    let module = wasmtime::Module::new(&wasm_engine, MODULE).map_err(engine("compile a module"))?;
+    let mut store = wasmtime::Store::new(&wasm_engine, ());
     let instance = wasmtime::Instance::new(&mut store, &module, &[])
-        .map_err(|e| format!("wasmtime cannot instantiate: {e}"))?;
+        .map_err(engine("instantiate a module"))?;
     let f = instance
         .get_typed_func::<(), i32>(&mut store, "answer")
-        .map_err(|e| format!("probe export missing: {e}"))?;
-    match f.call(&mut store, ()) {
-        Ok(42) => Ok(format!(
+        .map_err(engine("find the probe's export"))?;
+    match f.call(&mut store, ()).map_err(engine("run the probe module"))? {
+        42 => Ok(format!(
             "wasmtime (Cranelift JIT) on {}",
             std::env::consts::ARCH
         )),
-        Ok(v) => Err(format!("probe module returned {v}, expected 42")),
-        Err(e) => Err(format!("probe module trapped: {e}")),
+        v => Err(WasmUnusable::WrongAnswer(v)),
     }
 }
 

@@ -1,5 +1,6 @@
 //! The shared vocabulary of sidecore (see `PRODUCT.md`): the kinds of processing
-//! element, offload priorities, layout constraint kinds and channel properties.
+//! element, offload priorities, layout constraint kinds, channel properties, the
+//! bandwidth unit, and the status of running apps ([`status`]).
 //!
 //! Every other crate speaks these types, so they live in one small crate with no
 //! I/O and no heavy dependencies.
@@ -8,6 +9,9 @@ use std::fmt;
 use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
+
+pub mod status;
+pub use status::{AppId, AppState, AppStatus, OffcodeState, OffcodeStatus};
 
 /// A 128-bit globally unique identifier for offcodes and interfaces (HYDRA §4.1).
 pub type Guid = uuid::Uuid;

@@ -1,0 +1,32 @@
+//! sidecore's node protocol: what daemons on different machines say to each
+//! other, in one crate, without I/O at its core.
+//!
+//! * [`frame`] — the one framing: a preamble with the protocol version, then
+//!   frames of length, sequence number and CRC around each message, with one
+//!   size limit ([`frame::MAX_FRAME_BYTES`]).
+//! * [`msg`] — the typed messages ([`Message`]), JSON inside the frames.
+//! * [`part`] — the deploy request ([`RemotePart`]) and its checks.
+//! * [`session`] — the origin's and the peer's state machines: bytes in, bytes
+//!   out, each message checked against who may send it when. Tests and
+//!   simulators drive them without sockets.
+//! * [`tcp`] — the thin blocking driver that runs a session over a socket.
+//! * [`line`] — the control socket's JSON lines, through one bounded reader.
+//!
+//! Later conversations (Orion's monitor, Sikker's agents, Metachory's
+//! sessions) add their messages to [`Message`] and their rules to
+//! [`session`]; the framing, the handshake and the driver stay as they are.
+
+pub mod frame;
+pub mod line;
+pub mod msg;
+pub mod part;
+pub mod session;
+pub mod tcp;
+
+pub use msg::{Hello, Message, NodeInfo};
+pub use part::{PartError, RemoteChannel, RemoteOffcode, RemotePart};
+pub use session::{Error, ErrorKind, Origin, Peer};
+pub use tcp::{Link, LinkError, Received};
+
+/// This build's sidecore version, as hellos and welcomes carry it.
+pub const SOFTWARE_VERSION: &str = env!("CARGO_PKG_VERSION");

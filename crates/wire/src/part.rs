@@ -1,0 +1,325 @@
+//! The deploy request: the part of an origin's app that the layout put on one
+//! peer node (HYDRA's remote PEs), and the checks a peer runs on it before
+//! building anything. It arrives from the network, so every index and name is
+//! checked and each error says which field of which item is wrong.
+
+use std::net::SocketAddr;
+
+use serde::{Deserialize, Serialize};
+use sidecore_types::{ChannelProps, Priority};
+
+/// Most offcodes, and most channels, one part may carry.
+pub const MAX_PART_ITEMS: usize = 1024;
+/// Longest name (app, origin, offcode, port, channel) a part may carry.
+pub const MAX_NAME_BYTES: usize = 128;
+
+/// One offcode of a part, as the peer builds it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteOffcode {
+    pub name: String,
+    pub implementation: String,
+    pub priority: Priority,
+    pub watchdog_ms: Option<u64>,
+    pub obsolete_ms: Option<u64>,
+    pub params: toml::Table,
+    pub inputs: Vec<String>,
+    pub outputs: Vec<String>,
+}
+
+/// An end of a channel in the part: (offcode index in the part, port index).
+pub type PartEnd = (usize, usize);
+
+/// One channel with at least one end in the part.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemoteChannel {
+    pub name: String,
+    pub props: ChannelProps,
+    /// The sending end, if it is in the part (otherwise it is at the origin,
+    /// and the peer listens for it).
+    pub from: Option<PartEnd>,
+    /// The receiving ends in the part.
+    pub to: Vec<PartEnd>,
+    /// Where the receiver at the origin listens, if the receiver is there.
+    pub connect: Option<String>,
+}
+
+/// The part of a plan placed on one peer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemotePart {
+    /// The app's name at the origin.
+    pub app: String,
+    /// Who asked (host name and process), for names and messages.
+    pub origin: String,
+    pub offcodes: Vec<RemoteOffcode>,
+    pub channels: Vec<RemoteChannel>,
+}
+
+/// What is wrong with a deploy request.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PartError {
+    #[error("invalid app name {0:?}")]
+    AppName(String),
+    #[error("invalid origin name {0:?}")]
+    OriginName(String),
+    #[error("the part has no offcodes")]
+    NoOffcodes,
+    #[error("the part has {offcodes} offcodes and {channels} channels (at most {MAX_PART_ITEMS} each)")]
+    TooMany { offcodes: usize, channels: usize },
+    #[error("offcodes[{index}].name: invalid name {name:?}")]
+    OffcodeName { index: usize, name: String },
+    #[error("offcodes[{index}].name: `{name}` appears twice")]
+    DuplicateOffcode { index: usize, name: String },
+    #[error("offcode `{offcode}`: invalid port name {port:?}")]
+    PortName { offcode: String, port: String },
+    #[error("channels[{index}].name: invalid name {name:?}")]
+    ChannelName { index: usize, name: String },
+    #[error("channels[{index}].name: `{name}` appears twice")]
+    DuplicateChannel { index: usize, name: String },
+    #[error("channel `{channel}`: {end} names offcode #{offcode}, but the part has {have}")]
+    EndOffcode {
+        channel: String,
+        end: &'static str,
+        offcode: usize,
+        have: usize,
+    },
+    #[error("channel `{channel}`: {end} names port #{port} of `{offcode}`, which has {have} {direction} ports")]
+    EndPort {
+        channel: String,
+        end: &'static str,
+        port: usize,
+        offcode: String,
+        have: usize,
+        direction: &'static str,
+    },
+    #[error("channel `{0}`: needs one sender and its receivers in the part, or exactly one end here and the other at the origin")]
+    Ends(String),
+    #[error("channel `{channel}`: `connect` is not an ip:port address: {addr:?}")]
+    Connect { channel: String, addr: String },
+}
+
+/// A name a part may carry: plain ASCII, bounded.
+pub fn valid_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= MAX_NAME_BYTES
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@' | ':'))
+}
+
+impl RemotePart {
+    /// Checks the request: every index points into the part, every channel has
+    /// exactly one sender and a receiver, names are plain.
+    pub fn validate(&self) -> Result<(), PartError> {
+        if !valid_name(&self.app) {
+            return Err(PartError::AppName(self.app.clone()));
+        }
+        if !valid_name(&self.origin) {
+            return Err(PartError::OriginName(self.origin.clone()));
+        }
+        if self.offcodes.is_empty() {
+            return Err(PartError::NoOffcodes);
+        }
+        if self.offcodes.len() > MAX_PART_ITEMS || self.channels.len() > MAX_PART_ITEMS {
+            return Err(PartError::TooMany {
+                offcodes: self.offcodes.len(),
+                channels: self.channels.len(),
+            });
+        }
+        self.validate_offcodes()?;
+        for (i, c) in self.channels.iter().enumerate() {
+            self.validate_channel(i, c)?;
+        }
+        Ok(())
+    }
+
+    fn validate_offcodes(&self) -> Result<(), PartError> {
+        for (index, o) in self.offcodes.iter().enumerate() {
+            if !valid_name(&o.name) {
+                return Err(PartError::OffcodeName {
+                    index,
+                    name: o.name.clone(),
+                });
+            }
+            if self.offcodes[..index].iter().any(|p| p.name == o.name) {
+                return Err(PartError::DuplicateOffcode {
+                    index,
+                    name: o.name.clone(),
+                });
+            }
+            if let Some(p) = o.inputs.iter().chain(&o.outputs).find(|p| !valid_name(p)) {
+                return Err(PartError::PortName {
+                    offcode: o.name.clone(),
+                    port: p.clone(),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn validate_channel(&self, index: usize, c: &RemoteChannel) -> Result<(), PartError> {
+        if !valid_name(&c.name) {
+            return Err(PartError::ChannelName {
+                index,
+                name: c.name.clone(),
+            });
+        }
+        if self.channels[..index].iter().any(|d| d.name == c.name) {
+            return Err(PartError::DuplicateChannel {
+                index,
+                name: c.name.clone(),
+            });
+        }
+        if let Some(f) = c.from {
+            self.check_end(c, "from", f, true)?;
+        }
+        for &t in &c.to {
+            self.check_end(c, "to", t, false)?;
+        }
+        match (c.from.is_some(), c.to.len(), c.connect.is_some()) {
+            (true, n, false) if n > 0 => {}
+            (true, 0, true) | (false, 1, false) => {}
+            _ => return Err(PartError::Ends(c.name.clone())),
+        }
+        if let Some(addr) = &c.connect
+            && addr.parse::<SocketAddr>().is_err()
+        {
+            return Err(PartError::Connect {
+                channel: c.name.clone(),
+                addr: addr.clone(),
+            });
+        }
+        Ok(())
+    }
+
+    fn check_end(
+        &self,
+        c: &RemoteChannel,
+        end: &'static str,
+        (offcode, port): PartEnd,
+        output: bool,
+    ) -> Result<(), PartError> {
+        let Some(oc) = self.offcodes.get(offcode) else {
+            return Err(PartError::EndOffcode {
+                channel: c.name.clone(),
+                end,
+                offcode,
+                have: self.offcodes.len(),
+            });
+        };
+        let ports = if output { &oc.outputs } else { &oc.inputs };
+        if port >= ports.len() {
+            return Err(PartError::EndPort {
+                channel: c.name.clone(),
+                end,
+                port,
+                offcode: oc.name.clone(),
+                have: ports.len(),
+                direction: if output { "output" } else { "input" },
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+
+    pub(crate) fn part() -> RemotePart {
+        RemotePart {
+            app: "demo".into(),
+            origin: "vm.1".into(),
+            offcodes: vec![RemoteOffcode {
+                name: "checksum".into(),
+                implementation: "inet-checksum".into(),
+                priority: Priority::Normal,
+                watchdog_ms: Some(1000),
+                obsolete_ms: None,
+                params: toml::Table::new(),
+                inputs: vec!["in".into()],
+                outputs: vec![],
+            }],
+            channels: vec![RemoteChannel {
+                name: "records".into(),
+                props: ChannelProps::default(),
+                from: None,
+                to: vec![(0, 0)],
+                connect: None,
+            }],
+        }
+    }
+
+    fn err(p: &RemotePart) -> String {
+        p.validate().unwrap_err().to_string()
+    }
+
+    #[test]
+    fn a_good_part_passes() {
+        part().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_deploy_requests_say_what_is_wrong() {
+        let mut p = part();
+        p.app = "../etc".into();
+        assert!(err(&p).contains("invalid app name"));
+
+        let mut p = part();
+        p.origin = String::new();
+        assert!(err(&p).contains("invalid origin name"));
+
+        let mut p = part();
+        p.offcodes.clear();
+        assert!(err(&p).contains("no offcodes"));
+
+        let mut p = part();
+        p.offcodes.push(p.offcodes[0].clone());
+        assert!(err(&p).contains("offcodes[1].name: `checksum` appears twice"));
+
+        let mut p = part();
+        p.offcodes[0].inputs[0] = "in put".into();
+        assert!(err(&p).contains("offcode `checksum`: invalid port name"));
+
+        let mut p = part();
+        p.channels[0].to = vec![(5, 0)];
+        let e = err(&p);
+        assert!(
+            e.contains("channel `records`: to names offcode #5, but the part has 1"),
+            "{e}"
+        );
+
+        let mut p = part();
+        p.channels[0].to = vec![(0, 3)];
+        let e = err(&p);
+        assert!(
+            e.contains("port #3 of `checksum`, which has 1 input ports"),
+            "{e}"
+        );
+
+        // An input used as a sender.
+        let mut p = part();
+        p.channels[0].from = Some((0, 0));
+        p.channels[0].to = vec![];
+        p.channels[0].connect = Some("127.0.0.1:9".into());
+        let e = err(&p);
+        assert!(e.contains("which has 0 output ports"), "{e}");
+
+        // Neither end here.
+        let mut p = part();
+        p.channels[0].to = vec![];
+        assert!(err(&p).contains("needs one sender"));
+
+        let mut p = part();
+        p.offcodes[0].outputs = vec!["out".into()];
+        p.channels[0].from = Some((0, 0));
+        p.channels[0].to = vec![];
+        p.channels[0].connect = Some("somewhere".into());
+        assert!(err(&p).contains("`connect` is not an ip:port address"));
+
+        let mut p = part();
+        p.channels.push(p.channels[0].clone());
+        assert!(err(&p).contains("channels[1].name: `records` appears twice"));
+    }
+}
