@@ -10,9 +10,23 @@ use std::time::Duration;
 use sidecore_layout::SolveOptions;
 use sidecore_offcode::Registry;
 use sidecore_pe::{DiscoverOptions, Inventory};
-use sidecore_runtime::{AppId, AppStatus, Plan, Runtime, RuntimeConfig};
+use sidecore_runtime::{AppId, AppStatus, DeployError, Plan, PlanError, Runtime, RuntimeConfig};
 
-use crate::protocol::{Request, Response, to_wire};
+use crate::protocol::{Request, Response};
+
+/// Why the daemon refused a request.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// The manifest was rejected; the diagnostics, rendered with file:line.
+    #[error("{0}")]
+    Manifest(String),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error(transparent)]
+    Deploy(#[from] DeployError),
+    #[error("no app named `{0}` (see `sidecore ps`)")]
+    NoApp(String),
+}
 
 /// How the daemon discovers, solves and runs.
 #[derive(Debug, Clone, Default)]
@@ -67,8 +81,8 @@ impl Daemon {
     /// an origin's app into this daemon's runtime and holds its lease.
     pub fn deploy_handler(self: &Arc<Self>) -> crate::node::DeployHandler {
         let d = Arc::clone(self);
-        Arc::new(move |sock, line: &str, stop| {
-            sidecore_runtime::remote::serve(&d.rt, &d.registry, sock, line, stop);
+        Arc::new(move |link, part, stop| {
+            sidecore_runtime::node::peer::serve(&d.rt, &d.registry, link, part, stop);
         })
     }
 
@@ -79,7 +93,10 @@ impl Daemon {
 
     /// The machine's PEs (probed once).
     pub fn inventory(&self) -> Inventory {
-        let mut inv = self.inventory.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut inv = self
+            .inventory
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         inv.get_or_insert_with(|| sidecore_pe::discover(&self.opts.discover))
             .clone()
     }
@@ -87,32 +104,35 @@ impl Daemon {
     /// The PEs with what running apps hold subtracted.
     fn free_inventory(&self) -> Inventory {
         let mut inv = self.inventory();
-        let held = self.held.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         for (pe, cpu, mem) in held.values().flatten() {
             if let Some(p) = inv.pes.iter_mut().find(|p| &p.id == pe) {
                 p.capacity.cpu = (p.capacity.cpu - cpu).max(0.0);
-                p.capacity.memory = p.capacity.memory.saturating_sub(*mem);
+                p.capacity.memory_bytes = p.capacity.memory_bytes.saturating_sub(*mem);
             }
         }
         inv
     }
 
     /// Loads, plans and deploys a manifest.
-    pub fn up(&self, path: &Path) -> Result<UpReport, String> {
-        let manifest = sidecore_manifest::load(path).map_err(|e| e.render(false))?;
+    pub fn up(&self, path: &Path) -> Result<UpReport, DaemonError> {
+        let manifest =
+            sidecore_manifest::load(path).map_err(|e| DaemonError::Manifest(e.render(false)))?;
         let plan = self.plan(&manifest)?;
         self.deploy(&manifest, &plan)
     }
 
     /// Plans a loaded manifest against the free PEs.
-    pub fn plan(&self, manifest: &sidecore_manifest::Manifest) -> Result<Plan, String> {
-        sidecore_runtime::plan(
+    pub fn plan(&self, manifest: &sidecore_manifest::Manifest) -> Result<Plan, DaemonError> {
+        Ok(sidecore_runtime::plan_manifest(
             manifest,
             &self.free_inventory(),
             &self.registry,
             &self.opts.solve,
-        )
-        .map_err(|e| e.to_string())
+        )?)
     }
 
     /// Deploys a plan made from `manifest`.
@@ -120,11 +140,8 @@ impl Daemon {
         &self,
         manifest: &sidecore_manifest::Manifest,
         plan: &Plan,
-    ) -> Result<UpReport, String> {
-        let id = self
-            .rt
-            .deploy(plan, &self.registry)
-            .map_err(|e| e.to_string())?;
+    ) -> Result<UpReport, DaemonError> {
+        let id = self.rt.deploy(plan)?;
         let holds = plan
             .offcodes
             .iter()
@@ -159,12 +176,12 @@ impl Daemon {
     }
 
     /// Stops one app, or all. Returns the names stopped.
-    pub fn down(&self, app: Option<&str>) -> Result<Vec<String>, String> {
+    pub fn down(&self, app: Option<&str>) -> Result<Vec<String>, DaemonError> {
         let ids: Vec<AppId> = match app {
             Some(which) => vec![
                 self.rt
                     .find(which)
-                    .ok_or_else(|| format!("no app named `{which}` (see `sidecore ps`)"))?,
+                    .ok_or_else(|| DaemonError::NoApp(which.to_string()))?,
             ],
             None => self.rt.status().into_iter().map(|a| a.id).collect(),
         };
@@ -192,24 +209,24 @@ impl Daemon {
             Request::Up { manifest } => match self.up(Path::new(&manifest)) {
                 Ok(r) => Response::Ok {
                     message: Some(format!("deployed {} (id {})", r.app, r.id)),
-                    apps: to_wire(&self.rt.status_of(r.id).into_iter().collect::<Vec<_>>()),
+                    apps: self.rt.status_of(r.id).into_iter().collect(),
                     lines: r
                         .placements
                         .iter()
                         .map(|(o, pe, why)| format!("{o} → {pe}: {why}"))
                         .collect(),
                 },
-                Err(e) => Response::error(e),
+                Err(e) => Response::error(e.to_string()),
             },
             Request::Ps => Response::Ok {
                 message: None,
-                apps: to_wire(&self.ps()),
+                apps: self.ps(),
                 lines: Vec::new(),
             },
             Request::Down { app } => match self.down(app.as_deref()) {
                 Ok(v) if v.is_empty() => Response::ok("no apps were running"),
                 Ok(v) => Response::ok(format!("stopped {}", v.join(", "))),
-                Err(e) => Response::error(e),
+                Err(e) => Response::error(e.to_string()),
             },
             Request::Events { app } => {
                 let evs = match &app {
@@ -238,7 +255,11 @@ impl Daemon {
 
     /// True once shutdown was requested.
     pub fn shutting_down(&self) -> bool {
-        *self.shutdown.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        *self
+            .shutdown
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Waits for a shutdown request; true if one came within `timeout`.

@@ -4,7 +4,8 @@
 //!   `up` (load, plan, deploy), `ps`, `down`.
 //! * [`server`] — the Unix control socket: one JSON request per line, one JSON
 //!   response per line ([`Request`], [`Response`]), and its client.
-//! * [`node`] — the TCP node listener that answers peers' hellos.
+//! * [`node`] — the TCP node listener: peers' hellos over the node protocol,
+//!   and their deploy requests, handed to the runtime's peer side.
 //!
 //! Control traffic is a handful of short requests, so the servers use a thread
 //! per connection rather than an async runtime: simpler, and the daemon's
@@ -15,6 +16,6 @@ pub mod node;
 pub mod protocol;
 pub mod server;
 
-pub use daemon::{Daemon, DaemonOptions, UpReport};
+pub use daemon::{Daemon, DaemonError, DaemonOptions, UpReport};
 pub use protocol::{Request, Response};
-pub use server::{ControlServer, default_socket, request};
+pub use server::{ClientError, ControlServer, ServerError, default_socket, request};

@@ -1,22 +1,46 @@
-//! The node listener: peers (and `sidecore devices` on other machines)
-//! connect here and exchange hellos (`sidecore_pe::node`). It answers with this
-//! node's name, version and resources. A `deploy` request instead hands the
-//! connection to the runtime, which deploys a part of an origin's app here.
+//! The node listener: peers (and `sidecore devices` on other machines) connect
+//! here over the node protocol (`sidecore-wire`). Each connection opens with a
+//! hello, answered with this node's name, version and resources; a probe ends
+//! there. A deploy request instead hands the connection to the deploy handler
+//! (the runtime's peer side), which runs the part for as long as the
+//! connection, its lease, stays open.
 
-use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use sidecore_pe::node::{Hello, NODE_PROTOCOL, NodeInfo};
+use sidecore_wire::session::PeerGrammar;
+use sidecore_wire::{Link, LinkError, Message, NodeInfo, Received, RemotePart};
 
-/// Serves a `deploy` request: the connection (buffered, with whatever followed
-/// its first line still in the buffer), that first line, and a flag set when the
-/// listener stops. It runs for as long as the part it deploys (the connection is
-/// the part's lease; see `sidecore_runtime::remote`).
-pub type DeployHandler = Arc<dyn Fn(BufReader<TcpStream>, &str, &AtomicBool) + Send + Sync>;
+/// How long a connection may take to say hello, and then to ask for anything.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// How often the accept loop looks at the stop flag.
+const ACCEPT_POLL: Duration = Duration::from_millis(20);
+/// Back-off after a failed accept (out of descriptors, for example).
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+
+/// Serves a deploy request: the connection, the (validated) part, and a flag
+/// set when the listener stops. It runs for as long as the part it deploys.
+pub type DeployHandler = Arc<dyn Fn(&Link<PeerGrammar>, &RemotePart, &AtomicBool) + Send + Sync>;
+
+/// Why the node listener could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ListenError {
+    #[error("cannot listen for peers on {addr}: {source}")]
+    Bind {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("node listener on {addr}: {source}")]
+    Setup {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
 
 /// A running node listener.
 pub struct NodeListener {
@@ -32,52 +56,29 @@ impl NodeListener {
         addr: &str,
         name: &str,
         deploy: Option<DeployHandler>,
-    ) -> Result<NodeListener, String> {
-        let l = TcpListener::bind(addr).map_err(|e| format!("cannot listen on {addr}: {e}"))?;
-        let local = l.local_addr().map_err(|e| e.to_string())?;
-        l.set_nonblocking(true).map_err(|e| e.to_string())?;
+    ) -> Result<NodeListener, ListenError> {
+        let setup = |source| ListenError::Setup {
+            addr: addr.to_string(),
+            source,
+        };
+        let l = TcpListener::bind(addr).map_err(|source| ListenError::Bind {
+            addr: addr.to_string(),
+            source,
+        })?;
+        let local = l.local_addr().map_err(setup)?;
+        l.set_nonblocking(true).map_err(setup)?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = Arc::clone(&stop);
-        let info = Arc::new(NodeInfo {
+        let info = NodeInfo {
             name: name.to_string(),
-            version: env!("CARGO_PKG_VERSION").to_string(),
-            protocol: NODE_PROTOCOL,
-            cpus: sidecore_pe::cores::allowed_cpus().len() as u32,
-            memory: sidecore_pe::cores::mem_available(),
-        });
+            software: sidecore_wire::SOFTWARE_VERSION.to_string(),
+            cpus: u32::try_from(sidecore_pe::cores::allowed_cpus().len()).unwrap_or(u32::MAX),
+            memory_bytes: sidecore_pe::cores::mem_available(),
+        };
         let thread = std::thread::Builder::new()
             .name("sc-node".into())
-            .spawn(move || {
-                let conns: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
-                while !st.load(Ordering::Acquire) {
-                    match l.accept() {
-                        Ok((s, _)) => {
-                            let (info, deploy, st) =
-                                (Arc::clone(&info), deploy.clone(), Arc::clone(&st));
-                            // One thread per connection: a deployed part keeps
-                            // its connection for as long as it runs.
-                            if let Ok(h) = std::thread::Builder::new()
-                                .name("sc-node-conn".into())
-                                .spawn(move || {
-                                    let _ = serve(s, &info, deploy.as_ref(), &st);
-                                })
-                            {
-                                let mut c = conns.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                                c.retain(|h| !h.is_finished());
-                                c.push(h);
-                            }
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                            std::thread::sleep(Duration::from_millis(20));
-                        }
-                        Err(_) => std::thread::sleep(Duration::from_millis(100)),
-                    }
-                }
-                for h in conns.into_inner().unwrap_or_else(std::sync::PoisonError::into_inner) {
-                    let _ = h.join();
-                }
-            })
-            .map_err(|e| e.to_string())?;
+            .spawn(move || accept_loop(&l, &info, deploy.as_ref(), &st))
+            .map_err(setup)?;
         Ok(NodeListener {
             addr: local,
             stop,
@@ -100,39 +101,75 @@ impl Drop for NodeListener {
     }
 }
 
-fn serve(
-    s: TcpStream,
+fn accept_loop(
+    l: &TcpListener,
     info: &NodeInfo,
     deploy: Option<&DeployHandler>,
-    stop: &AtomicBool,
-) -> std::io::Result<()> {
-    s.set_nonblocking(false)?;
-    s.set_read_timeout(Some(Duration::from_secs(2)))?;
-    let mut w = s.try_clone()?;
-    let mut line = String::new();
-    // A deploy request's connection carries more after its first line: the
-    // reader, with anything it buffered past the line, goes to the handler.
-    let mut r = BufReader::new(s.try_clone()?);
-    r.by_ref().take(1 << 20).read_line(&mut line)?;
-    let op = serde_json::from_str::<serde_json::Value>(line.trim())
-        .ok()
-        .and_then(|v| Some(v.get("op")?.as_str()?.to_string()));
-    if op.as_deref() == Some("deploy") {
-        match deploy {
-            Some(d) => d(r, &line, stop),
-            None => w.write_all(
-                b"{\"reply\":\"error\",\"error\":\"this node does not accept deployments\"}\n",
-            )?,
+    stop: &Arc<AtomicBool>,
+) {
+    let conns: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
+    while !stop.load(Ordering::Acquire) {
+        match l.accept() {
+            Ok((s, _)) => {
+                let (info, deploy, st) = (info.clone(), deploy.cloned(), Arc::clone(stop));
+                // One thread per connection: a deployed part keeps its
+                // connection for as long as it runs.
+                let spawned = std::thread::Builder::new()
+                    .name("sc-node-conn".into())
+                    .spawn(move || {
+                        if let Err(e) = serve(s, info, deploy.as_ref(), &st) {
+                            tracing::debug!("node connection: {e}");
+                        }
+                    });
+                if let Ok(h) = spawned {
+                    let mut c = conns
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    c.retain(|h| !h.is_finished());
+                    c.push(h);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::thread::sleep(ACCEPT_POLL),
+            Err(_) => std::thread::sleep(ACCEPT_BACKOFF),
         }
-        return Ok(());
     }
-    let reply = match serde_json::from_str::<Hello>(line.trim()) {
-        Ok(h) if h.op == "hello" => serde_json::to_string(info).unwrap_or_default(),
-        Ok(h) => format!(r#"{{"error":"unknown op {:?}"}}"#, h.op),
-        Err(e) => format!(
-            r#"{{"error":"bad hello: {}"}}"#,
-            e.to_string().replace('"', "'")
-        ),
-    };
-    w.write_all(format!("{reply}\n").as_bytes())
+    for h in conns
+        .into_inner()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+    {
+        let _ = h.join();
+    }
+}
+
+/// One connection: the hello (answered by the session), then a probe's close
+/// or a deploy request. A request the protocol refuses (a malformed or invalid
+/// part, a message out of turn) is answered with the reason.
+fn serve(
+    s: TcpStream,
+    info: NodeInfo,
+    deploy: Option<&DeployHandler>,
+    stop: &AtomicBool,
+) -> Result<(), LinkError> {
+    s.set_nonblocking(false).map_err(|source| LinkError::Io {
+        peer: "origin".into(),
+        source,
+    })?;
+    let link = Link::accept(s, info)?;
+    let answer = |error: String| link.send(&Message::Error { error });
+    match link.expect(REQUEST_TIMEOUT) {
+        Ok(_) => {} // the hello: the grammar admits nothing else first
+        Err(LinkError::Wire(e)) => return answer(e.kind.to_string()),
+        Err(e) => return Err(e),
+    }
+    match link.recv(Some(REQUEST_TIMEOUT)) {
+        Ok(Received::Message(Message::Deploy(part))) => match deploy {
+            Some(d) => d(&link, &part, stop),
+            None => answer("this node does not accept deployments".into())?,
+        },
+        // A probe's close, silence, or the origin's own error.
+        Ok(_) => {}
+        Err(LinkError::Wire(e)) => answer(e.kind.to_string())?,
+        Err(e) => return Err(e),
+    }
+    Ok(())
 }

@@ -29,7 +29,7 @@ pub enum Response {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         message: Option<String>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
-        apps: Vec<AppStatusWire>,
+        apps: Vec<AppStatus>,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
         lines: Vec<String>,
     },
@@ -51,19 +51,14 @@ impl Response {
     }
 }
 
-/// `AppStatus` as it crosses the socket (the runtime's type is serialize-only).
-pub type AppStatusWire = serde_json::Value;
-
-/// Converts runtime status for the wire.
-pub fn to_wire(apps: &[AppStatus]) -> Vec<AppStatusWire> {
-    apps.iter()
-        .map(|a| serde_json::to_value(a).unwrap_or(serde_json::Value::Null))
-        .collect()
-}
+/// A control request that cannot be read.
+#[derive(Debug, thiserror::Error)]
+#[error("bad control request: {0}")]
+pub struct BadRequest(#[from] serde_json::Error);
 
 /// Parses one request line; the error says what is wrong with it.
-pub fn parse_request(line: &str) -> Result<Request, String> {
-    serde_json::from_str(line.trim()).map_err(|e| format!("bad control request: {e}"))
+pub fn parse_request(line: &str) -> Result<Request, BadRequest> {
+    Ok(serde_json::from_str(line.trim())?)
 }
 
 #[cfg(test)]
@@ -81,11 +76,13 @@ mod tests {
         assert!(
             parse_request(r#"{"op":"explode"}"#)
                 .unwrap_err()
+                .to_string()
                 .contains("unknown variant `explode`")
         );
         assert!(
             parse_request("not json")
                 .unwrap_err()
+                .to_string()
                 .starts_with("bad control request")
         );
     }

@@ -94,7 +94,10 @@ fn replaces_a_stale_socket_and_refuses_a_live_one() {
     assert!(path.exists());
     let d = daemon();
     let _live = ControlServer::start(d.clone(), &path).expect("stale socket replaced");
-    let e = ControlServer::start(daemon(), &path).err().unwrap();
+    let e = ControlServer::start(daemon(), &path)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("another sidecore daemon is listening"), "{e}");
     d.stop_all();
 }
@@ -111,7 +114,7 @@ fn the_node_listener_answers_a_peers_hello() {
     )
     .unwrap();
     assert_eq!(info.name, "peer-b");
-    assert!(info.cpus >= 1 && info.memory > 0);
+    assert!(info.cpus >= 1 && info.memory_bytes > 0);
     // And discovery lists it as a node PE.
     let inv = sidecore_pe::discover(&DiscoverOptions {
         nodes: vec![sidecore_pe::NodeConfig {

@@ -54,7 +54,10 @@ pub struct Metrics {
 impl Metrics {
     /// The metric named `name`, created on first use.
     pub fn metric(&self, name: &str) -> Metric {
-        let mut e = self.entries.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut e = self
+            .entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some((_, m)) = e.iter().find(|(n, _)| n == name) {
             return m.clone();
         }

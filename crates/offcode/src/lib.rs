@@ -24,7 +24,7 @@ mod registry;
 pub use context::parse_params;
 pub use context::{InitCx, Metric, Metrics, OffcodeInfo, RunCx};
 pub use ports::{Drained, Inlet, Outlet};
-pub use registry::{BuildSpec, Factory, Implementation, Registry, Validator};
+pub use registry::{BuildSpec, Factory, ImplError, Implementation, Registry, Validator};
 
 use sidecore_channel::oob::OobMessage;
 

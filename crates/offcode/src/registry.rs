@@ -70,43 +70,69 @@ impl Implementation {
     }
 
     /// `Ok` if it runs on `kind`; otherwise why not, naming the kinds it runs on.
-    pub fn check_runs_on(&self, kind: PeKind) -> Result<(), String> {
+    pub fn check_runs_on(&self, kind: PeKind) -> Result<(), ImplError> {
         if self.runs_on(kind) {
             return Ok(());
         }
-        Err(format!(
-            "implementation `{}` does not run on {kind} (it runs on: {})",
-            self.name,
-            self.kinds
-                .iter()
-                .map(std::string::ToString::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        ))
+        Err(ImplError::NotOn {
+            implementation: self.name.clone(),
+            kind,
+            runs_on: list(self.kinds.iter().map(ToString::to_string)),
+        })
     }
 
     /// Checks that the manifest's ports are ones this implementation provides.
-    pub fn check_ports(&self, inputs: &[String], outputs: &[String]) -> Result<(), String> {
-        let check =
-            |have: &Option<Vec<String>>, want: &[String], what: &str| -> Result<(), String> {
-                if let Some(have) = have
-                    && let Some(p) = want.iter().find(|p| !have.contains(p))
-                {
-                    return Err(format!(
-                        "implementation `{}` has no {what} port `{p}` (it provides: {})",
-                        self.name,
-                        if have.is_empty() {
-                            "none".into()
-                        } else {
-                            have.join(", ")
-                        }
-                    ));
-                }
-                Ok(())
-            };
+    pub fn check_ports(&self, inputs: &[String], outputs: &[String]) -> Result<(), ImplError> {
+        let check = |have: &Option<Vec<String>>, want: &[String], direction| {
+            if let Some(have) = have
+                && let Some(p) = want.iter().find(|p| !have.contains(p))
+            {
+                return Err(ImplError::NoPort {
+                    implementation: self.name.clone(),
+                    direction,
+                    port: p.clone(),
+                    provides: list(have.iter().cloned()),
+                });
+            }
+            Ok(())
+        };
         check(&self.inputs, inputs, "input")?;
         check(&self.outputs, outputs, "output")
     }
+}
+
+/// `a, b, c`, or `none`.
+fn list(items: impl Iterator<Item = String>) -> String {
+    let v: Vec<String> = items.collect();
+    if v.is_empty() {
+        "none".into()
+    } else {
+        v.join(", ")
+    }
+}
+
+/// Why an implementation cannot serve an offcode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ImplError {
+    #[error("the library has no implementation `{0}`")]
+    Unknown(String),
+    #[error("this sidecore has no loader for {0} modules")]
+    NoLoader(PeKind),
+    #[error("implementation `{implementation}` does not run on {kind} (it runs on: {runs_on})")]
+    NotOn {
+        implementation: String,
+        kind: PeKind,
+        runs_on: String,
+    },
+    #[error(
+        "implementation `{implementation}` has no {direction} port `{port}` (it provides: {provides})"
+    )]
+    NoPort {
+        implementation: String,
+        direction: &'static str,
+        port: String,
+        provides: String,
+    },
 }
 
 /// The library of implementations.

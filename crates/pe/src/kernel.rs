@@ -209,7 +209,9 @@ mod tests {
         if unsafe { libc::geteuid() } != 0 {
             return;
         }
-        let _g = PROBE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _g = PROBE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (progs, links) = (count_ids(11), count_ids(31));
         let k = probe().unwrap();
         assert_eq!(k.xdp_attach, Ok(()));
@@ -228,7 +230,9 @@ mod tests {
     /// attach; as another user it must fail with a reason, not panic.
     #[test]
     fn probe_reports_load_and_attach() {
-        let _g = PROBE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _g = PROBE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // SAFETY: geteuid has no preconditions.
         let root = unsafe { libc::geteuid() } == 0;
         match probe() {

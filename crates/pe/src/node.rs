@@ -143,9 +143,9 @@ pub fn hello() -> Hello {
     }
 }
 
-/// How a peer is named in errors: `node b (10.0.0.2:7400)`.
+/// How a peer is named in errors: `node b at 10.0.0.2:7400`.
 pub fn label(node: &NodeConfig) -> String {
-    format!("node {} ({})", node.name, node.addr)
+    format!("node {} at {}", node.name, node.addr)
 }
 
 /// Contacts a peer and exchanges hello and welcome.
@@ -195,7 +195,10 @@ mod tests {
         let e = load_nodes(Path::new("/nonexistent/nodes.toml"))
             .unwrap_err()
             .to_string();
-        assert!(e.contains("cannot read nodes file /nonexistent/nodes.toml"), "{e}");
+        assert!(
+            e.contains("cannot read nodes file /nonexistent/nodes.toml"),
+            "{e}"
+        );
     }
 
     #[test]
@@ -208,8 +211,13 @@ mod tests {
             name: "gone".into(),
             addr: addr.clone(),
         };
-        let e = probe(&gone, Duration::from_millis(300)).unwrap_err().to_string();
-        assert!(e.starts_with(&format!("node gone ({addr}): ")), "{e}");
+        let e = probe(&gone, Duration::from_millis(300))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with(&format!("node gone at {addr}: unreachable")),
+            "{e}"
+        );
 
         // Something that is not sidecore.
         let l = TcpListener::bind("127.0.0.1:0").unwrap();

@@ -33,9 +33,11 @@ pub fn probe() -> Result<String, WasmUnusable> {
 /// Compiles and runs the probe module; `Err` says what failed.
 #[cfg(feature = "wasm")]
 pub fn probe() -> Result<String, WasmUnusable> {
-    let engine = |step| move |e: wasmtime::Error| WasmUnusable::Engine {
-        step,
-        error: e.to_string(),
+    let engine = |step| {
+        move |e: wasmtime::Error| WasmUnusable::Engine {
+            step,
+            error: e.to_string(),
+        }
     };
     let wasm_engine = wasmtime::Engine::default();
     let module = wasmtime::Module::new(&wasm_engine, MODULE).map_err(engine("compile a module"))?;
@@ -45,7 +47,10 @@ pub fn probe() -> Result<String, WasmUnusable> {
     let f = instance
         .get_typed_func::<(), i32>(&mut store, "answer")
         .map_err(engine("find the probe's export"))?;
-    match f.call(&mut store, ()).map_err(engine("run the probe module"))? {
+    match f
+        .call(&mut store, ())
+        .map_err(engine("run the probe module"))?
+    {
         42 => Ok(format!(
             "wasmtime (Cranelift JIT) on {}",
             std::env::consts::ARCH

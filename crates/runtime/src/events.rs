@@ -141,7 +141,10 @@ impl EventLog {
         {
             s(&e);
         }
-        let mut v = self.events.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut v = self
+            .events
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         // Keep memory bounded in a long-running daemon.
         if v.len() >= 100_000 {
             v.drain(..50_000);

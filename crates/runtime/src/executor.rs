@@ -9,23 +9,32 @@
 //! outputs can take, so back-pressure propagates), call `poll`, publish its
 //! outputs, and stamp its heartbeat. An offcode whose turn overruns its
 //! watchdog period is stopped when the turn returns; one that never returns is
-//! caught by the supervisor (`crate::supervisor`), which watches what each
-//! executor is running right now.
+//! caught by the supervisor ([`crate::supervisor`]), which watches what each
+//! executor is running right now through its [`ExecutorState`].
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use sidecore_channel::oob::OobEndpoint;
 use sidecore_offcode::{
-    InitCx, Inlet, InputId, Metrics, Offcode, OffcodeError, OffcodeInfo, Outlet, Progress, RunCx,
+    InitCx, Inlet, InputId, Offcode, OffcodeError, OffcodeInfo, Outlet, Progress, RunCx,
 };
+use sidecore_types::OffcodeState;
 
 use crate::events::{EventKind, EventLog};
+use crate::handle::OffcodeHandle;
 
 /// Messages drained from one input per turn.
 pub const BURST: usize = 256;
+/// How long an executor with nothing started waits for a command.
+const COMMAND_WAIT: Duration = Duration::from_millis(5);
+/// Idle turns spent spinning, then yielding, before an adaptive executor sleeps.
+const SPIN_TURNS: u64 = 2_000;
+const YIELD_TURNS: u64 = 20_000;
+/// How long an idle adaptive executor sleeps per turn.
+const IDLE_SLEEP: Duration = Duration::from_micros(200);
 
 /// How an executor waits when nothing is happening.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,165 +43,6 @@ pub enum IdlePolicy {
     Spin,
     /// Busy-poll, then back off to short sleeps once idle for a while.
     Adaptive,
-}
-
-/// Life-cycle state of an offcode, shared with the control plane.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum OffcodeState {
-    Landing,
-    Initialized,
-    Running,
-    Done,
-    Stopped,
-    Failed,
-}
-
-impl OffcodeState {
-    fn from_u8(v: u8) -> Self {
-        match v {
-            0 => OffcodeState::Landing,
-            1 => OffcodeState::Initialized,
-            2 => OffcodeState::Running,
-            3 => OffcodeState::Done,
-            4 => OffcodeState::Stopped,
-            _ => OffcodeState::Failed,
-        }
-    }
-    /// No longer running.
-    pub fn is_final(self) -> bool {
-        matches!(
-            self,
-            OffcodeState::Done | OffcodeState::Stopped | OffcodeState::Failed
-        )
-    }
-}
-
-/// What the control plane sees of an offcode.
-pub struct OffcodeHandle {
-    pub app: String,
-    pub name: String,
-    pub pe: String,
-    pub implementation: String,
-    pub watchdog: Option<Duration>,
-    pub obsolete: Option<Duration>,
-    pub metrics: Metrics,
-    state: AtomicU8,
-    /// Set to ask the executor to stop it at its next turn.
-    stop_requested: AtomicBool,
-    /// Set once its executor has let go of it (stopped, done or failed to land).
-    exited: AtomicBool,
-    stop_reason: std::sync::Mutex<Option<String>>,
-    pub landed_at: Instant,
-    pub handled: AtomicU64,
-    pub turns: AtomicU64,
-    /// Outlet counters: (sent, dropped) summed over outputs.
-    pub sent: AtomicU64,
-    pub dropped: AtomicU64,
-}
-
-impl OffcodeHandle {
-    pub fn new(
-        app: &str,
-        name: &str,
-        pe: &str,
-        implementation: &str,
-        watchdog: Option<Duration>,
-        obsolete: Option<Duration>,
-    ) -> Self {
-        OffcodeHandle {
-            app: app.into(),
-            name: name.into(),
-            pe: pe.into(),
-            implementation: implementation.into(),
-            watchdog,
-            obsolete,
-            metrics: Metrics::default(),
-            state: AtomicU8::new(0),
-            stop_requested: AtomicBool::new(false),
-            exited: AtomicBool::new(false),
-            stop_reason: std::sync::Mutex::new(None),
-            landed_at: Instant::now(),
-            handled: AtomicU64::new(0),
-            turns: AtomicU64::new(0),
-            sent: AtomicU64::new(0),
-            dropped: AtomicU64::new(0),
-        }
-    }
-
-    pub fn state(&self) -> OffcodeState {
-        OffcodeState::from_u8(self.state.load(Ordering::Acquire))
-    }
-
-    pub(crate) fn set_state(&self, s: OffcodeState) {
-        self.state.store(s as u8, Ordering::Release);
-    }
-
-    /// The watchdog expired (a turn ran `elapsed` past period `wd`; `why` says
-    /// how): a running offcode fails, once — the executor and the supervisor may
-    /// both notice the same overrun, and only the one that moves it from
-    /// `Running` reports it and asks it to stop.
-    pub(crate) fn expire_watchdog(
-        &self,
-        events: &EventLog,
-        app: &str,
-        wd: Duration,
-        elapsed: Duration,
-        why: impl FnOnce() -> String,
-    ) {
-        if self
-            .state
-            .compare_exchange(
-                OffcodeState::Running as u8,
-                OffcodeState::Failed as u8,
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
-            events.emit(
-                app,
-                &self.name,
-                EventKind::WatchdogExpired {
-                    period_ms: wd.as_millis() as u64,
-                    elapsed_ms: elapsed.as_millis() as u64,
-                },
-            );
-            self.request_stop(why());
-        }
-    }
-
-    /// Asks the executor to stop the offcode; the first reason wins.
-    pub fn request_stop(&self, reason: impl Into<String>) {
-        let mut r = self.stop_reason.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if r.is_none() {
-            *r = Some(reason.into());
-        }
-        self.stop_requested.store(true, Ordering::Release);
-    }
-
-    /// Marks it let go of by whatever ran it (a peer node, for a remote offcode).
-    pub(crate) fn set_exited(&self) {
-        self.exited.store(true, Ordering::Release);
-    }
-
-    /// True once its executor has let go of it: nothing of it runs any more.
-    pub fn exited(&self) -> bool {
-        self.exited.load(Ordering::Acquire)
-    }
-
-    /// Why it was asked to stop, if it was.
-    pub fn stop_reason(&self) -> Option<String> {
-        self.stop_reason
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// True once a stop was asked for.
-    pub fn stop_requested(&self) -> bool {
-        self.stop_requested.load(Ordering::Acquire)
-    }
 }
 
 /// An offcode instance with its ports, owned by the executor running it.
@@ -249,9 +99,9 @@ pub struct ExecutorState {
     /// Index+1 into `handles` of the offcode in its turn now, 0 if none.
     pub current: AtomicUsize,
     /// When the current turn began (ns since `epoch`).
-    pub since: AtomicU64,
+    pub since_ns: AtomicU64,
     pub epoch: Instant,
-    pub handles: std::sync::Mutex<Vec<Arc<OffcodeHandle>>>,
+    pub handles: Mutex<Vec<Arc<OffcodeHandle>>>,
 }
 
 impl ExecutorState {
@@ -259,9 +109,9 @@ impl ExecutorState {
         ExecutorState {
             name: name.into(),
             current: AtomicUsize::new(0),
-            since: AtomicU64::new(0),
+            since_ns: AtomicU64::new(0),
             epoch: Instant::now(),
-            handles: std::sync::Mutex::new(Vec::new()),
+            handles: Mutex::new(Vec::new()),
         }
     }
 
@@ -271,7 +121,7 @@ impl ExecutorState {
         if cur == 0 {
             return None;
         }
-        let since = Duration::from_nanos(self.since.load(Ordering::Acquire));
+        let since = Duration::from_nanos(self.since_ns.load(Ordering::Acquire));
         let h = self
             .handles
             .lock()
@@ -279,6 +129,33 @@ impl ExecutorState {
             .get(cur - 1)
             .cloned()?;
         Some((h, self.epoch.elapsed().saturating_sub(since)))
+    }
+
+    /// Registers an offcode that landed here; returns its index.
+    fn register(&self, h: Arc<OffcodeHandle>) -> usize {
+        let mut hs = self
+            .handles
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        hs.push(h);
+        hs.len() - 1
+    }
+
+    /// Marks the start of `index`'s turn (for the supervisor), returning when.
+    fn begin_turn(&self, index: usize) -> Duration {
+        let t0 = self.epoch.elapsed();
+        self.since_ns.store(
+            u64::try_from(t0.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Release,
+        );
+        self.current.store(index + 1, Ordering::Release);
+        t0
+    }
+
+    /// Marks the end of a turn begun at `t0`; returns how long it took.
+    fn end_turn(&self, t0: Duration) -> Duration {
+        self.current.store(0, Ordering::Release);
+        self.epoch.elapsed().saturating_sub(t0)
     }
 }
 
@@ -321,7 +198,14 @@ pub fn spawn(
                 return;
             }
             let _ = ready_tx.send(Ok(()));
-            run(spec, app, rx, st, events);
+            Executor {
+                spec,
+                app,
+                state: st,
+                events,
+                slots: Vec::new(),
+            }
+            .run(&rx);
         })?;
     match ready_rx.recv() {
         Ok(Ok(())) => Ok((tx, state, join)),
@@ -333,120 +217,153 @@ pub fn spawn(
     }
 }
 
-fn run(
+/// The executor thread's own state.
+struct Executor {
     spec: ExecutorSpec,
     app: String,
-    rx: Receiver<Command>,
     state: Arc<ExecutorState>,
     events: EventLog,
-) {
-    let mut slots: Vec<Running> = Vec::new();
-    let mut idle_turns: u64 = 0;
-    loop {
-        // Commands: block briefly only when there is nothing to run.
-        let cmd = if slots.iter().any(|r| r.started) {
-            rx.try_recv().ok()
-        } else {
-            match rx.recv_timeout(Duration::from_millis(5)) {
-                Ok(c) => Some(c),
-                Err(RecvTimeoutError::Timeout) => None,
-                Err(RecvTimeoutError::Disconnected) => Some(Command::Shutdown),
-            }
-        };
-        if let Some(cmd) = cmd {
-            match cmd {
-                Command::Land(mut slot, reply) => {
-                    let r = {
-                        let mut cx = InitCx::new(&slot.info, &slot.params, &slot.handle.metrics);
-                        slot.offcode.initialize(&mut cx)
-                    };
-                    match r {
-                        Ok(()) => {
-                            slot.handle.set_state(OffcodeState::Initialized);
-                            events.emit(&app, &slot.info.name, EventKind::Initialized);
-                            let index = {
-                                let mut hs =
-                                    state.handles.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                                hs.push(Arc::clone(&slot.handle));
-                                hs.len() - 1
-                            };
-                            slots.push(Running {
-                                slot,
-                                started: false,
-                                index,
-                            });
-                            let _ = reply.send(Ok(()));
-                        }
-                        Err(e) => {
-                            slot.handle.set_state(OffcodeState::Failed);
-                            slot.handle.exited.store(true, Ordering::Release);
-                            events.emit(
-                                &app,
-                                &slot.info.name,
-                                EventKind::Failed {
-                                    error: format!("initialize: {e}"),
-                                },
-                            );
-                            let _ = reply.send(Err(format!("initialize: {e}")));
-                        }
-                    }
+    slots: Vec<Running>,
+}
+
+impl Executor {
+    fn run(mut self, rx: &Receiver<Command>) {
+        let mut idle_turns: u64 = 0;
+        loop {
+            // Commands: block briefly only when there is nothing to run.
+            let cmd = if self.slots.iter().any(|r| r.started) {
+                rx.try_recv().ok()
+            } else {
+                match rx.recv_timeout(COMMAND_WAIT) {
+                    Ok(c) => Some(c),
+                    Err(RecvTimeoutError::Timeout) => None,
+                    Err(RecvTimeoutError::Disconnected) => Some(Command::Shutdown),
                 }
-                Command::Start(name, reply) => {
-                    let r = match slots.iter_mut().find(|r| r.slot.info.name == name) {
-                        None => Err(format!("offcode `{name}` is not on {}", spec.name)),
-                        Some(r) => {
-                            let s = &mut *r.slot;
-                            let mut cx = RunCx::new(&s.info, &mut s.outlets, Instant::now());
-                            match s.offcode.start(&mut cx).and_then(|()| cx.flush()) {
-                                Ok(()) => {
-                                    r.started = true;
-                                    s.handle.set_state(OffcodeState::Running);
-                                    events.emit(&app, &name, EventKind::Started);
-                                    Ok(())
-                                }
-                                Err(e) => {
-                                    s.handle.set_state(OffcodeState::Failed);
-                                    events.emit(
-                                        &app,
-                                        &name,
-                                        EventKind::Failed {
-                                            error: format!("start: {e}"),
-                                        },
-                                    );
-                                    Err(format!("start: {e}"))
-                                }
-                            }
-                        }
-                    };
-                    let _ = reply.send(r);
-                }
-                Command::Stop(name, reason, reply) => {
-                    if let Some(pos) = slots.iter().position(|r| r.slot.info.name == name) {
-                        let r = slots.remove(pos);
-                        finish(&app, &events, r.slot, Some(reason), OffcodeState::Stopped);
-                    }
-                    let _ = reply.send(());
-                }
-                Command::Shutdown => {
-                    for r in slots.drain(..).rev() {
-                        finish(
-                            &app,
-                            &events,
-                            r.slot,
-                            Some("shutdown".into()),
-                            OffcodeState::Stopped,
-                        );
-                    }
+            };
+            if let Some(cmd) = cmd {
+                if !self.command(cmd) {
                     return;
                 }
+                continue;
             }
-            continue;
+            if self.turn_all() {
+                idle_turns = 0;
+            } else {
+                idle_turns += 1;
+                self.idle(idle_turns);
+            }
         }
+    }
 
+    /// Carries out a command; false once the executor must exit.
+    fn command(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Land(slot, reply) => {
+                let _ = reply.send(self.land(slot));
+            }
+            Command::Start(name, reply) => {
+                let _ = reply.send(self.start(&name));
+            }
+            Command::Stop(name, reason, reply) => {
+                if let Some(pos) = self.slots.iter().position(|r| r.slot.info.name == name) {
+                    let r = self.slots.remove(pos);
+                    finish(
+                        &self.app,
+                        &self.events,
+                        r.slot,
+                        Some(reason),
+                        OffcodeState::Stopped,
+                    );
+                }
+                let _ = reply.send(());
+            }
+            Command::Shutdown => {
+                for r in self.slots.drain(..).rev() {
+                    let reason = Some("shutdown".to_string());
+                    finish(
+                        &self.app,
+                        &self.events,
+                        r.slot,
+                        reason,
+                        OffcodeState::Stopped,
+                    );
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Phase 1: initialize an offcode here.
+    fn land(&mut self, mut slot: Box<Slot>) -> Result<(), String> {
+        let r = {
+            let mut cx = InitCx::new(&slot.info, &slot.params, &slot.handle.metrics);
+            slot.offcode.initialize(&mut cx)
+        };
+        match r {
+            Ok(()) => {
+                slot.handle.set_state(OffcodeState::Initialized);
+                self.events
+                    .emit(&self.app, &slot.info.name, EventKind::Initialized);
+                let index = self.state.register(Arc::clone(&slot.handle));
+                self.slots.push(Running {
+                    slot,
+                    started: false,
+                    index,
+                });
+                Ok(())
+            }
+            Err(e) => {
+                slot.handle.set_state(OffcodeState::Failed);
+                slot.handle.set_exited();
+                let error = format!("initialize: {e}");
+                self.events.emit(
+                    &self.app,
+                    &slot.info.name,
+                    EventKind::Failed {
+                        error: error.clone(),
+                    },
+                );
+                Err(error)
+            }
+        }
+    }
+
+    /// Phase 2: start an offcode that landed here.
+    fn start(&mut self, name: &str) -> Result<(), String> {
+        let Some(r) = self.slots.iter_mut().find(|r| r.slot.info.name == name) else {
+            return Err(format!("offcode `{name}` is not on {}", self.spec.name));
+        };
+        let s = &mut *r.slot;
+        let mut cx = RunCx::new(&s.info, &mut s.outlets, Instant::now());
+        match s.offcode.start(&mut cx).and_then(|()| cx.flush()) {
+            Ok(()) => {
+                r.started = true;
+                s.handle.set_state(OffcodeState::Running);
+                self.events.emit(&self.app, name, EventKind::Started);
+                Ok(())
+            }
+            Err(e) => {
+                s.handle.set_state(OffcodeState::Failed);
+                let error = format!("start: {e}");
+                self.events.emit(
+                    &self.app,
+                    name,
+                    EventKind::Failed {
+                        error: error.clone(),
+                    },
+                );
+                Err(error)
+            }
+        }
+    }
+
+    /// One turn of every started offcode; true if any made progress.
+    fn turn_all(&mut self) -> bool {
         let mut progress = false;
         let mut i = 0;
-        while i < slots.len() {
-            let r = &mut slots[i];
+        while i < self.slots.len() {
+            let r = &mut self.slots[i];
             if !r.started {
                 i += 1;
                 continue;
@@ -454,21 +371,18 @@ fn run(
             let handle = Arc::clone(&r.slot.handle);
             if handle.stop_requested() {
                 // `finish` keeps a `Failed` state (e.g. after the watchdog).
-                stop_slot(&app, &events, slots.remove(i).slot);
+                stop_slot(&self.app, &self.events, self.slots.remove(i).slot);
                 continue;
             }
-            let t0 = state.epoch.elapsed();
-            state.since.store(t0.as_nanos() as u64, Ordering::Release);
-            state.current.store(r.index + 1, Ordering::Release);
+            let t0 = self.state.begin_turn(r.index);
             let outcome = turn(&mut r.slot);
-            state.current.store(0, Ordering::Release);
-            let took = state.epoch.elapsed().saturating_sub(t0);
+            let took = self.state.end_turn(t0);
             handle.turns.fetch_add(1, Ordering::Relaxed);
             store_counts(&handle, &r.slot.outlets);
             if let Some(wd) = handle.watchdog
                 && took > wd
             {
-                handle.expire_watchdog(&events, &app, wd, took, || {
+                handle.expire_watchdog(&self.events, &self.app, wd, took, || {
                     format!(
                         "watchdog: a turn took {} ms, period {} ms",
                         took.as_millis(),
@@ -479,56 +393,50 @@ fn run(
             match outcome {
                 Ok(TurnOutcome::Progress) => progress = true,
                 Ok(TurnOutcome::Idle) => {}
-                Ok(TurnOutcome::Done) => {
-                    let r = slots.remove(i);
-                    handle.set_state(OffcodeState::Done);
-                    events.emit(&app, &handle.name, EventKind::Done);
-                    finish(&app, &events, r.slot, None, OffcodeState::Done);
-                    continue;
-                }
-                Err(_) if handle.stop_requested() => {
-                    // Being stopped already (e.g. the app is going down and a
-                    // peer went first): an error now is part of stopping.
-                    stop_slot(&app, &events, slots.remove(i).slot);
-                    continue;
-                }
-                Err(e) => {
-                    handle.set_state(OffcodeState::Failed);
-                    events.emit(
-                        &app,
-                        &handle.name,
-                        EventKind::Failed {
-                            error: e.to_string(),
-                        },
-                    );
-                    let r = slots.remove(i);
-                    finish(
-                        &app,
-                        &events,
-                        r.slot,
-                        Some(format!("error: {e}")),
-                        OffcodeState::Failed,
-                    );
+                Ok(TurnOutcome::Done) | Err(_) => {
+                    let r = self.slots.remove(i);
+                    self.retire(&handle, r.slot, outcome.err());
                     continue;
                 }
             }
             i += 1;
         }
+        progress
+    }
 
-        if progress {
-            idle_turns = 0;
-        } else {
-            idle_turns += 1;
-            match spec.idle {
-                IdlePolicy::Spin => std::hint::spin_loop(),
-                IdlePolicy::Adaptive => {
-                    if idle_turns < 2_000 {
-                        std::hint::spin_loop();
-                    } else if idle_turns < 20_000 {
-                        std::thread::yield_now();
-                    } else {
-                        std::thread::sleep(Duration::from_micros(200));
-                    }
+    /// Lets go of an offcode that finished (`error` = `None`) or failed.
+    fn retire(&self, handle: &OffcodeHandle, slot: Box<Slot>, error: Option<OffcodeError>) {
+        let (app, events) = (&self.app, &self.events);
+        match error {
+            None => {
+                handle.set_state(OffcodeState::Done);
+                events.emit(app, &handle.name, EventKind::Done);
+                finish(app, events, slot, None, OffcodeState::Done);
+            }
+            // Being stopped already (e.g. the app is going down and a peer
+            // went first): an error now is part of stopping.
+            Some(_) if handle.stop_requested() => stop_slot(app, events, slot),
+            Some(e) => {
+                handle.set_state(OffcodeState::Failed);
+                let error = e.to_string();
+                events.emit(app, &handle.name, EventKind::Failed { error });
+                let reason = Some(format!("error: {e}"));
+                finish(app, events, slot, reason, OffcodeState::Failed);
+            }
+        }
+    }
+
+    /// Waits a little after `idle_turns` turns without progress.
+    fn idle(&self, idle_turns: u64) {
+        match self.spec.idle {
+            IdlePolicy::Spin => std::hint::spin_loop(),
+            IdlePolicy::Adaptive => {
+                if idle_turns < SPIN_TURNS {
+                    std::hint::spin_loop();
+                } else if idle_turns < YIELD_TURNS {
+                    std::thread::yield_now();
+                } else {
+                    std::thread::sleep(IDLE_SLEEP);
                 }
             }
         }
@@ -568,7 +476,7 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
         .map(Outlet::free)
         .min()
         .unwrap_or(u64::MAX);
-    let burst = BURST.min(room.min(BURST as u64) as usize);
+    let burst = usize::try_from(room).map_or(BURST, |r| r.min(BURST));
     if burst > 0 {
         for (i, inlet) in inlets.iter_mut().enumerate() {
             if inputs_closed[i] {
@@ -576,6 +484,12 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
             }
             let mut cx = RunCx::new(info, outlets, now);
             let d = offcode.handle_burst(&mut cx, InputId(i), inlet, burst)?;
+            assert!(
+                d.messages <= burst,
+                "offcode `{}` took {} messages from input {i} in a burst of {burst}",
+                info.name,
+                d.messages
+            );
             handled += d.messages;
             if d.closed {
                 inputs_closed[i] = true;
@@ -651,5 +565,5 @@ fn finish(
     }
     let handle = Arc::clone(&slot.handle);
     drop(slot);
-    handle.exited.store(true, Ordering::Release);
+    handle.set_exited();
 }

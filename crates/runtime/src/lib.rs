@@ -1,24 +1,63 @@
 //! sidecore's runtime: from a manifest to running, supervised offcodes.
 //!
-//! * [`plan`] — library lookup with host fallback, the layout (MILP), channel
-//!   transports and related groups.
-//! * [`deploy`] — the [`Runtime`]: deployment in priority order with two-phase
-//!   start, the supervisor (watchdog, obsolete time), status and teardown.
-//! * [`executor`] — run-to-completion loops on pinned cores and host threads.
-//! * [`remote`] — parts of an app on peer nodes: handing them over, the
-//!   stream channels between machines, and the lease.
-//! * [`tree`] — the resource tree that makes teardown complete.
-//! * [`events`] — the event log of the life cycle.
+//! Deploying is a pipeline. Each stage is a function from one typed value to
+//! the next, and no stage calls back into an earlier one:
+//!
+//! ```text
+//! parse      Path                            → Manifest   sidecore_manifest::load
+//! resolve    Manifest × Inventory × Registry → Resolved   resolve::resolve   (candidates per offcode, the layout problem)
+//! place      Resolved × SolveOptions         → Placed     place::place       (the MILP layout)
+//! plan       Placed                          → Plan       plan::plan         (implementations, transports, groups)
+//! start      Plan                            → AppId      Runtime::deploy    (start::start: build, delegate, connect, land, start)
+//! supervise  the running apps                             supervisor::sweep  (watchdog, obsolete time, reaping)
+//! ```
+//!
+//! [`plan_manifest`] runs resolve → place → plan in one call.
+//!
+//! Modules, bottom floor first: [`events`], [`tree`], [`handle`] (an
+//! offcode as the control plane sees it), [`executor`] (run-to-completion
+//! loops on pinned cores and host threads), [`transport`] (the channel
+//! factory); [`resolve`], [`place`], [`plan`]; [`node`] (parts on peer nodes:
+//! the origin's side and the peer's); [`start`], [`supervisor`], [`app`];
+//! [`runtime`] (the [`Runtime`] itself); [`error`] is shared by all.
 
-pub mod deploy;
+pub mod app;
+pub mod error;
 pub mod events;
 pub mod executor;
+pub mod handle;
+pub mod node;
+pub mod place;
 pub mod plan;
-pub mod remote;
+pub mod resolve;
+pub mod runtime;
+pub mod start;
+pub mod supervisor;
+pub mod transport;
 pub mod tree;
 
-pub use deploy::{AppId, AppState, AppStatus, DeployError, OffcodeStatus, Runtime, RuntimeConfig};
+pub use error::{DeployError, PlanError};
 pub use events::{Event, EventKind, EventLog};
-pub use executor::{IdlePolicy, OffcodeState};
-pub use plan::{Plan, PlanError, PlannedChannel, PlannedOffcode, Transport, plan};
+pub use executor::IdlePolicy;
+pub use plan::{Plan, PlannedChannel, PlannedOffcode};
+pub use runtime::{Runtime, RuntimeConfig};
+pub use sidecore_types::{AppId, AppState, AppStatus, OffcodeState, OffcodeStatus};
+pub use transport::Transport;
 pub use tree::{ResourceKind, ResourceTree};
+
+use sidecore_layout::SolveOptions;
+use sidecore_manifest::Manifest;
+use sidecore_offcode::Registry;
+use sidecore_pe::Inventory;
+
+/// Resolves, places and plans a manifest: everything before start.
+pub fn plan_manifest(
+    manifest: &Manifest,
+    inventory: &Inventory,
+    registry: &Registry,
+    opts: &SolveOptions,
+) -> Result<Plan, PlanError> {
+    let resolved = resolve::resolve(manifest, inventory, registry)?;
+    let placed = place::place(resolved, opts)?;
+    plan::plan(&placed)
+}

@@ -50,7 +50,9 @@ impl ResourceTree {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Node>> {
-        self.nodes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.nodes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Adds a live resource under `parent`; `teardown` releases it.

@@ -21,7 +21,9 @@ use sidecore_types::PeKind;
 static SERIAL: Mutex<()> = Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn inventory() -> Inventory {
@@ -119,9 +121,9 @@ fn offcode(name: &str, n: u32, imp: &str, extra: &str, kinds: &[&str]) -> String
 
 fn deploy(rt: &Runtime, reg: &Registry, manifest: &Path) -> Result<u64, String> {
     let m = sidecore_manifest::load(manifest).map_err(|e| e.render(false))?;
-    let plan = sidecore_runtime::plan(&m, &inventory(), reg, &Default::default())
+    let plan = sidecore_runtime::plan_manifest(&m, &inventory(), reg, &Default::default())
         .map_err(|e| e.to_string())?;
-    rt.deploy(&plan, reg).map_err(|e| e.to_string())
+    rt.deploy(&plan).map_err(|e| e.to_string())
 }
 
 fn kinds_of(rt: &Runtime, app: &str, offcode: &str) -> Vec<EventKind> {
@@ -230,7 +232,8 @@ fn falls_back_to_the_host_when_no_pe_fits() {
     let m = write(dir.path(), "fb.toml", &text);
     let reg = registry(None);
     let manifest = sidecore_manifest::load(&m).unwrap();
-    let plan = sidecore_runtime::plan(&manifest, &inventory(), &reg, &Default::default()).unwrap();
+    let plan = sidecore_runtime::plan_manifest(&manifest, &inventory(), &reg, &Default::default())
+        .unwrap();
     assert_eq!(plan.offcodes[0].pe, "host");
     let why = plan.offcodes[0]
         .fallback
@@ -242,7 +245,7 @@ fn falls_back_to_the_host_when_no_pe_fits() {
         "{why}"
     );
     let rt = Runtime::new(RuntimeConfig::default());
-    let id = rt.deploy(&plan, &reg).unwrap();
+    let id = rt.deploy(&plan).unwrap();
     assert!(
         kinds_of(&rt, "fb", "x")
             .iter()
@@ -610,7 +613,7 @@ fn inventory_with_peer(addr: &str) -> Inventory {
         props,
         capacity: sidecore_pe::Capacity {
             cpu: 2.0,
-            memory: 1 << 30,
+            memory_bytes: 1 << 30,
             slots: None,
         },
         detail: "test peer".into(),
@@ -632,8 +635,9 @@ fn remote_parts_refuse_unsupported_channels_and_vanished_peers() {
     let try_deploy = |text: &str| -> String {
         let m = write(dir.path(), "remote.toml", text);
         let manifest = sidecore_manifest::load(&m).unwrap();
-        let plan = sidecore_runtime::plan(&manifest, &inv, &reg, &Default::default()).unwrap();
-        rt.deploy(&plan, &reg).map(|_| ()).unwrap_err().to_string()
+        let plan =
+            sidecore_runtime::plan_manifest(&manifest, &inv, &reg, &Default::default()).unwrap();
+        rt.deploy(&plan).map(|_| ()).unwrap_err().to_string()
     };
     let src = "[[offcode]]\nname = \"src\"\nid = \"00000000-0000-4000-8000-000000000001\"\nimpl = \"record-source\"\noutputs = [\"out\"]\n[[offcode.target]]\nkind = \"host\"\n";
     let sink = |name: &str, n: u32, kind: &str| {

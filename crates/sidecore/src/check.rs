@@ -10,7 +10,7 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
     let m = match sidecore_manifest::load(path) {
         Ok(m) => m,
         Err(e) => {
-            eprint!("{}", e.render(crate::stderr_is_tty()));
+            eprint!("{}", e.render(crate::args::stderr_is_tty()));
             eprintln!(
                 "{}: {} problem(s) found",
                 path.display(),
@@ -19,7 +19,7 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
-    let reg = crate::registry();
+    let reg = crate::args::registry();
     let mut problems = Vec::new();
     for oc in &m.offcodes {
         let native: Vec<_> = oc.targets.iter().filter(|t| t.module.is_none()).collect();

@@ -3,7 +3,7 @@
 
 use std::process::ExitCode;
 
-use crate::{PeArgs, bytes, discover_options};
+use crate::args::{PeArgs, bytes, discover_options};
 
 pub fn run(pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
     let inv = sidecore_pe::discover(&discover_options(pe)?);
@@ -26,7 +26,7 @@ pub fn run(pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
             p.id,
             p.kind.to_string(),
             cpu,
-            bytes(p.capacity.memory),
+            bytes(p.capacity.memory_bytes),
             p.detail
         );
     }

@@ -5,19 +5,24 @@
 use std::path::Path;
 use std::process::ExitCode;
 
-use crate::{PeArgs, discover_options};
+use crate::args::{PeArgs, discover_options};
 
 pub fn run(path: &Path, pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
     let m = match sidecore_manifest::load(path) {
         Ok(m) => m,
         Err(e) => {
-            eprint!("{}", e.render(crate::stderr_is_tty()));
+            eprint!("{}", e.render(crate::args::stderr_is_tty()));
             return Ok(ExitCode::from(2));
         }
     };
     let inv = sidecore_pe::discover(&discover_options(pe)?);
-    let reg = crate::registry();
-    let plan = match sidecore_runtime::plan(&m, &inv, &reg, &Default::default()) {
+    let reg = crate::args::registry();
+    let plan = match sidecore_runtime::plan_manifest(
+        &m,
+        &inv,
+        &reg,
+        &sidecore_layout::SolveOptions::default(),
+    ) {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");

@@ -10,8 +10,10 @@
 //! | `ps` / `down` / `events` | inspect and stop what a daemon runs |
 //! | `sim sikker` / `sim rate` | the Sikker dissertation's simulators, rebuilt on sidecore's code |
 
+mod args;
 mod check;
 mod ctl;
+mod daemon;
 mod devices;
 mod layout;
 mod policy;
@@ -21,7 +23,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use sidecore_offcode::Registry;
+
+use crate::args::{PeArgs, SocketArgs};
 
 /// sidecore offloads functionality onto processing elements that would
 /// otherwise sit idle: dedicated cores, the kernel's eBPF engine, WebAssembly
@@ -31,33 +34,6 @@ use sidecore_offcode::Registry;
 struct Cli {
     #[command(subcommand)]
     command: Command,
-}
-
-/// Options shared by the commands that look at this machine's PEs.
-#[derive(clap::Args, Debug, Clone)]
-pub struct PeArgs {
-    /// TOML file listing peer nodes (`[[node]] name, addr`).
-    #[arg(long, env = "SIDECORE_NODES")]
-    nodes: Option<PathBuf>,
-    /// CPUs never to dedicate (kept for the host), e.g. `0` or `0,2`.
-    #[arg(long, value_delimiter = ',')]
-    housekeeping: Option<Vec<u32>>,
-}
-
-/// Where the daemon's control socket is.
-#[derive(clap::Args, Debug, Clone)]
-pub struct SocketArgs {
-    /// Control socket path [default: $SIDECORE_SOCKET, /run/sidecore/sidecore.sock as root].
-    #[arg(long)]
-    socket: Option<PathBuf>,
-}
-
-impl SocketArgs {
-    fn path(&self) -> PathBuf {
-        self.socket
-            .clone()
-            .unwrap_or_else(sidecore_control::default_socket)
-    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -87,7 +63,7 @@ enum Command {
     /// Deploy a manifest: in the foreground, or into a background daemon with -d.
     Up(up::UpArgs),
     /// Run the daemon in the foreground (serves `ps`, `down`, `up -d`).
-    Daemon(ctl::DaemonArgs),
+    Daemon(daemon::DaemonArgs),
     /// List the apps and offcodes a daemon runs.
     Ps {
         #[arg(long)]
@@ -121,24 +97,6 @@ enum Command {
     Policy(policy::PolicyCommand),
 }
 
-/// The offcode library this binary ships.
-pub fn registry() -> Registry {
-    let mut r = Registry::new();
-    sidecore_builtins::register(&mut r);
-    sidecore_ext::offcode::register(&mut r);
-    r
-}
-
-/// Discovery options from the command line.
-pub fn discover_options(pe: &PeArgs) -> anyhow::Result<sidecore_pe::DiscoverOptions> {
-    let mut o = sidecore_pe::DiscoverOptions::default();
-    if let Some(path) = &pe.nodes {
-        o.nodes = sidecore_pe::node::load_nodes(path).map_err(anyhow::Error::msg)?;
-    }
-    o.housekeeping = pe.housekeeping.clone();
-    Ok(o)
-}
-
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -152,8 +110,8 @@ fn main() -> ExitCode {
         Command::Check { manifest, json } => check::run(&manifest, json),
         Command::Devices { json, pe } => devices::run(&pe, json),
         Command::Layout { manifest, json, pe } => layout::run(&manifest, &pe, json),
-        Command::Up(args) => up::run(args),
-        Command::Daemon(args) => ctl::daemon(args),
+        Command::Up(args) => up::run(&args),
+        Command::Daemon(args) => daemon::run(&args),
         Command::Ps { json, socket } => ctl::ps(&socket, json),
         Command::Down {
             app,
@@ -173,15 +131,4 @@ fn main() -> ExitCode {
             ExitCode::from(1)
         }
     }
-}
-
-/// Whether stderr is a terminal (for coloured diagnostics).
-pub fn stderr_is_tty() -> bool {
-    use std::io::IsTerminal;
-    std::io::stderr().is_terminal()
-}
-
-/// Human-readable bytes (IEC units, e.g. `1.5 GiB`).
-pub fn bytes(b: u64) -> String {
-    bytesize::ByteSize(b).to_string()
 }

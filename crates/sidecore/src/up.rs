@@ -10,10 +10,17 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sidecore_control::{ControlServer, Daemon, DaemonOptions, Request, Response};
-use sidecore_runtime::{AppState, AppStatus, IdlePolicy, RuntimeConfig};
+use sidecore_control::{ControlServer, Daemon, Request, Response};
+use sidecore_runtime::{AppState, AppStatus};
 
-use crate::{PeArgs, SocketArgs, discover_options};
+use crate::args::{PeArgs, SocketArgs, daemon_options, registry, stderr_is_tty};
+
+/// How long `up -d` waits for the daemon to deploy.
+const DEPLOY_TIMEOUT: Duration = Duration::from_secs(60);
+/// How often the foreground `up` looks at its app.
+const WATCH_POLL: Duration = Duration::from_millis(50);
+/// How often it prints the rates.
+const PROGRESS_EVERY: Duration = Duration::from_secs(1);
 
 #[derive(clap::Args, Debug)]
 pub struct UpArgs {
@@ -40,65 +47,44 @@ pub struct UpArgs {
     pe: PeArgs,
 }
 
-pub fn daemon_options(pe: &PeArgs, spin: bool) -> anyhow::Result<DaemonOptions> {
-    Ok(DaemonOptions {
-        discover: discover_options(pe)?,
-        solve: Default::default(),
-        runtime: RuntimeConfig {
-            idle: if spin {
-                IdlePolicy::Spin
-            } else {
-                IdlePolicy::Adaptive
-            },
-            ..Default::default()
-        },
-    })
-}
-
-pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
+pub fn run(args: &UpArgs) -> anyhow::Result<ExitCode> {
     if args.detach {
-        return detached(&args);
+        return detached(args);
     }
     let manifest = match sidecore_manifest::load(&args.manifest) {
         Ok(m) => m,
         Err(e) => {
-            eprint!("{}", e.render(crate::stderr_is_tty()));
+            eprint!("{}", e.render(stderr_is_tty()));
             return Ok(ExitCode::from(2));
         }
     };
-    let daemon = Daemon::new(crate::registry(), daemon_options(&args.pe, args.spin)?);
+    let daemon = Daemon::new(registry(), daemon_options(&args.pe, args.spin)?);
     let socket = args.socket.path();
-    let mut server =
-        ControlServer::start(Arc::clone(&daemon), &socket).map_err(anyhow::Error::msg)?;
-    let plan = match daemon.plan(&manifest) {
-        Ok(p) => p,
-        Err(e) => {
-            eprintln!("error: {e}");
-            server.stop();
-            daemon.stop_all();
-            return Ok(ExitCode::from(3));
-        }
-    };
-    if !args.quiet {
-        eprintln!("layout of `{}`:", plan.app);
-        for o in &plan.offcodes {
-            eprintln!("  {:<16} → {:<10} {}", o.name, o.pe, o.reason);
-        }
-        daemon.runtime().events().subscribe(|e| eprintln!("{e}"));
-    }
-    let report = match daemon.deploy(&manifest, &plan) {
+    let mut server = ControlServer::start(Arc::clone(&daemon), &socket)?;
+    let deployed = daemon
+        .plan(&manifest)
+        .map_err(|e| (e.to_string(), 3))
+        .and_then(|plan| {
+            if !args.quiet {
+                eprintln!("layout of `{}`:", plan.app);
+                for o in &plan.offcodes {
+                    eprintln!("  {:<16} → {:<10} {}", o.name, o.pe, o.reason);
+                }
+                daemon.runtime().events().subscribe(|e| eprintln!("{e}"));
+            }
+            daemon
+                .deploy(&manifest, &plan)
+                .map_err(|e| (e.to_string(), 4))
+        });
+    let report = match deployed {
         Ok(r) => r,
-        Err(e) => {
+        Err((e, code)) => {
             eprintln!("error: {e}");
             server.stop();
             daemon.stop_all();
-            return Ok(ExitCode::from(4));
+            return Ok(ExitCode::from(code));
         }
     };
-    let term = Arc::new(AtomicBool::new(false));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        signal_hook::flag::register(sig, Arc::clone(&term))?;
-    }
     if !args.quiet {
         eprintln!(
             "running `{}` (control socket {}); Ctrl-C or `sidecore down` stops it",
@@ -107,36 +93,7 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         );
     }
     let t0 = Instant::now();
-    let mut last = (Instant::now(), rates_base(&daemon.ps(), report.id));
-    let why = loop {
-        std::thread::sleep(Duration::from_millis(50));
-        if term.load(Ordering::Acquire) {
-            break "signal".to_string();
-        }
-        if args.duration.is_some_and(|d| t0.elapsed() >= d) {
-            break format!(
-                "ran for {}",
-                humantime::format_duration(args.duration.unwrap_or_default())
-            );
-        }
-        if daemon.shutting_down() {
-            break "shutdown requested".into();
-        }
-        let ps = daemon.ps();
-        match ps.iter().find(|a| a.id == report.id) {
-            None => break "stopped by `sidecore down`".into(),
-            Some(a) if a.state != AppState::Running => break "every offcode finished".into(),
-            Some(_) => {}
-        }
-        if !args.quiet && last.0.elapsed() >= Duration::from_secs(1) {
-            let now = rates_base(&ps, report.id);
-            eprintln!(
-                "{}",
-                progress_line(&last.1, &now, last.0.elapsed(), t0.elapsed())
-            );
-            last = (Instant::now(), now);
-        }
-    };
+    let why = watch(args, &daemon, report.id, t0)?;
     // Stop the app first and report its counters at rest: read while running,
     // one offcode after another, a sink could appear ahead of its source.
     let final_status: Vec<AppStatus> = daemon.stop(report.id).into_iter().collect();
@@ -144,12 +101,10 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
     daemon.stop_all();
     server.stop();
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "app": report.app, "stopped_because": why, "seconds": elapsed.as_secs_f64(), "status": final_status,
-            }))?
-        );
+        let v = serde_json::json!({
+            "app": report.app, "stopped_because": why, "seconds": elapsed.as_secs_f64(), "status": final_status,
+        });
+        println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
             "`{}` stopped ({why}) after {:.2} s",
@@ -159,6 +114,44 @@ pub fn run(args: UpArgs) -> anyhow::Result<ExitCode> {
         print_summary(&final_status, elapsed);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Runs until a signal, `--for`, `sidecore down`, a shutdown request or the
+/// end of every offcode; prints the rates each second. Returns why it stopped.
+fn watch(args: &UpArgs, daemon: &Daemon, id: u64, t0: Instant) -> anyhow::Result<String> {
+    let term = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&term))?;
+    }
+    let mut last = (Instant::now(), rates_base(&daemon.ps(), id));
+    loop {
+        std::thread::sleep(WATCH_POLL);
+        if term.load(Ordering::Acquire) {
+            return Ok("signal".to_string());
+        }
+        if let Some(d) = args.duration
+            && t0.elapsed() >= d
+        {
+            return Ok(format!("ran for {}", humantime::format_duration(d)));
+        }
+        if daemon.shutting_down() {
+            return Ok("shutdown requested".into());
+        }
+        let ps = daemon.ps();
+        match ps.iter().find(|a| a.id == id) {
+            None => return Ok("stopped by `sidecore down`".into()),
+            Some(a) if a.state != AppState::Running => return Ok("every offcode finished".into()),
+            Some(_) => {}
+        }
+        if !args.quiet && last.0.elapsed() >= PROGRESS_EVERY {
+            let now = rates_base(&ps, id);
+            eprintln!(
+                "{}",
+                progress_line(&last.1, &now, last.0.elapsed(), t0.elapsed())
+            );
+            last = (Instant::now(), now);
+        }
+    }
 }
 
 /// (offcode, records, dropped) for the app.
@@ -224,16 +217,15 @@ fn detached(args: &UpArgs) -> anyhow::Result<ExitCode> {
     let manifest = std::fs::canonicalize(&args.manifest)
         .map_err(|e| anyhow::anyhow!("cannot read manifest {}: {e}", args.manifest.display()))?;
     if sidecore_control::request(&socket, &Request::Ping, Duration::from_secs(2)).is_err() {
-        crate::ctl::spawn_daemon(&socket, &args.pe, args.spin)?;
+        crate::daemon::spawn_background(&socket, &args.pe, args.spin)?;
     }
     let r = sidecore_control::request(
         &socket,
         &Request::Up {
             manifest: manifest.display().to_string(),
         },
-        Duration::from_secs(60),
-    )
-    .map_err(anyhow::Error::msg)?;
+        DEPLOY_TIMEOUT,
+    )?;
     match r {
         Response::Ok { message, lines, .. } => {
             for l in lines {

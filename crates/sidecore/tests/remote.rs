@@ -6,7 +6,7 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -395,42 +395,86 @@ to = "sum.in"
     assert!(apps(&peer_sock).is_empty(), "{:?}", apps(&peer_sock));
 }
 
+/// Opens a node connection to `addr` by hand, is welcomed, sends `payload` as
+/// the next frame (whatever it holds), and returns the peer's error reply.
+fn ask_raw(addr: &str, payload: &[u8]) -> String {
+    use sidecore_wire::frame::FrameEncoder;
+    use sidecore_wire::{Hello, Message, Origin};
+    use std::io::Read;
+    let mut s = TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut o = Origin::new(
+        "peer",
+        Hello {
+            origin: "test.1".into(),
+            software: "0".into(),
+        },
+    );
+    s.write_all(&o.take_output()).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    let mut next = |o: &mut Origin, s: &mut TcpStream| loop {
+        if let Some(m) = o.poll().unwrap() {
+            return m;
+        }
+        let n = s.read(&mut buf).unwrap();
+        assert!(n > 0, "the peer closed without answering");
+        o.handle_input(&buf[..n]);
+    };
+    assert!(matches!(next(&mut o, &mut s), Message::Welcome(_)));
+    // Frame #1 (the hello was #0), written by hand.
+    let mut enc = FrameEncoder::default();
+    enc.encode(b"{}", &mut Vec::new());
+    let mut frame = Vec::new();
+    enc.encode(payload, &mut frame);
+    s.write_all(&frame).unwrap();
+    match next(&mut o, &mut s) {
+        Message::Error { error } => error,
+        m => panic!("expected an error, got {m:?}"),
+    }
+}
+
 #[test]
 fn a_peer_answers_bad_deploy_requests_with_what_is_wrong() {
     let _s = serial();
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
     let (_peer, peer_sock) = start_peer(dir.path(), &addr, None);
-    let ask = |line: &str| -> String {
-        let mut s = TcpStream::connect(&addr).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-        s.write_all(line.as_bytes()).unwrap();
-        s.write_all(b"\n").unwrap();
-        let mut reply = String::new();
-        BufReader::new(s).read_line(&mut reply).unwrap();
-        reply
-    };
-    let r = ask(r#"{"op":"deploy","version":1}"#);
+    let r = ask_raw(&addr, br#"{"type":"deploy"}"#);
     assert!(
-        r.contains(r#""reply":"error""#) && r.contains("missing field"),
+        r.contains("frame #1 holds a malformed message") && r.contains("missing field"),
         "{r}"
     );
-    let r = ask(
-        r#"{"op":"deploy","version":1,"app":"x","origin":"o","offcodes":[{"name":"a","implementation":"no-such-thing","priority":"normal","watchdog_ms":null,"obsolete_ms":null,"params":{},"inputs":[],"outputs":[]}],"channels":[]}"#,
+    let r = ask_raw(
+        &addr,
+        br#"{"type":"deploy","app":"x","origin":"o","offcodes":[{"name":"a","implementation":"no-such-thing","priority":"normal","watchdog_ms":null,"obsolete_ms":null,"params":{},"inputs":[],"outputs":[]}],"channels":[]}"#,
     );
     assert!(
         r.contains("offcode `a`: this node's library has no implementation `no-such-thing`"),
         "{r}"
     );
-    let r = ask(
-        r#"{"op":"deploy","version":1,"app":"x","origin":"o","offcodes":[{"name":"a","implementation":"inet-checksum","priority":"normal","watchdog_ms":null,"obsolete_ms":null,"params":{},"inputs":["in"],"outputs":[]}],"channels":[{"name":"c","props":{"cast":"unicast","order":"sequential","delivery":"reliable","zero_copy":true,"slots":64,"slot_size":64},"from":null,"to":[[3,0]],"connect":null}]}"#,
+    let r = ask_raw(
+        &addr,
+        br#"{"type":"deploy","app":"x","origin":"o","offcodes":[{"name":"a","implementation":"inet-checksum","priority":"normal","watchdog_ms":null,"obsolete_ms":null,"params":{},"inputs":["in"],"outputs":[]}],"channels":[{"name":"c","props":{"cast":"unicast","order":"sequential","delivery":"reliable","zero_copy":true,"slots":64,"slot_size":64},"from":null,"to":[[3,0]],"connect":null}]}"#,
     );
     assert!(
         r.contains("channel `c`: to names offcode #3, but the part has 1"),
         "{r}"
     );
+    // A message out of turn: `stop` before any part runs.
+    let r = ask_raw(&addr, br#"{"type":"stop"}"#);
+    assert!(
+        r.contains("sent `stop` while welcomed, before any deploy request"),
+        "{r}"
+    );
     // Nothing was deployed, and the peer still answers hellos.
     assert!(apps(&peer_sock).is_empty());
-    let r = ask(r#"{"op":"hello","version":1}"#);
-    assert!(r.contains(r#""name":"peer""#), "{r}");
+    let info = sidecore_pe::node::probe(
+        &sidecore_pe::NodeConfig {
+            name: "peer".into(),
+            addr: addr.clone(),
+        },
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(info.name, "peer");
 }

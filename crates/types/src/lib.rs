@@ -179,7 +179,9 @@ impl Default for ChannelProps {
 /// all speak it. Parsed from an integer (bit/s) or a number with a unit:
 /// `bit/s`, `kbit/s`, `Mbit/s`, `Gbit/s`, `Tbit/s` (also `bps`, `kbps`, `Mbps`,
 /// `Gbps`, `Tbps`); decimal prefixes, as network rates are quoted.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 #[serde(transparent)]
 pub struct Bandwidth {
     bps: u64,
@@ -187,7 +189,9 @@ pub struct Bandwidth {
 
 /// The error returned for a bandwidth that cannot be read.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("`{got}` is not a bandwidth; write a number with a unit such as `500 Mbit/s` or `10 Gbit/s` (units: bit/s kbit/s Mbit/s Gbit/s Tbit/s)")]
+#[error(
+    "`{got}` is not a bandwidth; write a number with a unit such as `500 Mbit/s` or `10 Gbit/s` (units: bit/s kbit/s Mbit/s Gbit/s Tbit/s)"
+)]
 pub struct BadBandwidth {
     pub got: String,
 }
@@ -349,18 +353,38 @@ mod tests {
 
     #[test]
     fn bandwidth_reads_units_and_prints_them_back() {
-        assert_eq!("10 Gbit/s".parse::<Bandwidth>().unwrap().bps(), 10_000_000_000);
-        assert_eq!("500Mbps".parse::<Bandwidth>().unwrap(), Bandwidth::from_mbps(500));
-        assert_eq!("1.5 Gbit/s".parse::<Bandwidth>().unwrap().bps(), 1_500_000_000);
+        assert_eq!(
+            "10 Gbit/s".parse::<Bandwidth>().unwrap().bps(),
+            10_000_000_000
+        );
+        assert_eq!(
+            "500Mbps".parse::<Bandwidth>().unwrap(),
+            Bandwidth::from_mbps(500)
+        );
+        assert_eq!(
+            "1.5 Gbit/s".parse::<Bandwidth>().unwrap().bps(),
+            1_500_000_000
+        );
         assert_eq!("64000".parse::<Bandwidth>().unwrap().bps(), 64_000);
         assert_eq!(Bandwidth::from_gbps(10).to_string(), "10 Gbit/s");
         assert_eq!(Bandwidth::from_bps(1_500_000).to_string(), "1.5 Mbit/s");
         assert_eq!(Bandwidth::from_bps(12).to_string(), "12 bit/s");
-        for bad in ["", "fast", "10 GB/s", "-1 Mbit/s", "1e400 bit/s", "10 Gbit/s/s"] {
+        for bad in [
+            "",
+            "fast",
+            "10 GB/s",
+            "-1 Mbit/s",
+            "1e400 bit/s",
+            "10 Gbit/s/s",
+        ] {
             let e = bad.parse::<Bandwidth>().unwrap_err();
             assert!(e.to_string().contains("is not a bandwidth"), "{bad}: {e}");
         }
-        for b in [Bandwidth::ZERO, Bandwidth::from_mbps(1), Bandwidth::from_bps(123_456_789)] {
+        for b in [
+            Bandwidth::ZERO,
+            Bandwidth::from_mbps(1),
+            Bandwidth::from_bps(123_456_789),
+        ] {
             assert_eq!(b.to_string().parse::<Bandwidth>().unwrap(), b);
         }
     }

@@ -32,7 +32,10 @@ pub const MAX_FRAME_BYTES: usize = 1 << 20;
 /// What is wrong with the bytes a peer sent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
-    #[error("not a sidecore node: it opened with {got:?}, expected {:?}", String::from_utf8_lossy(MAGIC))]
+    #[error(
+        "not a sidecore node: it opened with {got:?}, expected {:?}",
+        String::from_utf8_lossy(MAGIC)
+    )]
     BadMagic { got: String },
     #[error("speaks node protocol version {got}; this side speaks {VERSION}")]
     Version { got: u16 },
@@ -183,7 +186,8 @@ impl FrameDecoder {
         if avail.len() < HEADER_BYTES {
             return Ok(None);
         }
-        let word = |i: usize| u32::from_le_bytes([avail[i], avail[i + 1], avail[i + 2], avail[i + 3]]);
+        let word =
+            |i: usize| u32::from_le_bytes([avail[i], avail[i + 1], avail[i + 2], avail[i + 3]]);
         let (len, seq, sum) = (word(0) as usize, word(4), word(8));
         if len > MAX_FRAME_BYTES {
             return Err(FrameError::TooLarge { seq, len });
@@ -209,7 +213,10 @@ impl FrameDecoder {
         self.next_seq = self.next_seq.wrapping_add(1);
         let from = self.start + HEADER_BYTES;
         self.start = from + len;
-        debug_assert!(self.start <= self.buf.len(), "frame decoder overran its buffer");
+        debug_assert!(
+            self.start <= self.buf.len(),
+            "frame decoder overran its buffer"
+        );
         Ok(Some((seq, from, from + len)))
     }
 
@@ -279,7 +286,10 @@ mod tests {
         let mut v = good.clone();
         v[6] = 1;
         v[7] = 0;
-        assert_eq!(decode_all(&v, 64).unwrap_err(), FrameError::Version { got: 1 });
+        assert_eq!(
+            decode_all(&v, 64).unwrap_err(),
+            FrameError::Version { got: 1 }
+        );
         // A flipped payload byte.
         let mut c = good.clone();
         let last = c.len() - 1;
@@ -320,7 +330,10 @@ mod tests {
         d.feed(b"XXXXXXXX");
         assert!(d.next_frame().is_err());
         d.feed(&stream(&[b"late"]));
-        assert!(d.next_frame().is_err(), "no message may be read after the framing broke");
+        assert!(
+            d.next_frame().is_err(),
+            "no message may be read after the framing broke"
+        );
         assert!(d.finish().is_err());
     }
 }

@@ -61,7 +61,10 @@ mod tests {
     #[test]
     fn lines_limits_and_bad_bytes() {
         let mut r = BufReader::with_capacity(3, &b"{\"op\":\"ps\"}\r\nsecond\n"[..]);
-        assert_eq!(read_line(&mut r).unwrap().as_deref(), Some("{\"op\":\"ps\"}"));
+        assert_eq!(
+            read_line(&mut r).unwrap().as_deref(),
+            Some("{\"op\":\"ps\"}")
+        );
         assert_eq!(read_line(&mut r).unwrap().as_deref(), Some("second"));
         assert_eq!(read_line(&mut r).unwrap(), None);
 

@@ -118,8 +118,8 @@ mod tests {
     fn unknown_types_and_fields_are_named() {
         let e = Message::decode(br#"{"type":"explode"}"#).unwrap_err();
         assert!(e.to_string().contains("unknown variant `explode`"), "{e}");
-        let e = Message::decode(br#"{"type":"hello","origin":"a","software":"1","x":1}"#)
-            .unwrap_err();
+        let e =
+            Message::decode(br#"{"type":"hello","origin":"a","software":"1","x":1}"#).unwrap_err();
         assert!(e.to_string().contains("unknown field `x`"), "{e}");
     }
 }

@@ -66,7 +66,9 @@ pub enum PartError {
     OriginName(String),
     #[error("the part has no offcodes")]
     NoOffcodes,
-    #[error("the part has {offcodes} offcodes and {channels} channels (at most {MAX_PART_ITEMS} each)")]
+    #[error(
+        "the part has {offcodes} offcodes and {channels} channels (at most {MAX_PART_ITEMS} each)"
+    )]
     TooMany { offcodes: usize, channels: usize },
     #[error("offcodes[{index}].name: invalid name {name:?}")]
     OffcodeName { index: usize, name: String },
@@ -85,7 +87,9 @@ pub enum PartError {
         offcode: usize,
         have: usize,
     },
-    #[error("channel `{channel}`: {end} names port #{port} of `{offcode}`, which has {have} {direction} ports")]
+    #[error(
+        "channel `{channel}`: {end} names port #{port} of `{offcode}`, which has {have} {direction} ports"
+    )]
     EndPort {
         channel: String,
         end: &'static str,
@@ -94,7 +98,9 @@ pub enum PartError {
         have: usize,
         direction: &'static str,
     },
-    #[error("channel `{0}`: needs one sender and its receivers in the part, or exactly one end here and the other at the origin")]
+    #[error(
+        "channel `{0}`: needs one sender and its receivers in the part, or exactly one end here and the other at the origin"
+    )]
     Ends(String),
     #[error("channel `{channel}`: `connect` is not an ip:port address: {addr:?}")]
     Connect { channel: String, addr: String },

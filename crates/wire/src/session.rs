@@ -242,9 +242,9 @@ impl Grammar for OriginGrammar {
 
     fn on_close(&self) -> Result<(), ErrorKind> {
         match self.state {
-            OriginState::AwaitWelcome | OriginState::AwaitListening | OriginState::AwaitDeployed => {
-                Err(ErrorKind::Closed(self.state()))
-            }
+            OriginState::AwaitWelcome
+            | OriginState::AwaitListening
+            | OriginState::AwaitDeployed => Err(ErrorKind::Closed(self.state())),
             _ => Ok(()),
         }
     }
@@ -286,7 +286,9 @@ pub enum PeerState {
     /// Welcomed the origin: a deploy request may come, or the close of a probe.
     Ready,
     /// Deploying a part; `listening` once the addresses were sent.
-    Deploying { listening: bool },
+    Deploying {
+        listening: bool,
+    },
     /// The part runs; status reports go out.
     Running,
     /// The origin asked to stop: the last report goes out, then the close.
@@ -412,7 +414,10 @@ mod tests {
 
     #[test]
     fn a_probe_is_a_hello_and_a_welcome() {
-        let (mut o, mut p) = (Origin::new("node b", hello()), Peer::new("origin x", info()));
+        let (mut o, mut p) = (
+            Origin::new("node b", hello()),
+            Peer::new("origin x", info()),
+        );
         pump(&mut o, &mut p);
         assert_eq!(p.poll().unwrap(), Some(Message::Hello(hello())));
         pump(&mut o, &mut p);
@@ -424,7 +429,10 @@ mod tests {
 
     #[test]
     fn messages_out_of_turn_are_refused_with_the_peer_named() {
-        let (mut o, mut p) = (Origin::new("node b", hello()), Peer::new("origin x", info()));
+        let (mut o, mut p) = (
+            Origin::new("node b", hello()),
+            Peer::new("origin x", info()),
+        );
         // The origin may not deploy before it is welcomed.
         let e = o.send(&Message::Deploy(part())).unwrap_err();
         assert_eq!(
@@ -434,9 +442,7 @@ mod tests {
         pump(&mut o, &mut p);
         p.poll().unwrap();
         // The peer may not report deployed before it listened.
-        let e = p
-            .send(&Message::Deployed { app: "x".into() })
-            .unwrap_err();
+        let e = p.send(&Message::Deployed { app: "x".into() }).unwrap_err();
         assert!(e.to_string().contains("may not send `deployed`"), "{e}");
         // A peer that jumps ahead is caught by the origin.
         pump(&mut o, &mut p);
@@ -457,7 +463,10 @@ mod tests {
 
     #[test]
     fn a_bad_part_is_refused_before_anything_is_built() {
-        let (mut o, mut p) = (Origin::new("node b", hello()), Peer::new("origin x", info()));
+        let (mut o, mut p) = (
+            Origin::new("node b", hello()),
+            Peer::new("origin x", info()),
+        );
         pump(&mut o, &mut p);
         p.poll().unwrap();
         pump(&mut o, &mut p);
@@ -475,7 +484,10 @@ mod tests {
 
     #[test]
     fn closing_mid_conversation_is_an_error_for_the_waiting_side() {
-        let (mut o, mut p) = (Origin::new("node b", hello()), Peer::new("origin x", info()));
+        let (mut o, mut p) = (
+            Origin::new("node b", hello()),
+            Peer::new("origin x", info()),
+        );
         pump(&mut o, &mut p);
         p.poll().unwrap();
         // The peer vanishes before its welcome arrives.

@@ -35,6 +35,13 @@ pub enum LinkError {
         #[source]
         source: io::Error,
     },
+    #[error("{peer}: unreachable: cannot reach {addr}: {source}")]
+    Unreachable {
+        peer: String,
+        addr: String,
+        #[source]
+        source: io::Error,
+    },
     #[error("{peer}: no answer within {} ms while {state}", waited.as_millis())]
     TimedOut {
         peer: String,
@@ -194,9 +201,7 @@ impl<G: Grammar> Link<G> {
 
     /// The other side's address.
     pub fn peer_addr(&self) -> Result<SocketAddr, LinkError> {
-        lock(&self.inner.writer)
-            .peer_addr()
-            .map_err(|e| self.io(e))
+        lock(&self.inner.writer).peer_addr().map_err(|e| self.io(e))
     }
 }
 
@@ -213,12 +218,18 @@ impl Link<OriginGrammar> {
             peer: peer.to_string(),
             source,
         };
-        let sa = addr
-            .to_socket_addrs()
-            .map_err(io)?
-            .next()
-            .ok_or_else(|| io(io::Error::new(IoKind::NotFound, format!("{addr} resolves to nothing"))))?;
-        let sock = TcpStream::connect_timeout(&sa, timeout).map_err(io)?;
+        let sa = addr.to_socket_addrs().map_err(io)?.next().ok_or_else(|| {
+            io(io::Error::new(
+                IoKind::NotFound,
+                format!("{addr} resolves to nothing"),
+            ))
+        })?;
+        let sock =
+            TcpStream::connect_timeout(&sa, timeout).map_err(|source| LinkError::Unreachable {
+                peer: peer.to_string(),
+                addr: addr.to_string(),
+                source,
+            })?;
         sock.set_write_timeout(Some(timeout)).map_err(io)?;
         Link::new(sock, Origin::new(peer, hello))
     }
@@ -289,7 +300,10 @@ mod tests {
                 Received::Message(Message::Hello(hello()))
             );
             // The origin closes after the welcome.
-            assert_eq!(link.recv(Some(Duration::from_secs(5))).unwrap(), Received::Closed);
+            assert_eq!(
+                link.recv(Some(Duration::from_secs(5))).unwrap(),
+                Received::Closed
+            );
         });
         let got = Link::probe(&addr, "node b", hello(), Duration::from_secs(5)).unwrap();
         assert_eq!(got, info());
@@ -329,7 +343,11 @@ mod tests {
         let addr = l.local_addr().unwrap().to_string();
         drop(l);
         let e = Link::probe(&addr, "node gone", hello(), Duration::from_millis(300)).unwrap_err();
-        assert!(e.to_string().starts_with("node gone: "), "{e}");
-        assert!(matches!(e, LinkError::Io { .. }), "{e}");
+        assert!(
+            e.to_string()
+                .starts_with(&format!("node gone: unreachable: cannot reach {addr}: ")),
+            "{e}"
+        );
+        assert!(matches!(e, LinkError::Unreachable { .. }), "{e}");
     }
 }

@@ -159,10 +159,22 @@ fn converse(
 
 #[derive(Debug, Clone)]
 enum Damage {
-    Lose { at: prop::sample::Index, len: usize },
-    Swap { at: prop::sample::Index, a: usize, b: usize },
-    Flip { at: prop::sample::Index, bit: u8 },
-    Cut { at: prop::sample::Index },
+    Lose {
+        at: prop::sample::Index,
+        len: usize,
+    },
+    Swap {
+        at: prop::sample::Index,
+        a: usize,
+        b: usize,
+    },
+    Flip {
+        at: prop::sample::Index,
+        bit: u8,
+    },
+    Cut {
+        at: prop::sample::Index,
+    },
 }
 
 fn damage() -> impl Strategy<Value = Damage> {
@@ -211,7 +223,11 @@ fn check_damaged(
     peer: &str,
 ) -> Result<(), TestCaseError> {
     prop_assert!(got.len() <= sent.len());
-    prop_assert_eq!(got, &sent[..got.len()], "a damaged stream produced a different message");
+    prop_assert_eq!(
+        got,
+        &sent[..got.len()],
+        "a damaged stream produced a different message"
+    );
     match err {
         Some(e) => {
             prop_assert_eq!(&e.peer, peer);

@@ -1,0 +1,178 @@
+//! An offcode as the control plane sees it: its identity, counters, life-cycle
+//! state and stop request, shared between the executor that runs it, the
+//! supervisor that watches it, the origin's mirror of a remote part, and
+//! `sidecore ps`. Everything in it is atomic or behind a short lock, so reading
+//! it never stalls an executor.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sidecore_offcode::Metrics;
+use sidecore_types::{OffcodeState, OffcodeStatus};
+
+use crate::events::{EventKind, EventLog};
+
+/// What the control plane sees of an offcode.
+pub struct OffcodeHandle {
+    pub app: String,
+    pub name: String,
+    pub pe: String,
+    pub implementation: String,
+    pub watchdog: Option<Duration>,
+    pub obsolete: Option<Duration>,
+    pub metrics: Metrics,
+    state: AtomicU8,
+    /// Set to ask the executor to stop it at its next turn.
+    stop_requested: AtomicBool,
+    /// Set once its executor has let go of it (stopped, done or failed to land).
+    exited: AtomicBool,
+    stop_reason: std::sync::Mutex<Option<String>>,
+    pub landed_at: Instant,
+    pub handled: AtomicU64,
+    pub turns: AtomicU64,
+    /// Outlet counters: (sent, dropped) summed over outputs.
+    pub sent: AtomicU64,
+    pub dropped: AtomicU64,
+}
+
+impl OffcodeHandle {
+    pub fn new(
+        app: &str,
+        name: &str,
+        pe: &str,
+        implementation: &str,
+        watchdog: Option<Duration>,
+        obsolete: Option<Duration>,
+    ) -> Self {
+        OffcodeHandle {
+            app: app.into(),
+            name: name.into(),
+            pe: pe.into(),
+            implementation: implementation.into(),
+            watchdog,
+            obsolete,
+            metrics: Metrics::default(),
+            state: AtomicU8::new(0),
+            stop_requested: AtomicBool::new(false),
+            exited: AtomicBool::new(false),
+            stop_reason: std::sync::Mutex::new(None),
+            landed_at: Instant::now(),
+            handled: AtomicU64::new(0),
+            turns: AtomicU64::new(0),
+            sent: AtomicU64::new(0),
+            dropped: AtomicU64::new(0),
+        }
+    }
+
+    pub fn state(&self) -> OffcodeState {
+        OffcodeState::from_u8(self.state.load(Ordering::Acquire))
+    }
+
+    pub(crate) fn set_state(&self, s: OffcodeState) {
+        self.state.store(s as u8, Ordering::Release);
+    }
+
+    /// The watchdog expired (a turn ran `elapsed` past period `wd`; `why` says
+    /// how): a running offcode fails, once — the executor and the supervisor may
+    /// both notice the same overrun, and only the one that moves it from
+    /// `Running` reports it and asks it to stop.
+    pub(crate) fn expire_watchdog(
+        &self,
+        events: &EventLog,
+        app: &str,
+        wd: Duration,
+        elapsed: Duration,
+        why: impl FnOnce() -> String,
+    ) {
+        if self
+            .state
+            .compare_exchange(
+                OffcodeState::Running as u8,
+                OffcodeState::Failed as u8,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_ok()
+        {
+            events.emit(
+                app,
+                &self.name,
+                EventKind::WatchdogExpired {
+                    period_ms: millis(wd),
+                    elapsed_ms: millis(elapsed),
+                },
+            );
+            self.request_stop(why());
+        }
+    }
+
+    /// Asks the executor to stop the offcode; the first reason wins.
+    pub fn request_stop(&self, reason: impl Into<String>) {
+        let mut r = self
+            .stop_reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if r.is_none() {
+            *r = Some(reason.into());
+        }
+        self.stop_requested.store(true, Ordering::Release);
+    }
+
+    /// Marks it let go of by whatever ran it (its executor, or a peer node for
+    /// a remote offcode).
+    pub(crate) fn set_exited(&self) {
+        self.exited.store(true, Ordering::Release);
+    }
+
+    /// True once its executor has let go of it: nothing of it runs any more.
+    pub fn exited(&self) -> bool {
+        self.exited.load(Ordering::Acquire)
+    }
+
+    /// Why it was asked to stop, if it was.
+    pub fn stop_reason(&self) -> Option<String> {
+        self.stop_reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// True once a stop was asked for.
+    pub fn stop_requested(&self) -> bool {
+        self.stop_requested.load(Ordering::Acquire)
+    }
+
+    /// Its status as `sidecore ps` shows it, read now.
+    pub fn status(&self) -> OffcodeStatus {
+        OffcodeStatus {
+            name: self.name.clone(),
+            implementation: self.implementation.clone(),
+            pe: self.pe.clone(),
+            state: self.state(),
+            uptime_ms: millis(self.landed_at.elapsed()),
+            handled: self.handled.load(Ordering::Relaxed),
+            sent: self.sent.load(Ordering::Relaxed),
+            dropped: self.dropped.load(Ordering::Relaxed),
+            turns: self.turns.load(Ordering::Relaxed),
+            metrics: self.metrics.snapshot().into_iter().collect(),
+            stop_reason: self.stop_reason(),
+        }
+    }
+
+    /// Takes a status report about it from the peer node that runs it.
+    pub(crate) fn mirror(&self, o: &OffcodeStatus) {
+        self.handled.store(o.handled, Ordering::Relaxed);
+        self.sent.store(o.sent, Ordering::Relaxed);
+        self.dropped.store(o.dropped, Ordering::Relaxed);
+        self.turns.store(o.turns, Ordering::Relaxed);
+        for (k, v) in &o.metrics {
+            self.metrics.metric(k).set(*v);
+        }
+        self.set_state(o.state);
+    }
+}
+
+/// Milliseconds, saturating (a status field).
+pub fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}

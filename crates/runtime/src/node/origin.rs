@@ -1,0 +1,377 @@
+//! The origin's side of a remote part: hands each part of a plan placed on a
+//! peer node to that peer, connects the stream channels between the part and
+//! this machine, then follows the part (mirrors the peer's status reports into
+//! the origin's handles, marks the part failed if the peer goes away) until
+//! the app stops.
+
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use sidecore_channel::stream::StreamListener;
+use sidecore_types::{AppState, AppStatus, OffcodeState, PeKind};
+use sidecore_wire::session::OriginGrammar;
+use sidecore_wire::{Link, LinkError, Message, Received, RemoteChannel, RemoteOffcode, RemotePart};
+
+use super::{STATUS_EVERY, STEP_TIMEOUT, accept_end, connect_end};
+use crate::error::DeployError;
+use crate::events::{EventKind, EventLog};
+use crate::handle::{OffcodeHandle, millis};
+use crate::plan::{Plan, PlannedChannel};
+use crate::transport::Attachment;
+
+/// The origin's side of one peer's part, once deployed.
+pub struct PartLink {
+    /// The peer's PE id (`node:b`).
+    pub node: String,
+    link: Link<OriginGrammar>,
+    /// Plan indices of the offcodes in the part, in part order.
+    pub members: Vec<usize>,
+}
+
+/// What delegating the remote parts of a plan produced.
+#[derive(Default)]
+pub struct Delegation {
+    pub attachments: Vec<Attachment>,
+    pub parts: Vec<PartLink>,
+}
+
+/// Where an offcode of a plan runs: `None` here, `Some(pe)` on that peer.
+fn location(plan: &Plan, i: usize) -> Option<&str> {
+    let o = &plan.offcodes[i];
+    (o.pe_kind == PeKind::Node).then_some(o.pe.as_str())
+}
+
+/// What went wrong with one peer.
+enum PartError {
+    Link(LinkError),
+    Peer(String),
+}
+
+impl From<LinkError> for PartError {
+    fn from(e: LinkError) -> Self {
+        PartError::Link(e)
+    }
+}
+
+/// Hands every part of `plan` placed on a peer node to that peer, and connects
+/// the stream channels between the parts and this machine. On error, the
+/// connections are dropped, and with them whatever the peers had deployed.
+pub fn delegate(plan: &Plan) -> Result<Delegation, DeployError> {
+    let mut nodes: Vec<&str> = Vec::new();
+    for i in 0..plan.offcodes.len() {
+        if let Some(n) = location(plan, i)
+            && !nodes.contains(&n)
+        {
+            nodes.push(n);
+        }
+    }
+    let mut out = Delegation::default();
+    if nodes.is_empty() {
+        return Ok(out);
+    }
+    check_crossings(plan)?;
+    let hello = sidecore_pe::node::hello();
+    for node in nodes {
+        let link = delegate_one(plan, node, &hello, &mut out.attachments).map_err(|e| match e {
+            PartError::Link(e) => DeployError::Link(e),
+            PartError::Peer(error) => DeployError::Node {
+                node: node.to_string(),
+                error,
+            },
+        })?;
+        out.parts.push(link);
+    }
+    Ok(out)
+}
+
+/// Refuses, before contacting anyone, a channel that crosses machines in a way
+/// streams cannot carry yet.
+fn check_crossings(plan: &Plan) -> Result<(), DeployError> {
+    for ch in &plan.channels {
+        let from = location(plan, ch.from.0);
+        let tos: Vec<Option<&str>> = ch.to.iter().map(|t| location(plan, t.0)).collect();
+        if tos.iter().all(|t| *t == from) {
+            continue;
+        }
+        let fail = |error: String| DeployError::Channel {
+            channel: ch.name.clone(),
+            error,
+        };
+        if tos.len() != 1 {
+            return Err(fail(
+                "its receivers are on different machines; channels that fan out \
+                 (multicast, parallel) across machines are not supported yet"
+                    .into(),
+            ));
+        }
+        if let (Some(a), Some(b)) = (from, tos[0]) {
+            return Err(fail(format!(
+                "it joins two peer nodes ({a} and {b}); channels between peers are not supported yet"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The deploy request for `node`'s part, the channels the origin connects into
+/// it once the peer listens, and the listeners for channels out of it.
+struct PartRequest<'p> {
+    part: RemotePart,
+    outbound: Vec<&'p PlannedChannel>,
+    inbound: Vec<(&'p PlannedChannel, StreamListener)>,
+}
+
+fn part_request<'p>(
+    plan: &'p Plan,
+    members: &[usize],
+    here: IpAddr,
+    origin: &str,
+) -> Result<PartRequest<'p>, String> {
+    let idx = |i: usize| members.iter().position(|&m| m == i);
+    let (mut channels, mut outbound, mut inbound) = (Vec::new(), Vec::new(), Vec::new());
+    for ch in &plan.channels {
+        let from = idx(ch.from.0).map(|o| (o, ch.from.1));
+        let to: Vec<(usize, usize)> = ch
+            .to
+            .iter()
+            .filter_map(|t| idx(t.0).map(|o| (o, t.1)))
+            .collect();
+        if from.is_none() && to.is_empty() {
+            continue;
+        }
+        let mut connect = None;
+        if from.is_some() && to.is_empty() {
+            // Out of the part to here: listen now, the peer connects.
+            let l = StreamListener::bind((here, 0))
+                .map_err(|e| format!("channel `{}`: cannot listen: {e}", ch.name))?;
+            connect = Some(l.local_addr().map_err(|e| e.to_string())?.to_string());
+            inbound.push((ch, l));
+        } else if from.is_none() {
+            outbound.push(ch);
+        }
+        channels.push(RemoteChannel {
+            name: ch.name.clone(),
+            props: ch.props,
+            from,
+            to,
+            connect,
+        });
+    }
+    let offcodes = members
+        .iter()
+        .map(|&i| {
+            let o = &plan.offcodes[i];
+            RemoteOffcode {
+                name: o.name.clone(),
+                implementation: o.implementation.name.clone(),
+                priority: o.priority,
+                watchdog_ms: o.watchdog.map(millis),
+                obsolete_ms: o.obsolete.map(millis),
+                params: o.params.clone(),
+                inputs: o.inputs.clone(),
+                outputs: o.outputs.clone(),
+            }
+        })
+        .collect();
+    Ok(PartRequest {
+        part: RemotePart {
+            app: plan.app.clone(),
+            origin: origin.to_string(),
+            offcodes,
+            channels,
+        },
+        outbound,
+        inbound,
+    })
+}
+
+/// Waits for the next step's message; the peer's own error is its reason.
+fn step(link: &Link<OriginGrammar>) -> Result<Message, PartError> {
+    match link.expect(STEP_TIMEOUT)? {
+        Message::Error { error } => Err(PartError::Peer(error)),
+        m => Ok(m),
+    }
+}
+
+fn delegate_one(
+    plan: &Plan,
+    node: &str,
+    hello: &sidecore_wire::Hello,
+    attachments: &mut Vec<Attachment>,
+) -> Result<PartLink, PartError> {
+    let addr = plan
+        .nodes
+        .get(node)
+        .ok_or_else(|| PartError::Peer(format!("no address known for {node}")))?;
+    let link = Link::connect(
+        addr,
+        &format!("peer {node} at {addr}"),
+        hello.clone(),
+        STEP_TIMEOUT,
+    )?;
+    step(&link)?; // the welcome: the grammar admits nothing else first
+    let here = link.local_addr()?.ip();
+    let members: Vec<usize> = (0..plan.offcodes.len())
+        .filter(|&i| location(plan, i) == Some(node))
+        .collect();
+    let req = part_request(plan, &members, here, &hello.origin).map_err(PartError::Peer)?;
+    link.send(&Message::Deploy(req.part))?;
+    let Message::Listening {
+        channels: listening,
+    } = step(&link)?
+    else {
+        unreachable!("the origin grammar admits only `listening` after a deploy");
+    };
+    for ch in req.outbound {
+        let a = listening.get(&ch.name).ok_or_else(|| {
+            PartError::Peer(format!(
+                "the peer does not listen for channel `{}`",
+                ch.name
+            ))
+        })?;
+        attachments
+            .push(connect_end(a, &ch.name, ch.props.delivery, ch.from).map_err(PartError::Peer)?);
+    }
+    step(&link)?; // deployed
+    for (ch, l) in req.inbound {
+        attachments.push(accept_end(&l, &ch.name, ch.to[0]).map_err(PartError::Peer)?);
+    }
+    Ok(PartLink {
+        node: node.to_string(),
+        link,
+        members,
+    })
+}
+
+/// Follows a deployed part: mirrors the peer's status reports into the
+/// origin's handles, and marks the part failed if the peer goes away. Returns
+/// the teardown for the resource tree: it asks the peer to stop, takes its last
+/// report, and closes the lease.
+pub fn follow(
+    part: PartLink,
+    handles: Vec<Arc<OffcodeHandle>>,
+    app: String,
+    events: EventLog,
+) -> impl FnOnce() + Send + 'static {
+    let PartLink { node, link, .. } = part;
+    let stopping = Arc::new(AtomicBool::new(false));
+    let st = Arc::clone(&stopping);
+    let reader = link.clone();
+    let thread = std::thread::Builder::new()
+        .name("sc-remote".into())
+        .spawn(move || {
+            let mirror = Mirror {
+                handles: &handles,
+                node: &node,
+                app: &app,
+                events: &events,
+            };
+            mirror.run(&reader, &st);
+        })
+        .ok();
+    move || {
+        stopping.store(true, Ordering::Release);
+        // Stop, then let the mirror take the peer's last report (its counters
+        // at rest) until the peer closes the lease.
+        let _ = link.send(&Message::Stop);
+        link.shutdown_write();
+        if let Some(t) = thread {
+            let _ = t.join();
+        }
+    }
+}
+
+/// The mirror thread's view of a part.
+struct Mirror<'a> {
+    handles: &'a [Arc<OffcodeHandle>],
+    node: &'a str,
+    app: &'a str,
+    events: &'a EventLog,
+}
+
+impl Mirror<'_> {
+    fn run(&self, link: &Link<OriginGrammar>, stopping: &AtomicBool) {
+        for h in self.handles {
+            h.set_state(OffcodeState::Running);
+        }
+        // Polled, so that once stopping, a peer that never answers the stop
+        // holds the teardown for at most STEP_TIMEOUT.
+        let mut stop_seen: Option<Instant> = None;
+        let lost = loop {
+            match link.recv(Some(STATUS_EVERY)) {
+                Ok(Received::Message(Message::Status(s))) => self.report(&s),
+                Ok(Received::Message(Message::Error { error })) => {
+                    break format!("node {} reported: {error}", self.node);
+                }
+                Ok(Received::Message(_)) => {}
+                Ok(Received::Closed) => break format!("node {} closed the connection", self.node),
+                Ok(Received::TimedOut) => {}
+                Err(e) => break format!("connection to node {} lost: {e}", self.node),
+            }
+            if stopping.load(Ordering::Acquire)
+                && stop_seen.get_or_insert_with(Instant::now).elapsed() > STEP_TIMEOUT
+            {
+                break format!("node {} did not answer the stop", self.node);
+            }
+        };
+        if !stopping.load(Ordering::Acquire) {
+            self.fail_all(&lost);
+        }
+    }
+
+    /// Mirrors one status report.
+    fn report(&self, status: &AppStatus) {
+        for o in &status.offcodes {
+            let Some(h) = self.handles.iter().find(|h| h.name == o.name) else {
+                continue;
+            };
+            h.mirror(o);
+            if let Some(why) = &o.stop_reason {
+                h.request_stop(format!("on {}: {why}", self.node));
+            }
+            if o.state.is_final() && !h.exited() {
+                let why = |default: &str| {
+                    format!(
+                        "on {}: {}",
+                        self.node,
+                        o.stop_reason.as_deref().unwrap_or(default)
+                    )
+                };
+                let kind = match o.state {
+                    OffcodeState::Done => EventKind::Done,
+                    OffcodeState::Failed => EventKind::Failed {
+                        error: why("failed"),
+                    },
+                    _ => EventKind::Stopped {
+                        reason: why("stopped"),
+                    },
+                };
+                self.events.emit(self.app, &h.name, kind);
+                h.set_exited();
+            }
+        }
+        if status.state != AppState::Running {
+            for h in self.handles {
+                h.set_exited();
+            }
+        }
+    }
+
+    /// The peer went away while the part ran: its offcodes failed.
+    fn fail_all(&self, lost: &str) {
+        for h in self.handles.iter().filter(|h| !h.exited()) {
+            h.request_stop(lost);
+            h.set_state(OffcodeState::Failed);
+            self.events.emit(
+                self.app,
+                &h.name,
+                EventKind::Failed {
+                    error: lost.to_string(),
+                },
+            );
+            h.set_exited();
+        }
+    }
+}

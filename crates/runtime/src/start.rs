@@ -1,0 +1,462 @@
+//! Stage 5 of the pipeline, **start** (HYDRA §4.1.1, §4.4): turns a plan into
+//! running offcodes.
+//!
+//! 1. Build every instance from the library first, so a bad parameter fails
+//!    the deployment with no side effect.
+//! 2. Hand the parts placed on peer nodes to those peers ([`origin`]).
+//! 3. Connect the channels: local ones through the [`transport`] factory,
+//!    crossing ones from the streams the peers connected.
+//! 4. Spawn one executor per PE (one per offcode on the host).
+//! 5. Land the offcodes in priority order (phase 1, `initialize`); when every
+//!    member of a related group has landed, tell each which channels are
+//!    connected and start the group (phase 2).
+//!
+//! Everything goes into the resource tree under the app's root, so a failure
+//! halfway (or a later stop) tears down exactly what was created, children
+//! first.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Sender;
+use sidecore_channel::oob::{OobDirectory, OobMessage};
+use sidecore_offcode::{BuildSpec, Inlet, Offcode, OffcodeInfo, Outlet};
+use sidecore_types::{AppId, AppState, PeKind};
+
+use crate::app::AppEntry;
+use crate::error::DeployError;
+use crate::events::{EventKind, EventLog};
+use crate::executor::{self, Command, ExecutorSpec, ExecutorState, IdlePolicy, Slot};
+use crate::handle::OffcodeHandle;
+use crate::node::origin::{self, Delegation};
+use crate::plan::Plan;
+use crate::transport::{self, Attachment, StreamEnd, Transport};
+use crate::tree::{ResourceId, ResourceKind, ResourceTree};
+
+/// How long to wait for an executor to answer a command.
+pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the start stage uses of the runtime it starts into.
+pub struct Env<'a> {
+    pub idle: IdlePolicy,
+    pub events: &'a EventLog,
+    pub oob: &'a OobDirectory,
+    pub tree: &'a ResourceTree,
+}
+
+/// Where a plan's remote parts stand when it starts.
+pub enum Delegated {
+    /// Still to be handed to the peers.
+    Plan,
+    /// Already connected (a peer starting its part of a remote app).
+    Done(Vec<Attachment>),
+}
+
+/// Starts `plan` as app `id`; on error nothing of it is left running, here or
+/// on the peers.
+pub fn start(
+    env: &Env<'_>,
+    plan: &Plan,
+    id: AppId,
+    delegated: Delegated,
+) -> Result<AppEntry, DeployError> {
+    let instances = build_instances(plan)?;
+    let root = env
+        .tree
+        .add(None, ResourceKind::App, format!("app {}", plan.app), || {});
+    let result = (|| {
+        let delegation = match delegated {
+            Delegated::Plan => origin::delegate(plan)?,
+            Delegated::Done(attachments) => Delegation {
+                attachments,
+                parts: Vec::new(),
+            },
+        };
+        let mut ports = connect_channels(env, plan, root, delegation.attachments)?;
+        let execs = spawn_executors(env, plan, root)?;
+        let handles = handles(plan);
+        for part in delegation.parts {
+            follow_part(env, plan, root, &handles, part);
+        }
+        land_and_start(env, plan, &execs, &handles, instances, &mut ports)?;
+        Ok(AppEntry {
+            id,
+            name: plan.app.clone(),
+            root,
+            handles,
+            executors: execs.into_values().map(|e| e.state).collect(),
+            state: AppState::Running,
+            started: Instant::now(),
+            finished: None,
+        })
+    })();
+    if let Err(e) = &result {
+        env.events.emit(
+            &plan.app,
+            "-",
+            EventKind::App {
+                message: format!("deployment failed: {e}; rolling back"),
+            },
+        );
+        env.tree.teardown(root);
+    }
+    result
+}
+
+/// Step 1: one instance per local offcode (`None` for those on peers, which
+/// build their own and report their own errors).
+fn build_instances(plan: &Plan) -> Result<Vec<Option<Box<dyn Offcode>>>, DeployError> {
+    plan.offcodes
+        .iter()
+        .map(|oc| {
+            if oc.pe_kind == PeKind::Node {
+                return Ok(None);
+            }
+            let spec = BuildSpec {
+                params: &oc.params,
+                kind: oc.pe_kind,
+                module: oc.module.as_deref(),
+            };
+            (oc.implementation.factory)(&spec)
+                .map(Some)
+                .map_err(|e| DeployError::Build {
+                    offcode: oc.name.clone(),
+                    error: e.to_string(),
+                })
+        })
+        .collect()
+}
+
+/// Every local offcode's ports, and the channels each is joined to as
+/// (channel, port) for its out-of-band "channel available" messages.
+struct Ports {
+    outlets: Vec<Vec<Outlet>>,
+    inlets: Vec<Vec<Inlet>>,
+    connected: Vec<Vec<(String, String)>>,
+}
+
+/// Step 3: local channels from the transport factory, crossing ones from the
+/// attached streams.
+fn connect_channels(
+    env: &Env<'_>,
+    plan: &Plan,
+    root: ResourceId,
+    attachments: Vec<Attachment>,
+) -> Result<Ports, DeployError> {
+    let mut p = Ports {
+        outlets: plan
+            .offcodes
+            .iter()
+            .map(|o| o.outputs.iter().map(|_| Outlet::Unconnected(0)).collect())
+            .collect(),
+        inlets: plan
+            .offcodes
+            .iter()
+            .map(|o| o.inputs.iter().map(|_| Inlet::Unconnected).collect())
+            .collect(),
+        connected: vec![Vec::new(); plan.offcodes.len()],
+    };
+    for ch in plan
+        .channels
+        .iter()
+        .filter(|c| c.transport != Transport::Stream)
+    {
+        let ends = transport::build(&ch.name, ch.transport, &ch.props, ch.to.len())?;
+        let (from, port) = ch.from;
+        p.outlets[from][port] = ends.outlet;
+        p.connected[from].push((ch.name.clone(), plan.offcodes[from].outputs[port].clone()));
+        for (inlet, &(oc, port)) in ends.inlets.into_iter().zip(&ch.to) {
+            p.inlets[oc][port] = inlet;
+            p.connected[oc].push((ch.name.clone(), plan.offcodes[oc].inputs[port].clone()));
+        }
+        let label = format!(
+            "channel {} ({:?}, {} x {} B)",
+            ch.name, ch.transport, ch.props.slots, ch.props.slot_size
+        );
+        env.tree
+            .add(Some(root), ResourceKind::Channel, label, || {});
+    }
+    for a in attachments {
+        let o = &plan.offcodes[a.offcode];
+        let (port, label) = match a.end {
+            StreamEnd::Send { port, sender } => {
+                let label = format!("stream {} to {}", a.channel, sender.peer());
+                p.outlets[a.offcode][port] = Outlet::Stream(sender);
+                (o.outputs[port].clone(), label)
+            }
+            StreamEnd::Recv { port, receiver } => {
+                let label = format!("stream {} from {}", a.channel, receiver.peer());
+                p.inlets[a.offcode][port] = Inlet::Stream(receiver);
+                (o.inputs[port].clone(), label)
+            }
+        };
+        p.connected[a.offcode].push((a.channel, port));
+        env.tree
+            .add(Some(root), ResourceKind::Channel, label, || {});
+    }
+    Ok(p)
+}
+
+/// A running executor as the start stage drives it.
+struct Exec {
+    tx: Sender<Command>,
+    state: Arc<ExecutorState>,
+    node: ResourceId,
+}
+
+/// The executor an offcode runs on: its core's, or its own on the host.
+fn exec_name(plan: &Plan, i: usize) -> String {
+    let o = &plan.offcodes[i];
+    if o.pe_kind == PeKind::Host {
+        format!("host/{}", o.name)
+    } else {
+        o.pe.clone()
+    }
+}
+
+/// Step 4: one executor per PE that local offcodes landed on.
+fn spawn_executors(
+    env: &Env<'_>,
+    plan: &Plan,
+    root: ResourceId,
+) -> Result<BTreeMap<String, Exec>, DeployError> {
+    let mut execs = BTreeMap::new();
+    for (i, o) in plan.offcodes.iter().enumerate() {
+        let name = exec_name(plan, i);
+        if o.pe_kind == PeKind::Node || execs.contains_key(&name) {
+            continue;
+        }
+        let spec = ExecutorSpec {
+            name: name.clone(),
+            pin: o.cpu,
+            idle: env.idle,
+        };
+        let (tx, state, join) = executor::spawn(spec, plan.app.clone(), env.events.clone())
+            .map_err(|e| DeployError::Executor {
+                pe: o.pe.clone(),
+                error: e.to_string(),
+            })?;
+        let txc = tx.clone();
+        let join = Mutex::new(Some(join));
+        let pinned = o
+            .cpu
+            .map(|c| format!(" (pinned to CPU {c})"))
+            .unwrap_or_default();
+        let node = env.tree.add(
+            Some(root),
+            ResourceKind::Executor,
+            format!("executor {name}{pinned}"),
+            move || {
+                let _ = txc.send(Command::Shutdown);
+                let taken = join
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .take();
+                if let Some(j) = taken {
+                    let _ = j.join();
+                }
+            },
+        );
+        execs.insert(name, Exec { tx, state, node });
+    }
+    Ok(execs)
+}
+
+/// A handle per offcode; a peer enforces the watchdog and obsolete time of
+/// the offcodes it runs, so theirs have none here.
+fn handles(plan: &Plan) -> Vec<Arc<OffcodeHandle>> {
+    plan.offcodes
+        .iter()
+        .map(|o| {
+            let here = o.pe_kind != PeKind::Node;
+            Arc::new(OffcodeHandle::new(
+                &plan.app,
+                &o.name,
+                &o.pe,
+                &o.implementation.name,
+                o.watchdog.filter(|_| here),
+                o.obsolete.filter(|_| here),
+            ))
+        })
+        .collect()
+}
+
+/// A peer's part is in place (initialized and started there): follow it, and
+/// make its lease part of the app.
+fn follow_part(
+    env: &Env<'_>,
+    plan: &Plan,
+    root: ResourceId,
+    handles: &[Arc<OffcodeHandle>],
+    part: origin::PartLink,
+) {
+    let hs = part
+        .members
+        .iter()
+        .map(|&m| Arc::clone(&handles[m]))
+        .collect();
+    let label = format!("part on {} ({} offcodes)", part.node, part.members.len());
+    let teardown = origin::follow(part, hs, plan.app.clone(), env.events.clone());
+    env.tree
+        .add(Some(root), ResourceKind::Remote, label, teardown);
+}
+
+/// Sends a command and waits for the executor's answer.
+fn ask(
+    tx: &Sender<Command>,
+    cmd: impl FnOnce(Sender<Result<(), String>>) -> Command,
+) -> Result<(), String> {
+    let (rtx, rrx) = crossbeam_channel::bounded(1);
+    tx.send(cmd(rtx))
+        .map_err(|_| "executor is gone".to_string())?;
+    rrx.recv_timeout(COMMAND_TIMEOUT)
+        .map_err(|_| "no answer from its executor".to_string())?
+}
+
+/// Step 5: land in priority order; start each group once all of it has landed.
+fn land_and_start(
+    env: &Env<'_>,
+    plan: &Plan,
+    execs: &BTreeMap<String, Exec>,
+    handles: &[Arc<OffcodeHandle>],
+    mut instances: Vec<Option<Box<dyn Offcode>>>,
+    ports: &mut Ports,
+) -> Result<(), DeployError> {
+    let remote = |i: usize| plan.offcodes[i].pe_kind == PeKind::Node;
+    let mut landed: Vec<bool> = (0..plan.offcodes.len()).map(remote).collect();
+    let mut started = vec![false; plan.groups.len()];
+    let mut group_of = vec![0; plan.offcodes.len()];
+    for (g, members) in plan.groups.iter().enumerate() {
+        for &m in members {
+            group_of[m] = g;
+        }
+    }
+    let order = plan.deployment_order();
+    for &i in order.iter().filter(|&&i| !remote(i)) {
+        let instance = instances[i]
+            .take()
+            .expect("each local offcode has one instance and lands once");
+        land(
+            env,
+            plan,
+            &execs[&exec_name(plan, i)],
+            &handles[i],
+            instance,
+            i,
+            ports,
+        )?;
+        landed[i] = true;
+        let g = group_of[i];
+        if !started[g] && plan.groups[g].iter().all(|&m| landed[m]) {
+            started[g] = true;
+            for &m in order
+                .iter()
+                .filter(|&&m| !remote(m) && plan.groups[g].contains(&m))
+            {
+                start_one(
+                    env,
+                    plan,
+                    &execs[&exec_name(plan, m)],
+                    m,
+                    &ports.connected[m],
+                )?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Phase 1 for offcode `i`: hand it to its executor, which initializes it.
+fn land(
+    env: &Env<'_>,
+    plan: &Plan,
+    exec: &Exec,
+    handle: &Arc<OffcodeHandle>,
+    instance: Box<dyn Offcode>,
+    i: usize,
+    ports: &mut Ports,
+) -> Result<(), DeployError> {
+    let (app, o) = (&plan.app, &plan.offcodes[i]);
+    let fail = |error: String| DeployError::Offcode {
+        offcode: o.name.clone(),
+        pe: o.pe.clone(),
+        error,
+    };
+    if let Some(why) = &o.fallback {
+        let kind = EventKind::Fallback {
+            wanted: "its declared targets".into(),
+            reason: why.clone(),
+        };
+        env.events.emit(app, &o.name, kind);
+    }
+    let placed = EventKind::Placed {
+        pe: o.pe.clone(),
+        reason: o.reason.clone(),
+    };
+    env.events.emit(app, &o.name, placed);
+    let oob = env
+        .oob
+        .open(&format!("{app}/{}", o.name))
+        .map_err(|e| fail(e.to_string()))?;
+    let info = OffcodeInfo {
+        app: app.clone(),
+        name: o.name.clone(),
+        implementation: o.implementation.name.clone(),
+        pe: o.pe.clone(),
+        pe_kind: o.pe_kind,
+        inputs: o.inputs.clone(),
+        outputs: o.outputs.clone(),
+    };
+    let slot = Slot::new(
+        Arc::clone(handle),
+        instance,
+        info,
+        o.params.clone(),
+        std::mem::take(&mut ports.inlets[i]),
+        std::mem::take(&mut ports.outlets[i]),
+        Some(oob),
+    );
+    ask(&exec.tx, |r| Command::Land(Box::new(slot), r)).map_err(fail)?;
+    // The offcode's node: tearing it down stops it on its executor.
+    let (txc, name) = (exec.tx.clone(), o.name.clone());
+    env.tree.add(
+        Some(exec.node),
+        ResourceKind::Offcode,
+        format!("offcode {}", o.name),
+        move || {
+            let (ack_tx, ack_rx) = crossbeam_channel::bounded(1);
+            if txc
+                .send(Command::Stop(name, "app stopped".into(), ack_tx))
+                .is_ok()
+            {
+                let _ = ack_rx.recv_timeout(COMMAND_TIMEOUT);
+            }
+        },
+    );
+    Ok(())
+}
+
+/// Phase 2 for offcode `m`: tell it which channels are connected, then start it.
+fn start_one(
+    env: &Env<'_>,
+    plan: &Plan,
+    exec: &Exec,
+    m: usize,
+    connected: &[(String, String)],
+) -> Result<(), DeployError> {
+    let o = &plan.offcodes[m];
+    let endpoint = format!("{}/{}", plan.app, o.name);
+    for (channel, port) in connected {
+        let msg = OobMessage::ChannelAvailable {
+            channel: channel.clone(),
+            port: port.clone(),
+        };
+        let _ = env.oob.send(&endpoint, msg);
+    }
+    ask(&exec.tx, |r| Command::Start(o.name.clone(), r)).map_err(|error| DeployError::Offcode {
+        offcode: o.name.clone(),
+        pe: o.pe.clone(),
+        error,
+    })
+}
