@@ -81,12 +81,33 @@ impl Slot {
     }
 }
 
+/// Why an executor could not carry out a command.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecError {
+    /// The offcode's own `initialize` or `start` failed.
+    #[error("{step}: {source}")]
+    Offcode {
+        step: &'static str,
+        #[source]
+        source: OffcodeError,
+    },
+    #[error("offcode `{offcode}` is not on {executor}")]
+    NotHere { offcode: String, executor: String },
+    #[error("executor is gone")]
+    Gone,
+    #[error("no answer from its executor")]
+    NoAnswer,
+}
+
+/// An executor's answer to a command.
+pub type Reply = Sender<Result<(), ExecError>>;
+
 /// Commands from the deployment to an executor.
 pub enum Command {
     /// Take this offcode and initialize it here (phase 1).
-    Land(Box<Slot>, Sender<Result<(), String>>),
+    Land(Box<Slot>, Reply),
     /// Start the named offcode (phase 2).
-    Start(String, Sender<Result<(), String>>),
+    Start(String, Reply),
     /// Stop the named offcode now.
     Stop(String, String, Sender<()>),
     /// Stop everything and exit.
@@ -295,7 +316,7 @@ impl Executor {
     }
 
     /// Phase 1: initialize an offcode here.
-    fn land(&mut self, mut slot: Box<Slot>) -> Result<(), String> {
+    fn land(&mut self, mut slot: Box<Slot>) -> Result<(), ExecError> {
         let r = {
             let mut cx = InitCx::new(&slot.info, &slot.params, &slot.handle.metrics);
             slot.offcode.initialize(&mut cx)
@@ -313,26 +334,28 @@ impl Executor {
                 });
                 Ok(())
             }
-            Err(e) => {
+            Err(source) => {
                 slot.handle.set_state(OffcodeState::Failed);
                 slot.handle.set_exited();
-                let error = format!("initialize: {e}");
-                self.events.emit(
-                    &self.app,
-                    &slot.info.name,
-                    EventKind::Failed {
-                        error: error.clone(),
-                    },
-                );
-                Err(error)
+                let e = ExecError::Offcode {
+                    step: "initialize",
+                    source,
+                };
+                let error = e.to_string();
+                self.events
+                    .emit(&self.app, &slot.info.name, EventKind::Failed { error });
+                Err(e)
             }
         }
     }
 
     /// Phase 2: start an offcode that landed here.
-    fn start(&mut self, name: &str) -> Result<(), String> {
+    fn start(&mut self, name: &str) -> Result<(), ExecError> {
         let Some(r) = self.slots.iter_mut().find(|r| r.slot.info.name == name) else {
-            return Err(format!("offcode `{name}` is not on {}", self.spec.name));
+            return Err(ExecError::NotHere {
+                offcode: name.to_string(),
+                executor: self.spec.name.clone(),
+            });
         };
         let s = &mut *r.slot;
         let mut cx = RunCx::new(&s.info, &mut s.outlets, Instant::now());
@@ -343,17 +366,16 @@ impl Executor {
                 self.events.emit(&self.app, name, EventKind::Started);
                 Ok(())
             }
-            Err(e) => {
+            Err(source) => {
                 s.handle.set_state(OffcodeState::Failed);
-                let error = format!("start: {e}");
-                self.events.emit(
-                    &self.app,
-                    name,
-                    EventKind::Failed {
-                        error: error.clone(),
-                    },
-                );
-                Err(error)
+                let e = ExecError::Offcode {
+                    step: "start",
+                    source,
+                };
+                let error = e.to_string();
+                self.events
+                    .emit(&self.app, name, EventKind::Failed { error });
+                Err(e)
             }
         }
     }

@@ -27,7 +27,9 @@ use sidecore_types::{AppId, AppState, PeKind};
 use crate::app::AppEntry;
 use crate::error::DeployError;
 use crate::events::{EventKind, EventLog};
-use crate::executor::{self, Command, ExecutorSpec, ExecutorState, IdlePolicy, Slot};
+use crate::executor::{
+    self, Command, ExecError, ExecutorSpec, ExecutorState, IdlePolicy, Reply, Slot,
+};
 use crate::handle::OffcodeHandle;
 use crate::node::origin::{self, Delegation};
 use crate::plan::Plan;
@@ -303,15 +305,11 @@ fn follow_part(
 }
 
 /// Sends a command and waits for the executor's answer.
-fn ask(
-    tx: &Sender<Command>,
-    cmd: impl FnOnce(Sender<Result<(), String>>) -> Command,
-) -> Result<(), String> {
+fn ask(tx: &Sender<Command>, cmd: impl FnOnce(Reply) -> Command) -> Result<(), ExecError> {
     let (rtx, rrx) = crossbeam_channel::bounded(1);
-    tx.send(cmd(rtx))
-        .map_err(|_| "executor is gone".to_string())?;
+    tx.send(cmd(rtx)).map_err(|_| ExecError::Gone)?;
     rrx.recv_timeout(COMMAND_TIMEOUT)
-        .map_err(|_| "no answer from its executor".to_string())?
+        .map_err(|_| ExecError::NoAnswer)?
 }
 
 /// Step 5: land in priority order; start each group once all of it has landed.
@@ -417,7 +415,7 @@ fn land(
         std::mem::take(&mut ports.outlets[i]),
         Some(oob),
     );
-    ask(&exec.tx, |r| Command::Land(Box::new(slot), r)).map_err(fail)?;
+    ask(&exec.tx, |r| Command::Land(Box::new(slot), r)).map_err(|e| fail(e.to_string()))?;
     // The offcode's node: tearing it down stops it on its executor.
     let (txc, name) = (exec.tx.clone(), o.name.clone());
     env.tree.add(
@@ -454,9 +452,9 @@ fn start_one(
         };
         let _ = env.oob.send(&endpoint, msg);
     }
-    ask(&exec.tx, |r| Command::Start(o.name.clone(), r)).map_err(|error| DeployError::Offcode {
+    ask(&exec.tx, |r| Command::Start(o.name.clone(), r)).map_err(|e| DeployError::Offcode {
         offcode: o.name.clone(),
         pe: o.pe.clone(),
-        error,
+        error: e.to_string(),
     })
 }

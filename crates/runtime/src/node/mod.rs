@@ -15,7 +15,9 @@
 
 use std::time::Duration;
 
-use sidecore_channel::stream::{StreamListener, StreamSender};
+use std::net::IpAddr;
+
+use sidecore_channel::stream::{StreamError, StreamListener, StreamSender};
 use sidecore_types::Delivery;
 
 use crate::transport::{Attachment, StreamEnd};
@@ -28,17 +30,50 @@ pub const STATUS_EVERY: Duration = Duration::from_millis(100);
 /// How long either side waits for the other at each step of the exchange.
 pub const STEP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Why a stream channel between the origin and a peer could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ChannelSetupError {
+    #[error("channel `{channel}`: cannot listen: {source}")]
+    Listen {
+        channel: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("channel `{channel}`: {source}")]
+    Stream {
+        channel: String,
+        #[source]
+        source: StreamError,
+    },
+    #[error("the peer does not listen for channel `{0}`")]
+    NotListening(String),
+}
+
+/// A listener for stream channel `channel` on this side's address `here`,
+/// and the address to give the other side.
+fn listen(here: IpAddr, channel: &str) -> Result<(StreamListener, String), ChannelSetupError> {
+    let fail = |source| ChannelSetupError::Listen {
+        channel: channel.to_string(),
+        source,
+    };
+    let l = StreamListener::bind((here, 0)).map_err(fail)?;
+    let addr = l.local_addr().map_err(fail)?.to_string();
+    Ok((l, addr))
+}
+
 /// Accepts the stream channel `name` on `l` and attaches it to input
 /// `(offcode, port)`.
 fn accept_end(
     l: &StreamListener,
     name: &str,
     (offcode, port): (usize, usize),
-) -> Result<Attachment, String> {
-    let receiver = l
-        .accept(STEP_TIMEOUT)
-        .map_err(|e| format!("channel `{name}`: {e}"))?;
-    receiver.expect_channel(name).map_err(|e| e.to_string())?;
+) -> Result<Attachment, ChannelSetupError> {
+    let fail = |source| ChannelSetupError::Stream {
+        channel: name.to_string(),
+        source,
+    };
+    let receiver = l.accept(STEP_TIMEOUT).map_err(fail)?;
+    receiver.expect_channel(name).map_err(fail)?;
     Ok(Attachment {
         channel: name.to_string(),
         offcode,
@@ -53,9 +88,13 @@ fn connect_end(
     name: &str,
     delivery: Delivery,
     (offcode, port): (usize, usize),
-) -> Result<Attachment, String> {
-    let sender = StreamSender::connect(addr, name, delivery, STEP_TIMEOUT)
-        .map_err(|e| format!("channel `{name}`: {e}"))?;
+) -> Result<Attachment, ChannelSetupError> {
+    let sender = StreamSender::connect(addr, name, delivery, STEP_TIMEOUT).map_err(|source| {
+        ChannelSetupError::Stream {
+            channel: name.to_string(),
+            source,
+        }
+    })?;
     Ok(Attachment {
         channel: name.to_string(),
         offcode,

@@ -14,7 +14,7 @@ use sidecore_types::{AppState, AppStatus, OffcodeState, PeKind};
 use sidecore_wire::session::OriginGrammar;
 use sidecore_wire::{Link, LinkError, Message, Received, RemoteChannel, RemoteOffcode, RemotePart};
 
-use super::{STATUS_EVERY, STEP_TIMEOUT, accept_end, connect_end};
+use super::{ChannelSetupError, STATUS_EVERY, STEP_TIMEOUT, accept_end, connect_end, listen};
 use crate::error::DeployError;
 use crate::events::{EventKind, EventLog};
 use crate::handle::{OffcodeHandle, millis};
@@ -46,12 +46,20 @@ fn location(plan: &Plan, i: usize) -> Option<&str> {
 /// What went wrong with one peer.
 enum PartError {
     Link(LinkError),
+    Channel(ChannelSetupError),
+    /// The peer's own reason, or a plan that names no address for it.
     Peer(String),
 }
 
 impl From<LinkError> for PartError {
     fn from(e: LinkError) -> Self {
         PartError::Link(e)
+    }
+}
+
+impl From<ChannelSetupError> for PartError {
+    fn from(e: ChannelSetupError) -> Self {
+        PartError::Channel(e)
     }
 }
 
@@ -76,6 +84,10 @@ pub fn delegate(plan: &Plan) -> Result<Delegation, DeployError> {
     for node in nodes {
         let link = delegate_one(plan, node, &hello, &mut out.attachments).map_err(|e| match e {
             PartError::Link(e) => DeployError::Link(e),
+            PartError::Channel(e) => DeployError::Node {
+                node: node.to_string(),
+                error: e.to_string(),
+            },
             PartError::Peer(error) => DeployError::Node {
                 node: node.to_string(),
                 error,
@@ -128,7 +140,7 @@ fn part_request<'p>(
     members: &[usize],
     here: IpAddr,
     origin: &str,
-) -> Result<PartRequest<'p>, String> {
+) -> Result<PartRequest<'p>, ChannelSetupError> {
     let idx = |i: usize| members.iter().position(|&m| m == i);
     let (mut channels, mut outbound, mut inbound) = (Vec::new(), Vec::new(), Vec::new());
     for ch in &plan.channels {
@@ -144,9 +156,8 @@ fn part_request<'p>(
         let mut connect = None;
         if from.is_some() && to.is_empty() {
             // Out of the part to here: listen now, the peer connects.
-            let l = StreamListener::bind((here, 0))
-                .map_err(|e| format!("channel `{}`: cannot listen: {e}", ch.name))?;
-            connect = Some(l.local_addr().map_err(|e| e.to_string())?.to_string());
+            let (l, addr) = listen(here, &ch.name)?;
+            connect = Some(addr);
             inbound.push((ch, l));
         } else if from.is_none() {
             outbound.push(ch);
@@ -216,7 +227,7 @@ fn delegate_one(
     let members: Vec<usize> = (0..plan.offcodes.len())
         .filter(|&i| location(plan, i) == Some(node))
         .collect();
-    let req = part_request(plan, &members, here, &hello.origin).map_err(PartError::Peer)?;
+    let req = part_request(plan, &members, here, &hello.origin)?;
     link.send(&Message::Deploy(req.part))?;
     let Message::Listening {
         channels: listening,
@@ -225,18 +236,14 @@ fn delegate_one(
         unreachable!("the origin grammar admits only `listening` after a deploy");
     };
     for ch in req.outbound {
-        let a = listening.get(&ch.name).ok_or_else(|| {
-            PartError::Peer(format!(
-                "the peer does not listen for channel `{}`",
-                ch.name
-            ))
-        })?;
-        attachments
-            .push(connect_end(a, &ch.name, ch.props.delivery, ch.from).map_err(PartError::Peer)?);
+        let a = listening
+            .get(&ch.name)
+            .ok_or_else(|| ChannelSetupError::NotListening(ch.name.clone()))?;
+        attachments.push(connect_end(a, &ch.name, ch.props.delivery, ch.from)?);
     }
     step(&link)?; // deployed
     for (ch, l) in req.inbound {
-        attachments.push(accept_end(&l, &ch.name, ch.to[0]).map_err(PartError::Peer)?);
+        attachments.push(accept_end(&l, &ch.name, ch.to[0])?);
     }
     Ok(PartLink {
         node: node.to_string(),

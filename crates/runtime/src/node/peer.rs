@@ -9,13 +9,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use sidecore_channel::stream::StreamListener;
 use sidecore_offcode::{ImplError, Registry};
 use sidecore_types::{AppId, PeKind};
 use sidecore_wire::session::PeerGrammar;
-use sidecore_wire::{Link, Message, Received, RemotePart};
+use sidecore_wire::{Link, LinkError, Message, Received, RemotePart};
 
-use super::{STATUS_EVERY, accept_end, connect_end};
+use super::{ChannelSetupError, STATUS_EVERY, accept_end, connect_end, listen};
+use crate::error::DeployError;
 use crate::plan::{Plan, PlannedChannel, PlannedOffcode};
 use crate::runtime::Runtime;
 use crate::transport::Transport;
@@ -38,6 +38,19 @@ pub enum PartPlanError {
     },
 }
 
+/// Why a peer could not deploy a part (sent back to the origin as its reason).
+#[derive(Debug, thiserror::Error)]
+enum PeerError {
+    #[error(transparent)]
+    Plan(#[from] PartPlanError),
+    #[error(transparent)]
+    Channel(#[from] ChannelSetupError),
+    #[error(transparent)]
+    Deploy(#[from] DeployError),
+    #[error(transparent)]
+    Link(#[from] LinkError),
+}
+
 /// Serves a deploy request that arrived on `link`: deploys the part into `rt`,
 /// then reports its status until the origin stops it, the lease closes, or
 /// `stop` is set. A failure goes back to the origin as its reason.
@@ -50,8 +63,10 @@ pub fn serve(
 ) {
     match deploy_part(rt, registry, link, part) {
         Ok(id) => lease(rt, id, link, stop),
-        Err(error) => {
-            let _ = link.send(&Message::Error { error });
+        Err(e) => {
+            let _ = link.send(&Message::Error {
+                error: e.to_string(),
+            });
         }
     }
 }
@@ -128,24 +143,19 @@ fn deploy_part(
     registry: &Registry,
     link: &Link<PeerGrammar>,
     part: &RemotePart,
-) -> Result<AppId, String> {
-    let plan = part_plan(part, registry).map_err(|e| e.to_string())?;
-    let here = link.local_addr().map_err(|e| e.to_string())?.ip();
+) -> Result<AppId, PeerError> {
+    let plan = part_plan(part, registry)?;
+    let here = link.local_addr()?.ip();
     let mut listeners = Vec::new();
     let mut listening = BTreeMap::new();
     for c in part.channels.iter().filter(|c| c.from.is_none()) {
-        let l = StreamListener::bind((here, 0))
-            .map_err(|e| format!("channel `{}`: cannot listen: {e}", c.name))?;
-        listening.insert(
-            c.name.clone(),
-            l.local_addr().map_err(|e| e.to_string())?.to_string(),
-        );
+        let (l, addr) = listen(here, &c.name)?;
+        listening.insert(c.name.clone(), addr);
         listeners.push((c, l));
     }
     link.send(&Message::Listening {
         channels: listening,
-    })
-    .map_err(|e| e.to_string())?;
+    })?;
     let mut attachments = Vec::new();
     for (c, l) in listeners {
         attachments.push(accept_end(&l, &c.name, c.to[0])?);
@@ -155,14 +165,12 @@ fn deploy_part(
             attachments.push(connect_end(a, &c.name, c.props.delivery, from)?);
         }
     }
-    let id = rt
-        .deploy_attached(&plan, attachments)
-        .map_err(|e| e.to_string())?;
+    let id = rt.deploy_attached(&plan, attachments)?;
     if let Err(e) = link.send(&Message::Deployed {
         app: plan.app.clone(),
     }) {
         rt.stop_app(id);
-        return Err(e.to_string());
+        return Err(e.into());
     }
     Ok(id)
 }
