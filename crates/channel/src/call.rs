@@ -149,7 +149,9 @@ impl CallTable {
     }
 
     fn lock_free(&self) -> std::sync::MutexGuard<'_, Vec<u32>> {
-        self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.free
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Allocates an entry in state PENDING.
@@ -207,7 +209,10 @@ impl CallTable {
     pub fn finish(&self, id: CallId, code: u16, result: &[u8]) -> Result<(), CallError> {
         let e = self.entry(id)?;
         {
-            let mut r = e.result.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut r = e
+                .result
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
             r.clear();
             r.extend_from_slice(result);
         }
@@ -222,7 +227,12 @@ impl CallTable {
         if status != CallStatus::Finished {
             return Err(CallError::Timeout(status));
         }
-        let out = std::mem::take(&mut *e.result.lock().unwrap_or_else(std::sync::PoisonError::into_inner));
+        let out = std::mem::take(
+            &mut *e
+                .result
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         let code = e.code.load(Ordering::Acquire);
         e.status.store(STATUS_FREE, Ordering::Release);
         self.lock_free().push(id.index() as u32);
@@ -479,6 +489,8 @@ pub fn encode_result<R: Serialize>(r: &R) -> Result<Vec<u8>, CallError> {
 }
 
 #[cfg(test)]
+// `Request::decode::<T>` by path is not general over the request's lifetime.
+#[allow(clippy::redundant_closure_for_method_calls)]
 mod tests {
     use super::*;
     use crate::ring::{Ring, RingConfig};
@@ -666,7 +678,7 @@ mod tests {
                 match caller.call(3, &i, CallType::InOut, Invocation::Extended) {
                     Ok(c) => break c,
                     Err(CallError::ChannelFull) | Err(CallError::TableFull(_)) => {
-                        std::thread::yield_now()
+                        std::thread::yield_now();
                     }
                     Err(e) => panic!("{e}"),
                 }

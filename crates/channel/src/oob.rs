@@ -94,7 +94,10 @@ impl OobDirectory {
 
     /// Registers an endpoint named `name`.
     pub fn open(&self, name: &str) -> Result<OobEndpoint, OobError> {
-        let mut map = self.inner.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut map = self
+            .inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if map.contains_key(name) {
             return Err(OobError::Duplicate(name.to_string()));
         }
@@ -109,7 +112,10 @@ impl OobDirectory {
 
     /// Sends `msg` to the endpoint named `to`, without waiting.
     pub fn send(&self, to: &str, msg: OobMessage) -> Result<(), OobError> {
-        let map = self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let map = self
+            .inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let tx = map
             .get(to)
             .ok_or_else(|| OobError::Unknown(to.to_string()))?;
@@ -121,7 +127,10 @@ impl OobDirectory {
 
     /// Names of the registered endpoints, sorted.
     pub fn names(&self) -> Vec<String> {
-        let map = self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let map = self
+            .inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut v: Vec<_> = map.keys().cloned().collect();
         v.sort();
         v

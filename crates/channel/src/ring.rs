@@ -385,6 +385,13 @@ impl Producer {
         if self.published == self.next {
             return;
         }
+        assert!(
+            self.published < self.next && self.next - self.published <= self.capacity,
+            "ring producer: publishing positions {}..{} of a {}-slot ring",
+            self.published,
+            self.next,
+            self.capacity
+        );
         for pos in self.published..self.next {
             self.geo.stamp(pos).store(pos + 1, Ordering::Release);
         }
@@ -408,7 +415,14 @@ impl Producer {
     }
 
     fn commit_slot(&mut self, len: usize) {
-        debug_assert!(len <= self.payload_cap);
+        // The slot was free when reserved: the slowest consumer released it.
+        assert!(
+            self.next.saturating_sub(self.head_cache) < self.capacity,
+            "ring producer: committing position {} with the slowest consumer at {} ({} slots)",
+            self.next,
+            self.head_cache,
+            self.capacity
+        );
         // SAFETY: the slot at `next` is reserved for us (free_slots() > 0 was
         // checked by try_reserve and no consumer reads it until its stamp is set).
         unsafe { self.geo.len_ptr(self.next).write(len as u32) };
@@ -535,7 +549,7 @@ impl Consumer {
         // SAFETY: the acquire load of the stamp synchronises with the producer's
         // release store, which followed its write of the length.
         let len = unsafe { self.geo.len_ptr(self.head).read() } as usize;
-        let len = len.min(self.geo.slot_size - SLOT_HEADER);
+        self.check_len(len);
         Ok(SlotRef {
             consumer: self,
             len,
@@ -566,14 +580,21 @@ impl Consumer {
                 Err(e) => Err(e),
             };
         }
-        let cap = self.geo.slot_size - SLOT_HEADER;
+        assert!(
+            tail - self.head <= self.geo.mask + 1,
+            "ring consumer {}: tail {tail} is more than a ring ahead of head {}",
+            self.index,
+            self.head
+        );
         for n in 1..=ready {
             // SAFETY: positions below the published tail are written and
             // published (the acquire load of `tail` synchronises with the
             // producer's release store after the stamps), and cannot be
             // rewritten before this consumer releases them.
-            let len = (unsafe { self.geo.len_ptr(self.head).read() } as usize).min(cap);
-            // SAFETY: as above; the payload spans `len <= cap` bytes of the slot.
+            let len = unsafe { self.geo.len_ptr(self.head).read() } as usize;
+            self.check_len(len);
+            // SAFETY: as above; the payload spans `len` bytes of the slot,
+            // within its payload (checked).
             let msg = unsafe { std::slice::from_raw_parts(self.geo.payload_ptr(self.head), len) };
             let go_on = f(msg);
             self.advance();
@@ -582,6 +603,19 @@ impl Consumer {
             }
         }
         Ok(ready as usize)
+    }
+
+    /// A published length never exceeds the slot's payload: the producer
+    /// checked it when it committed. Anything else is corrupted memory.
+    #[inline(always)]
+    fn check_len(&self, len: usize) {
+        assert!(
+            len <= self.geo.slot_size - SLOT_HEADER,
+            "ring consumer {}: slot at position {} claims {len} bytes in a {}-byte slot",
+            self.index,
+            self.head,
+            self.geo.slot_size
+        );
     }
 
     /// Number of messages ready to read, as far as the published tail says.
@@ -596,6 +630,10 @@ impl Consumer {
     #[inline]
     pub fn release(&mut self) {
         if self.released != self.head {
+            debug_assert!(
+                self.released < self.head,
+                "ring consumer released past its head"
+            );
             self.shared.heads[self.index].store(self.head, Ordering::Release);
             self.released = self.head;
         }
