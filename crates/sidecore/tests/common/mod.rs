@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 pub static SERIAL: Mutex<()> = Mutex::new(());
 
 pub fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub fn bin() -> Command {
