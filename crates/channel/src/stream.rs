@@ -26,6 +26,11 @@ pub const VERSION: u16 = 1;
 pub const DEFAULT_MAX_FRAME: usize = 1 << 20;
 /// Longest channel name in a hello.
 pub const MAX_NAME: usize = 255;
+/// Buffer a stream end starts with (it grows to the largest burst).
+const INITIAL_BUFFER_BYTES: usize = 64 * 1024;
+/// Consumed bytes a decoder lets pile up at the front before it moves the
+/// rest down.
+const COMPACT_AFTER_BYTES: usize = 32 * 1024;
 
 /// What went wrong on a stream channel, with the peer it concerns.
 #[derive(Debug, thiserror::Error)]
@@ -117,7 +122,7 @@ impl FrameDecoder {
     /// A decoder refusing frames over `max_frame` bytes.
     pub fn new(max_frame: usize) -> Self {
         FrameDecoder {
-            buf: Vec::with_capacity(64 * 1024),
+            buf: Vec::with_capacity(INITIAL_BUFFER_BYTES),
             start: 0,
             end: 0,
             max_frame,
@@ -149,7 +154,7 @@ impl FrameDecoder {
         if self.start == self.end {
             self.start = 0;
             self.end = 0;
-        } else if self.start > 32 * 1024 {
+        } else if self.start > COMPACT_AFTER_BYTES {
             self.buf.copy_within(self.start..self.end, 0);
             self.end -= self.start;
             self.start = 0;
@@ -250,7 +255,7 @@ impl StreamSender {
             sock,
             peer: peer.clone(),
             delivery,
-            out: Vec::with_capacity(64 * 1024),
+            out: Vec::with_capacity(INITIAL_BUFFER_BYTES),
             written: 0,
             max_buffer: 4 << 20,
             max_frame: DEFAULT_MAX_FRAME,
@@ -536,7 +541,7 @@ impl StreamReceiver {
         if self.eof {
             return Ok(());
         }
-        const WANT: usize = 64 * 1024;
+        const WANT: usize = INITIAL_BUFFER_BYTES;
         let spare = self.decoder.spare(WANT);
         let r = self.sock.read(spare);
         match r {

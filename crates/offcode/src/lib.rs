@@ -28,5 +28,5 @@ pub use offcode::Offcode;
 
 pub use context::parse_params;
 pub use context::{InitCx, Metric, Metrics, OffcodeInfo, RunCx};
-pub use ports::{Drained, Inlet, Outlet};
+pub use ports::{Drained, Inlet, Outlet, STREAM_MESSAGE_BYTES};
 pub use registry::{BuildSpec, Factory, ImplError, Implementation, Registry, Validator};

@@ -12,6 +12,10 @@ use sidecore_types::Delivery;
 
 use crate::OffcodeError;
 
+/// Largest message a stream outlet takes: the stack buffer a message is
+/// written into before it is framed.
+pub const STREAM_MESSAGE_BYTES: usize = 2048;
+
 /// The sending end of a channel.
 pub enum Outlet {
     /// Shared-memory ring (unicast or multicast) with its delivery policy.
@@ -43,11 +47,11 @@ impl Outlet {
                 Err(e) => Err(OffcodeError::Send(e.into())),
             },
             Outlet::Stream(s) => {
-                let mut buf = [0u8; 2048];
+                let mut buf = [0u8; STREAM_MESSAGE_BYTES];
                 let n = fill(&mut buf);
                 if n > buf.len() {
                     return Err(OffcodeError::Channel(format!(
-                        "message of {n} bytes exceeds 2048"
+                        "message of {n} bytes exceeds {STREAM_MESSAGE_BYTES}"
                     )));
                 }
                 s.send(&buf[..n])
@@ -88,7 +92,7 @@ impl Outlet {
         match self {
             Outlet::Ring(s) => s.payload_capacity(),
             Outlet::Parallel(p, ..) => p.payload_capacity(),
-            Outlet::Stream(_) => 2048,
+            Outlet::Stream(_) => STREAM_MESSAGE_BYTES,
             Outlet::Unconnected(_) => usize::MAX,
         }
     }
