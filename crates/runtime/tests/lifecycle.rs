@@ -670,3 +670,42 @@ fn remote_parts_refuse_unsupported_channels_and_vanished_peers() {
     assert!(rt.status().is_empty());
     rt.shutdown();
 }
+
+/// A kernel PE that answered its probe still takes no offcode this build
+/// cannot load: an artifact for the kernel with no BPF loader registered is
+/// refused at planning, with the reason, and never reaches a deployment.
+#[test]
+fn no_placement_where_the_artifact_cannot_load() {
+    let dir = tempfile::tempdir().unwrap();
+    let reg = registry(None);
+    let mut inv = inventory();
+    inv.pes.push(sidecore_pe::Pe {
+        id: "kernel".into(),
+        kind: PeKind::Kernel,
+        props: Default::default(),
+        capacity: sidecore_pe::Capacity {
+            cpu: 2.0,
+            memory_bytes: 1 << 30,
+            slots: None,
+        },
+        detail: "test kernel".into(),
+    });
+    std::fs::write(dir.path().join("fw.bpf.o"), b"\x7fELF").unwrap();
+    let m = write(
+        dir.path(),
+        "kernel.toml",
+        &format!(
+            "{}module = \"fw.bpf.o\"\n",
+            offcode("fw", 1, "firewall", "", &["kernel"])
+        ),
+    );
+    let manifest = sidecore_manifest::load(&m).unwrap();
+    let e = sidecore_runtime::plan_manifest(&manifest, &inv, &reg, &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("offcode `fw`")
+            && e.contains("kernel: this sidecore has no loader for kernel modules"),
+        "{e}"
+    );
+}

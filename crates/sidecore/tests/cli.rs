@@ -73,6 +73,32 @@ fn devices_lists_every_kind_or_says_why_not() {
         );
     }
     assert!(kinds.contains(&"host"));
+    // Each PE says what this build can place on it: the host runs the
+    // built-ins, the wasm engine loads modules, and a kernel without a BPF
+    // loader in this build loads nothing.
+    let loads = |kind: &str| -> Vec<String> {
+        v["pes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["kind"] == kind)
+            .map(|p| {
+                p["loads"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|l| l.as_str().unwrap().to_string())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert!(loads("host").contains(&"inet-checksum".to_string()), "{v}");
+    if kinds.contains(&"wasm") {
+        assert!(loads("wasm").contains(&"wasm modules".to_string()), "{v}");
+    }
+    if kinds.contains(&"kernel") {
+        assert!(!loads("kernel").iter().any(|l| l == "inet-checksum"), "{v}");
+    }
     assert!(
         v["absent"]
             .as_array()
