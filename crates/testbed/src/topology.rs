@@ -541,8 +541,10 @@ mod tests {
             hosts: ["server".into(), "middlebox".into()],
         });
         assert!(t.check().unwrap_err().contains("linked twice"));
-        let mut t = Topology::default();
-        t.subnet = "10.1.2.0/24".into();
+        let t = Topology {
+            subnet: "10.1.2.0/24".into(),
+            ..Topology::default()
+        };
         assert!(t.check().unwrap_err().contains("is not an IPv4 /16"));
     }
 
