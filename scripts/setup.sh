@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs everything sidecore needs on a fresh Debian 12 machine: the Debian
 # packages (libclang and cmake for the HiGHS MILP solver, iproute2 for
-# network-namespace tests, python3 for the benchmark scripts; clang, llvm and the
-# libbpf headers are for eBPF programs in C, which no offcode ships yet) and the
+# network-namespace testbeds, nftables for the host firewall baseline, python3
+# for the benchmark scripts; clang, llvm and the libbpf headers to compile the
+# kernel PE's eBPF programs in C) and the
 # Rust pieces (rustfmt, clippy, the wasm32 target for extensions). Idempotent: a
 # second run only checks.
 set -euo pipefail
 
-need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 pkg-config cmake g++ make python3)
+need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 nftables pkg-config cmake g++ make python3)
 missing=()
 for p in "${need_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -123,8 +123,20 @@ fn abi_imports_wat() -> String {
                 abi::MODULE,
                 f.name,
                 f.name,
-                list("param", f.params.iter().map(std::string::ToString::to_string).collect()),
-                list("result", f.results.iter().map(std::string::ToString::to_string).collect())
+                list(
+                    "param",
+                    f.params
+                        .iter()
+                        .map(std::string::ToString::to_string)
+                        .collect()
+                ),
+                list(
+                    "result",
+                    f.results
+                        .iter()
+                        .map(std::string::ToString::to_string)
+                        .collect()
+                )
             )
         })
         .collect()

@@ -524,7 +524,9 @@ impl WasmExtension {
         let (status, trap, bound_exceeded) = match r {
             Ok(s) => (s, None, false),
             Err(e) => {
-                let be = e.downcast_ref::<BoundExceeded>().map(std::string::ToString::to_string);
+                let be = e
+                    .downcast_ref::<BoundExceeded>()
+                    .map(std::string::ToString::to_string);
                 let msg = be.clone().unwrap_or_else(|| trap_message(&e));
                 (-1, Some(msg), be.is_some())
             }

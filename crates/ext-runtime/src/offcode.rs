@@ -208,7 +208,12 @@ impl Offcode for WasmOffcode {
         max: usize,
     ) -> Result<Drained, OffcodeError> {
         let batch = self.batches.get(input.0).copied().flatten();
-        let (Some(b), Some(bmax)) = (batch, self.ext.as_ref().and_then(super::ext::WasmExtension::batch_max)) else {
+        let (Some(b), Some(bmax)) = (
+            batch,
+            self.ext
+                .as_ref()
+                .and_then(super::ext::WasmExtension::batch_max),
+        ) else {
             return inlet.drain(max, |m| self.handle(cx, input, m));
         };
         let mut total = Drained::default();

@@ -15,7 +15,8 @@ use aya::programs::Xdp;
 use aya::programs::xdp::XdpLinkId;
 use sidecore_firewall::{Action, Classifier};
 
-use crate::{KernelError, XdpMode, chain, objects, tail};
+use crate::error::{KernelError, XdpMode, chain, tail};
+use crate::objects;
 
 /// The XDP program's name in the object.
 pub const PROGRAM: &str = "sidecore_fw";

@@ -3,7 +3,9 @@
 
 use sidecore_types::ConstraintKind;
 
-use crate::model::{Active, Prep, feasible, fits, host_of, optimise_prep, prepare, res_index};
+use crate::milp::feasible;
+use crate::optimise::optimise_prep;
+use crate::prep::{Active, Prep, fits, host_of, prepare, res_index};
 use crate::{
     Conflict, ConflictItem, Layout, LayoutError, Peer, Problem, Reason, Resource, SolveOptions, Why,
 };
@@ -161,7 +163,7 @@ fn to_conflict(p: &Problem, items: &[Item], forced: Option<usize>) -> Conflict {
                 resource: r,
                 capacity: match r {
                     Resource::Cpu => p.pes[k].cpu,
-                    Resource::Memory => p.pes[k].memory as f64,
+                    Resource::Memory => p.pes[k].memory_bytes as f64,
                     Resource::Slots => p.pes[k].slots.map_or(f64::INFINITY, f64::from),
                 },
             },
@@ -210,7 +212,7 @@ fn usage(p: &Problem, layout: &Layout) -> Vec<[f64; 3]> {
     for (m, &pe) in layout.assignment.iter().enumerate() {
         if let Some(c) = p.offcodes[m].candidates.iter().find(|c| c.pe == pe) {
             used[pe][0] += c.cpu;
-            used[pe][1] += c.memory as f64;
+            used[pe][1] += c.memory_bytes as f64;
             used[pe][2] += 1.0;
         }
     }
@@ -339,7 +341,7 @@ fn forced_reason(
             if !proven(&opt.stages) {
                 return None;
             }
-            let (_, w, cross) = crate::model::assignment(p, &fprep, &opt.choice);
+            let (_, w, cross) = crate::prep::assignment(p, &fprep, &opt.choice);
             let eps = 1e-9 * layout.cross_bandwidth.max(1.0);
             if w < layout.offloaded_weight {
                 Some(Why::LessWeight {

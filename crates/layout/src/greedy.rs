@@ -1,10 +1,25 @@
-//! A greedy first-fit layout (the warm start for HiGHS and the benchmark's baseline)
-//! and `check`, which verifies any assignment against every constraint and capacity.
+//! The greedy layouts on groups: first-fit (the warm start for HiGHS and the
+//! benchmark's baseline) and density best-fit, optionally filling up a layout found
+//! elsewhere; and the local search that improves a layout's bandwidth objective.
+//! Both work on the prepared groups and test capacities only through `Prep::room`.
 
-use sidecore_types::ConstraintKind;
+use std::cmp::Reverse;
 
-use crate::model::{Active, Dsu, Prep, add_demand, fits, host_of, prepare, sub_demand};
-use crate::{LayoutError, Problem};
+use crate::prep::{
+    Active, Amounts, Dsu, Prep, RESOURCES, add_demand, assignment, prepare, sub_demand,
+};
+use crate::types::{LayoutError, Problem};
+use crate::validate::validate;
+use crate::verify::assert_feasible;
+
+/// Most passes of the bandwidth local search over all groups.
+const MAX_IMPROVE_PASSES: usize = 8;
+
+/// Least bandwidth gain (bit/s) for which the local search moves a group.
+const MIN_GAIN_BPS: f64 = 1e-9;
+
+/// Floor for a component's normalised size when ranking by weight per size.
+const MIN_SIZE: f64 = 1e-9;
 
 /// How the greedy orders its work and picks a PE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -17,6 +32,19 @@ pub(crate) enum Rule {
     DensityBestFit,
 }
 
+/// The greedy first-fit layout of a problem (offcode -> PE), or `None` if the greedy
+/// rule finds no feasible one. Used as a baseline and as HiGHS's warm start.
+pub fn greedy(problem: &Problem) -> Result<Option<Vec<usize>>, LayoutError> {
+    validate(problem)?;
+    let prep = prepare(problem, &Active::all(problem));
+    let layout =
+        greedy_prep(&prep, Rule::FirstFit).map(|choice| assignment(problem, &prep, &choice).0);
+    if let Some(asg) = &layout {
+        assert_feasible(problem, asg, "greedy");
+    }
+    Ok(layout)
+}
+
 /// Greedy on pull groups: gang components (closed under asym-gang) are offloaded in
 /// the rule's order onto a non-host candidate with room; the rest stay on the host.
 /// `None` when this simple rule finds no feasible layout.
@@ -27,243 +55,279 @@ pub(crate) fn greedy_prep(prep: &Prep, rule: Rule) -> Option<Vec<usize>> {
 /// The greedy, optionally starting from a feasible layout `init` whose offloaded
 /// groups stay where they are: then it only tries to offload more ("fill").
 pub(crate) fn greedy_from(prep: &Prep, rule: Rule, init: Option<&[usize]>) -> Option<Vec<usize>> {
-    let ng = prep.groups.len();
-    let kk = prep.caps.len();
-    let mut dsu = Dsu::new(ng);
-    for &(a, b, sym) in &prep.gangs {
-        if sym {
-            dsu.union(a, b);
+    let comps = Components::new(prep);
+    let order = comps.order(prep, rule);
+    let mut fill = Fill::new(prep, &comps, rule, init);
+    for &c in &order {
+        fill.try_offload(c);
+    }
+    // Asym-gang a -> b with a offloaded and b on the host cannot arise (closures), nor
+    // can a split gang component; the result is feasible by construction.
+    fill.rest_to_host()
+}
+
+/// Gang components of groups (roots of a union-find over gang edges) and the
+/// asym-gang edges between them.
+struct Components {
+    /// Group -> its component's root.
+    comp: Vec<usize>,
+    /// Root -> the groups of its component.
+    members: Vec<Vec<usize>>,
+    /// Root -> roots it implies through asym-gang.
+    succ: Vec<Vec<usize>>,
+}
+
+impl Components {
+    fn new(prep: &Prep) -> Components {
+        let ng = prep.groups.len();
+        let mut dsu = Dsu::new(ng);
+        for &(a, b, sym) in &prep.gangs {
+            if sym {
+                dsu.union(a, b);
+            }
+        }
+        let comp: Vec<usize> = (0..ng).map(|g| dsu.find(g)).collect();
+        let mut members: Vec<Vec<usize>> = vec![Vec::new(); ng];
+        for g in 0..ng {
+            members[comp[g]].push(g);
+        }
+        let mut succ: Vec<Vec<usize>> = vec![Vec::new(); ng];
+        for &(a, b, sym) in &prep.gangs {
+            if !sym && comp[a] != comp[b] {
+                succ[comp[a]].push(comp[b]);
+            }
+        }
+        Components {
+            comp,
+            members,
+            succ,
         }
     }
-    let comp: Vec<usize> = (0..ng).map(|g| dsu.find(g)).collect();
-    let mut members: Vec<Vec<usize>> = vec![Vec::new(); ng];
-    for g in 0..ng {
-        members[comp[g]].push(g);
+
+    /// Whether component `c` has a group that cannot stay on the host.
+    fn must_off(&self, prep: &Prep, c: usize) -> bool {
+        self.members[c]
+            .iter()
+            .any(|&g| !prep.groups[g].cands.iter().any(|cd| prep.is_host(cd.pe)))
     }
-    let mut succ: Vec<Vec<usize>> = vec![Vec::new(); ng];
-    for &(a, b, sym) in &prep.gangs {
-        if !sym && comp[a] != comp[b] {
-            succ[comp[a]].push(comp[b]);
-        }
-    }
-    let has_host = |g: usize| prep.groups[g].cands.iter().any(|c| prep.is_host(c.pe));
-    let has_off = |g: usize| prep.groups[g].cands.iter().any(|c| !prep.is_host(c.pe));
-    let roots: Vec<usize> = (0..ng).filter(|&g| comp[g] == g).collect();
-    let must_off = |c: usize| members[c].iter().any(|&g| !has_host(g));
-    let weight = |c: usize| {
-        members[c]
+
+    /// The summed weight of component `c`.
+    fn weight(&self, prep: &Prep, c: usize) -> u64 {
+        self.members[c]
             .iter()
             .map(|&g| prep.groups[g].weight)
             .sum::<u64>()
-    };
-    let mut order = roots.clone();
-    // Normalised size of a group: its smallest max-over-resources share of a candidate.
-    let share = |pe: usize, d: &[f64; 3]| -> f64 {
-        (0..3)
-            .map(|r| match prep.caps[pe][r] {
-                Some(cap) if cap > 0.0 => d[r] / cap,
-                Some(_) if d[r] > 0.0 => f64::INFINITY,
-                _ => 0.0,
-            })
-            .fold(0.0, f64::max)
-    };
-    let size = |c: usize| -> f64 {
-        members[c]
+    }
+
+    /// Normalised size of component `c`: per group, its smallest share of a non-host
+    /// candidate, summed.
+    fn size(&self, prep: &Prep, c: usize) -> f64 {
+        self.members[c]
             .iter()
             .map(|&g| {
                 prep.groups[g]
                     .cands
                     .iter()
                     .filter(|cd| !prep.is_host(cd.pe))
-                    .map(|cd| share(cd.pe, &cd.demand))
+                    .map(|cd| share(prep, cd.pe, &cd.demand))
                     .fold(f64::INFINITY, f64::min)
             })
             .sum()
-    };
-    match rule {
-        Rule::FirstFit => {
-            order.sort_by_key(|&c| (!must_off(c), std::cmp::Reverse(weight(c)), c));
+    }
+
+    /// The components (roots) in the order the rule offloads them: those that must
+    /// leave the host first, then by the rule's key.
+    #[allow(clippy::cast_precision_loss)] // weights far below 2^53
+    fn order(&self, prep: &Prep, rule: Rule) -> Vec<usize> {
+        let ng = self.comp.len();
+        let mut order: Vec<usize> = (0..ng).filter(|&g| self.comp[g] == g).collect();
+        match rule {
+            Rule::FirstFit => {
+                order.sort_by_key(|&c| (!self.must_off(prep, c), Reverse(self.weight(prep, c)), c));
+            }
+            Rule::DensityBestFit => {
+                let key: Vec<f64> = (0..ng)
+                    .map(|c| {
+                        if self.comp[c] == c {
+                            self.weight(prep, c) as f64 / self.size(prep, c).max(MIN_SIZE)
+                        } else {
+                            0.0
+                        }
+                    })
+                    .collect();
+                order.sort_by(|&a, &b| {
+                    (!self.must_off(prep, a))
+                        .cmp(&!self.must_off(prep, b))
+                        .then(key[b].total_cmp(&key[a]))
+                        .then(a.cmp(&b))
+                });
+            }
         }
-        Rule::DensityBestFit => {
-            let key: Vec<f64> = (0..ng)
-                .map(|c| {
-                    if comp[c] == c {
-                        weight(c) as f64 / size(c).max(1e-9)
-                    } else {
-                        0.0
-                    }
-                })
-                .collect();
-            order.sort_by(|&a, &b| {
-                (!must_off(a))
-                    .cmp(&!must_off(b))
-                    .then(key[b].total_cmp(&key[a]))
-                    .then(a.cmp(&b))
-            });
+        order
+    }
+}
+
+/// The largest share of a PE's capacity that `d` takes over the resources it caps
+/// (infinite when a capacity of zero is asked for more than zero).
+fn share(prep: &Prep, pe: usize, d: &Amounts) -> f64 {
+    (0..RESOURCES)
+        .map(|r| match prep.caps[pe][r] {
+            Some(cap) if cap > 0.0 => d[r] / cap,
+            Some(_) if d[r] > 0.0 => f64::INFINITY,
+            _ => 0.0,
+        })
+        .fold(0.0, f64::max)
+}
+
+/// Where a component stands while the greedy runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    Undecided,
+    Offloaded,
+    Host,
+}
+
+/// The greedy's working layout.
+struct Fill<'a> {
+    prep: &'a Prep,
+    comps: &'a Components,
+    rule: Rule,
+    used: Vec<Amounts>,
+    /// Group -> candidate index, once placed off the host.
+    choice: Vec<Option<usize>>,
+    /// Per component root.
+    state: Vec<State>,
+}
+
+impl<'a> Fill<'a> {
+    /// An empty layout, or `init` with its offloaded groups kept in place.
+    fn new(prep: &'a Prep, comps: &'a Components, rule: Rule, init: Option<&[usize]>) -> Self {
+        let ng = prep.groups.len();
+        let mut fill = Fill {
+            prep,
+            comps,
+            rule,
+            used: vec![[0.0f64; RESOURCES]; prep.caps.len()],
+            choice: vec![None; ng],
+            state: vec![State::Undecided; ng],
+        };
+        for (g, &i) in init.unwrap_or_default().iter().enumerate() {
+            let cd = prep.groups[g].cands[i];
+            if !prep.is_host(cd.pe) {
+                add_demand(&mut fill.used[cd.pe], &cd.demand);
+                fill.choice[g] = Some(i);
+                fill.state[comps.comp[g]] = State::Offloaded;
+            }
+        }
+        fill
+    }
+
+    /// Offload component `c` with everything it implies through asym-gang, or, if
+    /// that cannot be done, decide it stays on the host.
+    fn try_offload(&mut self, c: usize) {
+        if self.state[c] != State::Undecided {
+            return;
+        }
+        let placed = self.closure(c).and_then(|closure| {
+            let placed = self.place(&closure)?;
+            Some((closure, placed))
+        });
+        match placed {
+            Some((closure, placed)) => {
+                for x in closure {
+                    self.state[x] = State::Offloaded;
+                }
+                for (g, i) in placed {
+                    self.choice[g] = Some(i);
+                }
+            }
+            None => self.state[c] = State::Host,
         }
     }
 
-    let mut used = vec![[0.0f64; 3]; kk];
-    let mut choice: Vec<Option<usize>> = vec![None; ng];
-    // 0 = undecided, 1 = offloaded, 2 = host.
-    let mut state = vec![0u8; ng];
-    if let Some(init) = init {
-        for (g, &i) in init.iter().enumerate() {
-            let cd = prep.groups[g].cands[i];
-            if !prep.is_host(cd.pe) {
-                add_demand(&mut used[cd.pe], &cd.demand);
-                choice[g] = Some(i);
-                state[comp[g]] = 1;
-            }
-        }
-    }
-    for &c in &order {
-        if state[c] != 0 {
-            continue;
-        }
-        // Forward closure over asym-gang among components not yet offloaded.
+    /// The forward closure of `c` over asym-gang among components not yet offloaded;
+    /// `None` if one of them is bound to the host or has a group with no non-host
+    /// candidate.
+    fn closure(&self, c: usize) -> Option<Vec<usize>> {
+        let (prep, comps) = (self.prep, self.comps);
+        let has_off = |g: usize| prep.groups[g].cands.iter().any(|cd| !prep.is_host(cd.pe));
         let mut closure = vec![c];
-        let mut seen = vec![false; ng];
+        let mut seen = vec![false; comps.comp.len()];
         seen[c] = true;
         let mut i = 0;
-        let mut ok = true;
         while i < closure.len() {
             let x = closure[i];
             i += 1;
-            if state[x] == 2 || members[x].iter().any(|&g| !has_off(g)) {
-                ok = false;
-                break;
+            if self.state[x] == State::Host || comps.members[x].iter().any(|&g| !has_off(g)) {
+                return None;
             }
-            for &y in &succ[x] {
-                if !seen[y] && state[y] != 1 {
+            for &y in &comps.succ[x] {
+                if !seen[y] && self.state[y] != State::Offloaded {
                     seen[y] = true;
                     closure.push(y);
                 }
             }
         }
-        let saved = used.clone();
+        Some(closure)
+    }
+
+    /// Place every group of the closure on a non-host candidate with room, by the
+    /// rule. Returns (group, candidate index) per group, or `None` (and the use as it
+    /// was) when one does not fit.
+    fn place(&mut self, closure: &[usize]) -> Option<Vec<(usize, usize)>> {
+        let saved = self.used.clone();
         let mut placed = Vec::new();
-        if ok {
-            'place: for &x in &closure {
-                for &g in &members[x] {
-                    let grp = &prep.groups[g];
-                    let fitting = grp.cands.iter().enumerate().filter(|(_, cd)| {
-                        !prep.is_host(cd.pe) && prep.room(cd.pe, &used[cd.pe], &cd.demand)
-                    });
-                    let slot = match rule {
-                        Rule::FirstFit => fitting.into_iter().next(),
-                        Rule::DensityBestFit => fitting.max_by(|(_, x), (_, y)| {
-                            share(x.pe, &used[x.pe])
-                                .total_cmp(&share(y.pe, &used[y.pe]))
-                                .then(y.pe.cmp(&x.pe))
-                        }),
-                    };
-                    match slot {
-                        Some((i, cd)) => {
-                            add_demand(&mut used[cd.pe], &cd.demand);
-                            placed.push((g, i));
-                        }
-                        None => {
-                            ok = false;
-                            break 'place;
-                        }
-                    }
-                }
+        for &x in closure {
+            for &g in &self.comps.members[x] {
+                let Some((i, pe, demand)) = self.slot(g) else {
+                    self.used = saved;
+                    return None;
+                };
+                add_demand(&mut self.used[pe], &demand);
+                placed.push((g, i));
             }
         }
-        if ok {
-            for &x in &closure {
-                state[x] = 1;
-            }
-            for (g, i) in placed {
-                choice[g] = Some(i);
-            }
-        } else {
-            used = saved;
-            state[c] = 2;
-        }
+        Some(placed)
     }
-    // Everything not offloaded goes to the host, if it can and there is room.
-    for (g, slot) in choice.iter_mut().enumerate() {
-        if slot.is_some() {
-            continue;
-        }
-        let (i, cd) = prep.groups[g]
-            .cands
-            .iter()
-            .enumerate()
-            .find(|(_, cd)| prep.is_host(cd.pe))?;
-        add_demand(&mut used[cd.pe], &cd.demand);
-        if !prep.room(cd.pe, &used[cd.pe], &[0.0; 3]) {
-            return None;
-        }
-        *slot = Some(i);
-    }
-    // Asym-gang a -> b with a offloaded and b on the host cannot arise (closures), nor
-    // can a split gang component; the result is feasible by construction.
-    choice.into_iter().collect()
-}
 
-/// The greedy first-fit layout of a problem (offcode -> PE), or `None` if the greedy
-/// rule finds no feasible one. Used as a baseline and as HiGHS's warm start.
-pub fn greedy(problem: &Problem) -> Result<Option<Vec<usize>>, LayoutError> {
-    crate::validate::validate(problem)?;
-    let prep = prepare(problem, &Active::all(problem));
-    Ok(greedy_prep(&prep, Rule::FirstFit)
-        .map(|choice| crate::model::assignment(problem, &prep, &choice).0))
-}
+    /// The non-host candidate of group `g` the rule picks among those with room.
+    fn slot(&self, g: usize) -> Option<(usize, usize, Amounts)> {
+        let (prep, used) = (self.prep, &self.used);
+        let mut fitting =
+            prep.groups[g].cands.iter().enumerate().filter(|(_, cd)| {
+                !prep.is_host(cd.pe) && prep.room(cd.pe, &used[cd.pe], &cd.demand)
+            });
+        let slot = match self.rule {
+            Rule::FirstFit => fitting.next(),
+            Rule::DensityBestFit => fitting.max_by(|(_, x), (_, y)| {
+                share(prep, x.pe, &used[x.pe])
+                    .total_cmp(&share(prep, y.pe, &used[y.pe]))
+                    .then(y.pe.cmp(&x.pe))
+            }),
+        };
+        slot.map(|(i, cd)| (i, cd.pe, cd.demand))
+    }
 
-/// Check an assignment (offcode -> PE index) against every constraint and capacity.
-/// Returns (offloaded weight, cross-PE bandwidth), or what is violated.
-pub fn check(problem: &Problem, assignment: &[usize]) -> Result<(u64, f64), String> {
-    let p = problem;
-    if assignment.len() != p.offcodes.len() {
-        return Err(format!(
-            "assignment has {} entries for {} offcodes",
-            assignment.len(),
-            p.offcodes.len()
-        ));
-    }
-    let host = host_of(p);
-    let mut used = vec![[0.0f64; 3]; p.pes.len()];
-    for (n, (oc, &k)) in p.offcodes.iter().zip(assignment).enumerate() {
-        let Some(c) = oc.candidates.iter().find(|c| c.pe == k) else {
-            return Err(format!(
-                "offcode {n} `{}` is on PE {k}, not a candidate",
-                oc.name
-            ));
-        };
-        used[k][0] += c.cpu;
-        used[k][1] += c.memory as f64;
-        used[k][2] += 1.0;
-    }
-    for (k, pe) in p.pes.iter().enumerate() {
-        let caps = [
-            Some(pe.cpu),
-            Some(pe.memory as f64),
-            pe.slots.map(f64::from),
-        ];
-        for ((cap, u), r) in caps.iter().zip(&used[k]).zip(crate::Resource::ALL) {
-            if let Some(cap) = cap
-                && !fits(*u, *cap)
-            {
-                return Err(format!("PE `{}`: {r} used {u} > capacity {cap}", pe.id));
+    /// Everything not offloaded goes to the host, if it can and there is room.
+    fn rest_to_host(mut self) -> Option<Vec<usize>> {
+        let prep = self.prep;
+        for (g, slot) in self.choice.iter_mut().enumerate() {
+            if slot.is_some() {
+                continue;
             }
+            let (i, cd) = prep.groups[g]
+                .cands
+                .iter()
+                .enumerate()
+                .find(|(_, cd)| prep.is_host(cd.pe))?;
+            add_demand(&mut self.used[cd.pe], &cd.demand);
+            if !prep.room(cd.pe, &self.used[cd.pe], &[0.0; RESOURCES]) {
+                return None;
+            }
+            *slot = Some(i);
         }
+        self.choice.into_iter().collect()
     }
-    let off = |n: usize| Some(assignment[n]) != host;
-    for (i, c) in p.constraints.iter().enumerate() {
-        let ok = match c.kind {
-            ConstraintKind::Link => true,
-            ConstraintKind::Pull => assignment[c.a] == assignment[c.b],
-            ConstraintKind::Gang => off(c.a) == off(c.b),
-            ConstraintKind::AsymGang => !off(c.a) || off(c.b),
-        };
-        if !ok {
-            return Err(format!("constraint {i} ({}) violated", c.kind));
-        }
-    }
-    Ok(crate::model::objectives(p, assignment, host))
 }
 
 /// Local search for the bandwidth objective: move an offloaded group to another
@@ -276,52 +340,20 @@ pub(crate) fn improve_bandwidth(p: &Problem, prep: &Prep, choice: &mut [usize]) 
     let mut adj: Vec<Vec<(usize, f64)>> = vec![Vec::new(); ng];
     for f in &p.flows {
         let (a, b) = (prep.group_of[f.a], prep.group_of[f.b]);
-        if a != b && f.bandwidth > 0.0 {
-            adj[a].push((b, f.bandwidth));
-            adj[b].push((a, f.bandwidth));
+        if a != b && f.bandwidth_bps > 0.0 {
+            adj[a].push((b, f.bandwidth_bps));
+            adj[b].push((a, f.bandwidth_bps));
         }
     }
-    let pe_of = |choice: &[usize], g: usize| prep.groups[g].cands[choice[g]].pe;
-    let mut used = vec![[0.0f64; 3]; prep.caps.len()];
-    for (g, &i) in choice.iter().enumerate() {
-        let c = &prep.groups[g].cands[i];
-        add_demand(&mut used[c.pe], &c.demand);
-    }
-    for _pass in 0..8 {
+    let mut used = prep.usage(choice);
+    for _pass in 0..MAX_IMPROVE_PASSES {
         let mut improved = false;
         for g in 0..ng {
-            let here = pe_of(choice, g);
+            let here = prep.pe_of(choice, g);
             if prep.is_host(here) || adj[g].is_empty() {
                 continue;
             }
-            let mut gain_at: Vec<(usize, f64)> = Vec::new();
-            for &(h, bw) in &adj[g] {
-                let k = pe_of(choice, h);
-                match gain_at.iter_mut().find(|(pe, _)| *pe == k) {
-                    Some(e) => e.1 += bw,
-                    None => gain_at.push((k, bw)),
-                }
-            }
-            let stay = gain_at
-                .iter()
-                .find(|(k, _)| *k == here)
-                .map_or(0.0, |e| e.1);
-            let mut best: Option<(usize, f64)> = None;
-            for (i, c) in prep.groups[g].cands.iter().enumerate() {
-                if c.pe == here || prep.is_host(c.pe) {
-                    continue;
-                }
-                let gain = gain_at
-                    .iter()
-                    .find(|(k, _)| *k == c.pe)
-                    .map_or(0.0, |e| e.1)
-                    - stay;
-                let room = prep.room(c.pe, &used[c.pe], &c.demand);
-                if gain > 1e-9 && room && best.is_none_or(|(_, b)| gain > b) {
-                    best = Some((i, gain));
-                }
-            }
-            if let Some((i, _)) = best {
+            if let Some(i) = best_move(prep, choice, &used, &adj[g], g) {
                 let old = prep.groups[g].cands[choice[g]];
                 let new = prep.groups[g].cands[i];
                 sub_demand(&mut used[old.pe], &old.demand);
@@ -334,4 +366,38 @@ pub(crate) fn improve_bandwidth(p: &Problem, prep: &Prep, choice: &mut [usize]) 
             break;
         }
     }
+}
+
+/// The candidate of group `g` (off the host, with room) that keeps the most more of
+/// its flow traffic (`adj`: peer group, bit/s) on one PE than where it is, if any.
+fn best_move(
+    prep: &Prep,
+    choice: &[usize],
+    used: &[Amounts],
+    adj: &[(usize, f64)],
+    g: usize,
+) -> Option<usize> {
+    let here = prep.pe_of(choice, g);
+    let mut gain_at: Vec<(usize, f64)> = Vec::new();
+    for &(h, bw) in adj {
+        let k = prep.pe_of(choice, h);
+        match gain_at.iter_mut().find(|(pe, _)| *pe == k) {
+            Some(e) => e.1 += bw,
+            None => gain_at.push((k, bw)),
+        }
+    }
+    let kept_at = |pe: usize| gain_at.iter().find(|(k, _)| *k == pe).map_or(0.0, |e| e.1);
+    let stay = kept_at(here);
+    let mut best: Option<(usize, f64)> = None;
+    for (i, c) in prep.groups[g].cands.iter().enumerate() {
+        if c.pe == here || prep.is_host(c.pe) {
+            continue;
+        }
+        let gain = kept_at(c.pe) - stay;
+        let room = prep.room(c.pe, &used[c.pe], &c.demand);
+        if gain > MIN_GAIN_BPS && room && best.is_none_or(|(_, b)| gain > b) {
+            best = Some((i, gain));
+        }
+    }
+    best.map(|(i, _)| i)
 }

@@ -26,11 +26,11 @@
 //! use sidecore_layout::{Candidate, ConstraintSpec, OffcodeSpec, PeSpec, Problem, SolveOptions, solve};
 //! use sidecore_types::{ConstraintKind, PeKind};
 //!
-//! let pe = |id: &str, kind| PeSpec { id: id.into(), kind, cpu: 1.0, memory: 1 << 30, slots: None };
+//! let pe = |id: &str, kind| PeSpec { id: id.into(), kind, cpu: 1.0, memory_bytes: 1 << 30, slots: None };
 //! let oc = |name: &str, pes: &[usize]| OffcodeSpec {
 //!     name: name.into(),
 //!     weight: 2,
-//!     candidates: pes.iter().map(|&pe| Candidate { pe, cpu: 0.4, memory: 1 << 20 }).collect(),
+//!     candidates: pes.iter().map(|&pe| Candidate { pe, cpu: 0.4, memory_bytes: 1 << 20 }).collect(),
 //! };
 //! let problem = Problem {
 //!     pes: vec![pe("host", PeKind::Host), pe("core:1", PeKind::Core)],
@@ -52,16 +52,23 @@
 //! );
 //! ```
 
+mod aggregate;
 mod explain;
 mod greedy;
-mod model;
+mod milp;
+mod optimise;
+mod prep;
 mod types;
 mod validate;
+mod verify;
 
-pub use greedy::{check, greedy};
+pub use greedy::greedy;
 pub use types::*;
+pub use verify::{Violation, check};
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use prep::{Active, assignment, prepare};
 
 /// Solve the layout: validate, solve both objectives lexicographically and (if
 /// `opts.explain`) give every offcode a reason. An infeasible problem gets a small,
@@ -69,8 +76,7 @@ use std::time::Instant;
 pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<Layout, LayoutError> {
     let start = Instant::now();
     validate::validate(problem)?;
-    let mut layout = model::optimise(problem, opts, start)?;
-    layout.stats.time = start.elapsed();
+    let mut layout = optimum(problem, opts, start)?;
     if opts.explain {
         let t = Instant::now();
         layout.reasons = explain::reasons(problem, opts, &layout)?;
@@ -79,4 +85,31 @@ pub fn solve(problem: &Problem, opts: &SolveOptions) -> Result<Layout, LayoutErr
         layout.reasons = explain::brief_reasons(problem, &layout);
     }
     Ok(layout)
+}
+
+/// Both objectives on the validated problem: the optimum (or the best found within
+/// the budget), or an explained infeasibility.
+fn optimum(p: &Problem, opts: &SolveOptions, start: Instant) -> Result<Layout, LayoutError> {
+    let deadline = opts.time_limit.map(|t| start + t);
+    let active = Active::all(p);
+    let prep = prepare(p, &active);
+    let Some(opt) = optimise::optimise_prep(p, &prep, opts, deadline, true)? else {
+        return Err(LayoutError::Infeasible(explain::conflict(p, &active)?));
+    };
+    let (assignment, offloaded_weight, cross_bandwidth) = assignment(p, &prep, &opt.choice);
+    verify::assert_feasible(p, &assignment, "the MILP");
+    Ok(Layout {
+        assignment,
+        offloaded_weight,
+        cross_bandwidth,
+        reasons: Vec::new(),
+        stats: SolveStats {
+            groups: prep.groups.len(),
+            vars: opt.vars,
+            constraints: opt.rows,
+            time: start.elapsed(),
+            explain_time: Duration::ZERO,
+            stages: opt.stages,
+        },
+    })
 }

@@ -25,7 +25,7 @@ pub struct PeSpec {
     /// CPU share available for offcodes (e.g. 1.0 for a whole core).
     pub cpu: f64,
     /// Memory available for offcodes, in bytes.
-    pub memory: u64,
+    pub memory_bytes: u64,
     /// At most this many offcodes (threads, channel slots); `None` is unlimited.
     pub slots: Option<u32>,
 }
@@ -44,7 +44,7 @@ pub struct OffcodeSpec {
 pub struct Candidate {
     pub pe: usize,
     pub cpu: f64,
-    pub memory: u64,
+    pub memory_bytes: u64,
 }
 
 /// Between offcodes a and b (indices into offcodes). For AsymGang, a -> b: offloading a
@@ -57,12 +57,13 @@ pub struct ConstraintSpec {
     pub origin: String,
 }
 
-/// Estimated traffic between offcodes a and b (e.g. Mbit/s) on a declared channel.
+/// Estimated traffic between offcodes a and b on a declared channel.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Flow {
     pub a: usize,
     pub b: usize,
-    pub bandwidth: f64,
+    /// Bits per second.
+    pub bandwidth_bps: f64,
     pub origin: String,
 }
 

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 
 use sidecore_types::PeKind;
 
-use crate::{LayoutError, Problem};
+use crate::types::{LayoutError, Problem};
 
 fn invalid(msg: String) -> Result<(), LayoutError> {
     Err(LayoutError::Invalid(msg))
@@ -14,6 +14,14 @@ fn invalid(msg: String) -> Result<(), LayoutError> {
 
 /// Validate `p`; the first problem found is reported.
 pub fn validate(p: &Problem) -> Result<(), LayoutError> {
+    validate_pes(p)?;
+    validate_offcodes(p)?;
+    validate_constraints(p)?;
+    validate_flows(p)
+}
+
+/// Unique non-empty ids, finite capacities, at most one host.
+fn validate_pes(p: &Problem) -> Result<(), LayoutError> {
     let mut host: Option<usize> = None;
     let mut ids: HashMap<&str, usize> = HashMap::new();
     for (k, pe) in p.pes.iter().enumerate() {
@@ -42,6 +50,11 @@ pub fn validate(p: &Problem) -> Result<(), LayoutError> {
             host = Some(k);
         }
     }
+    Ok(())
+}
+
+/// Unique non-empty names; can-run rows naming existing PEs once, finite demands.
+fn validate_offcodes(p: &Problem) -> Result<(), LayoutError> {
     if p.pes.is_empty() && !p.offcodes.is_empty() {
         return invalid(format!(
             "{} offcodes but no PE to place them on",
@@ -85,6 +98,11 @@ pub fn validate(p: &Problem) -> Result<(), LayoutError> {
             }
         }
     }
+    Ok(())
+}
+
+/// Constraint ends in range and distinct.
+fn validate_constraints(p: &Problem) -> Result<(), LayoutError> {
     let n = p.offcodes.len();
     let name = |i: usize| p.offcodes[i].name.as_str();
     for (i, c) in p.constraints.iter().enumerate() {
@@ -109,6 +127,13 @@ pub fn validate(p: &Problem) -> Result<(), LayoutError> {
             ));
         }
     }
+    Ok(())
+}
+
+/// Flow ends in range and distinct, bandwidths finite and non-negative.
+fn validate_flows(p: &Problem) -> Result<(), LayoutError> {
+    let n = p.offcodes.len();
+    let name = |i: usize| p.offcodes[i].name.as_str();
     for (i, fl) in p.flows.iter().enumerate() {
         let at = if fl.origin.is_empty() {
             format!("flow {i}")
@@ -125,12 +150,12 @@ pub fn validate(p: &Problem) -> Result<(), LayoutError> {
         if fl.a == fl.b {
             return invalid(format!("{at}: flow from `{}` to itself", name(fl.a)));
         }
-        if !fl.bandwidth.is_finite() || fl.bandwidth < 0.0 {
+        if !fl.bandwidth_bps.is_finite() || fl.bandwidth_bps < 0.0 {
             return invalid(format!(
                 "{at} (`{}` - `{}`): bandwidth {} is not a finite non-negative number",
                 name(fl.a),
                 name(fl.b),
-                fl.bandwidth
+                fl.bandwidth_bps
             ));
         }
     }

@@ -20,11 +20,11 @@ fn valid(p: &Problem, asg: &[usize]) -> bool {
             return false;
         };
         used[k].0 += c.cpu;
-        used[k].1 += c.memory as u128;
+        used[k].1 += c.memory_bytes as u128;
         used[k].2 += 1;
     }
     for (k, pe) in p.pes.iter().enumerate() {
-        if used[k].0 > pe.cpu + 1e-9 || used[k].1 > pe.memory as u128 {
+        if used[k].0 > pe.cpu + 1e-9 || used[k].1 > pe.memory_bytes as u128 {
             return false;
         }
         if pe.slots.is_some_and(|s| used[k].2 > s) {
@@ -50,7 +50,7 @@ fn objectives(p: &Problem, asg: &[usize]) -> (u64, f64) {
         .flows
         .iter()
         .filter(|f| asg[f.a] != asg[f.b])
-        .map(|f| f.bandwidth)
+        .map(|f| f.bandwidth_bps)
         .sum();
     (w, cross)
 }
@@ -112,7 +112,7 @@ fn restrict(p: &Problem, items: &[ConflictItem]) -> Problem {
             pe.cpu = 1e12;
         }
         if !keep_cap[k][1] {
-            pe.memory = u64::MAX / 4;
+            pe.memory_bytes = u64::MAX / 4;
         }
         if !keep_cap[k][2] {
             pe.slots = None;
@@ -131,7 +131,7 @@ fn restrict(p: &Problem, items: &[ConflictItem]) -> Problem {
                         .unwrap_or(Candidate {
                             pe: k,
                             cpu: 0.0,
-                            memory: 0,
+                            memory_bytes: 0,
                         })
                 })
                 .collect();
@@ -209,7 +209,7 @@ fn arb_problem() -> impl Strategy<Value = Problem> {
                             kinds[kind]
                         },
                         cpu: f64::from(cpu) * 0.25,
-                        memory: mem,
+                        memory_bytes: mem,
                         slots,
                     })
                     .collect();
@@ -226,7 +226,7 @@ fn arb_problem() -> impl Strategy<Value = Problem> {
                             .map(|(k, &(_, cpu, mem))| Candidate {
                                 pe: k,
                                 cpu: f64::from(cpu) * 0.25,
-                                memory: mem,
+                                memory_bytes: mem,
                             })
                             .collect();
                         if candidates.is_empty() && nonempty {
@@ -234,7 +234,7 @@ fn arb_problem() -> impl Strategy<Value = Problem> {
                             candidates.push(Candidate {
                                 pe: k,
                                 cpu: f64::from(row[k].1) * 0.25,
-                                memory: row[k].2,
+                                memory_bytes: row[k].2,
                             });
                         }
                         OffcodeSpec {
@@ -267,7 +267,7 @@ fn arb_problem() -> impl Strategy<Value = Problem> {
                     .map(|(a, b, bw)| Flow {
                         a,
                         b,
-                        bandwidth: f64::from(bw),
+                        bandwidth_bps: f64::from(bw),
                         origin: String::new(),
                     })
                     .collect();
@@ -295,7 +295,7 @@ fn arb_symmetric_problem() -> impl Strategy<Value = Problem> {
         for &k in &twins {
             p.pes[k].kind = proto.kind;
             p.pes[k].cpu = proto.cpu;
-            p.pes[k].memory = proto.memory;
+            p.pes[k].memory_bytes = proto.memory_bytes;
             p.pes[k].slots = proto.slots;
         }
         for oc in &mut p.offcodes {

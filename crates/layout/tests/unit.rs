@@ -14,7 +14,7 @@ fn pe(id: &str, kind: PeKind, cpu: f64) -> PeSpec {
         id: id.into(),
         kind,
         cpu,
-        memory: 1 << 30,
+        memory_bytes: 1 << 30,
         slots: None,
     }
 }
@@ -37,7 +37,7 @@ fn oc(name: &str, weight: u32, cands: &[(usize, f64)]) -> OffcodeSpec {
             .map(|&(pe, cpu)| Candidate {
                 pe,
                 cpu,
-                memory: 1 << 20,
+                memory_bytes: 1 << 20,
             })
             .collect(),
     }
@@ -61,7 +61,11 @@ fn solved(p: &Problem) -> sidecore_layout::Layout {
 fn conflict(p: &Problem) -> Vec<String> {
     match solve(p, &SolveOptions::default()) {
         Err(LayoutError::Infeasible(c)) => {
-            let mut v: Vec<String> = c.items.iter().map(std::string::ToString::to_string).collect();
+            let mut v: Vec<String> = c
+                .items
+                .iter()
+                .map(std::string::ToString::to_string)
+                .collect();
             v.sort();
             v
         }
@@ -271,7 +275,7 @@ fn memory_and_slot_capacity() {
         pe("host", PeKind::Host, 8.0),
         pe("wasm:0", PeKind::Wasm, 4.0),
     ];
-    pes[1].memory = 100;
+    pes[1].memory_bytes = 100;
     pes[1].slots = Some(2);
     let mk = |name: &str, mem: u64| OffcodeSpec {
         name: name.into(),
@@ -280,12 +284,12 @@ fn memory_and_slot_capacity() {
             Candidate {
                 pe: 0,
                 cpu: 0.1,
-                memory: mem,
+                memory_bytes: mem,
             },
             Candidate {
                 pe: 1,
                 cpu: 0.1,
-                memory: mem,
+                memory_bytes: mem,
             },
         ],
     };
@@ -320,13 +324,13 @@ fn bandwidth_objective_colocates_flows_after_offload() {
             Flow {
                 a: 0,
                 b: 1,
-                bandwidth: 100.0,
+                bandwidth_bps: 100.0,
                 origin: "f1".into(),
             },
             Flow {
                 a: 0,
                 b: 2,
-                bandwidth: 10.0,
+                bandwidth_bps: 10.0,
                 origin: "f2".into(),
             },
         ],
@@ -357,7 +361,7 @@ fn offload_weight_beats_bandwidth() {
         flows: vec![Flow {
             a: 0,
             b: 1,
-            bandwidth: 1e6,
+            bandwidth_bps: 1e6,
             origin: String::new(),
         }],
         ..Default::default()
@@ -587,7 +591,7 @@ fn bad_input_is_rejected_with_a_message_naming_it() {
     p.flows.push(Flow {
         a: 0,
         b: 1,
-        bandwidth: f64::INFINITY,
+        bandwidth_bps: f64::INFINITY,
         origin: "c.toml:3:1".into(),
     });
     assert_eq!(
@@ -598,7 +602,7 @@ fn bad_input_is_rejected_with_a_message_naming_it() {
     p.flows.push(Flow {
         a: 1,
         b: 1,
-        bandwidth: 1.0,
+        bandwidth_bps: 1.0,
         origin: String::new(),
     });
     assert_eq!(
@@ -609,7 +613,7 @@ fn bad_input_is_rejected_with_a_message_naming_it() {
     p.offcodes[0].candidates.push(Candidate {
         pe: 1,
         cpu: 0.1,
-        memory: 0,
+        memory_bytes: 0,
     });
     assert_eq!(
         invalid(&p),
@@ -684,7 +688,7 @@ fn infeasible_memory_and_asym_gang_is_explained() {
         id: id.into(),
         kind,
         cpu,
-        memory: 2,
+        memory_bytes: 2,
         slots: None,
     };
     let oc = |name: &str, m: [u64; 3]| OffcodeSpec {
@@ -694,7 +698,7 @@ fn infeasible_memory_and_asym_gang_is_explained() {
             .map(|k| Candidate {
                 pe: k,
                 cpu: 0.0,
-                memory: m[k],
+                memory_bytes: m[k],
             })
             .collect(),
     };

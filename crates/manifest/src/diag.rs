@@ -50,9 +50,7 @@ impl Sources {
 
     /// The display name of a file.
     pub fn name(&self, id: FileId) -> String {
-        self.files
-            .name(id)
-            .unwrap_or_default()
+        self.files.name(id).unwrap_or_default()
     }
 
     /// The file already loaded from `path`, if any.

@@ -491,7 +491,10 @@ impl Loader {
                 memory: mem,
                 inputs: raw.inputs.iter().map(|p| p.get_ref().clone()).collect(),
                 outputs: raw.outputs.iter().map(|p| p.get_ref().clone()).collect(),
-                params: raw.params.map(toml::Spanned::into_inner).unwrap_or_default(),
+                params: raw
+                    .params
+                    .map(toml::Spanned::into_inner)
+                    .unwrap_or_default(),
                 params_origin,
                 interfaces,
                 targets,

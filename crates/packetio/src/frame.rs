@@ -72,7 +72,11 @@ pub fn min_bytes(proto: u8) -> usize {
 pub fn build(spec: &FrameSpec, seq: u64, t_ns: u64, buf: &mut [u8]) -> usize {
     let p = &spec.packet;
     let len = spec.frame_bytes.max(min_bytes(p.proto));
-    assert!(buf.len() >= len, "a {}-byte buffer for a {len}-byte frame", buf.len());
+    assert!(
+        buf.len() >= len,
+        "a {}-byte buffer for a {len}-byte frame",
+        buf.len()
+    );
     let frame = &mut buf[..len];
     frame[0..6].copy_from_slice(&spec.dst_mac);
     frame[6..12].copy_from_slice(&spec.src_mac);
@@ -248,7 +252,10 @@ mod tests {
             }
         }
         // The RFC 1071 example.
-        assert_eq!(!checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7], 0), 0xddf2);
+        assert_eq!(
+            !checksum(&[0x00, 0x01, 0xf2, 0x03, 0xf4, 0xf5, 0xf6, 0xf7], 0),
+            0xddf2
+        );
         assert_eq!(parse(&buf[..20]), None);
     }
 }

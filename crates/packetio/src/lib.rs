@@ -15,4 +15,4 @@ pub mod frame;
 pub mod raw;
 
 pub use frame::{FrameSpec, parse};
-pub use raw::{RawOptions, RawSocket};
+pub use raw::{RawOptions, RawSocket, RecvBatch, enable_timestamps, recv_batch};

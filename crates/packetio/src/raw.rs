@@ -13,7 +13,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
 
 use sidecore_testbed::NetnsError;
 
@@ -113,11 +113,18 @@ impl RawSocket {
         }
         let proto = if o.receive { ETH_P_ALL_BE } else { 0 };
         // SAFETY: plain socket(2) call; the result is checked.
-        let raw = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::c_int::from(proto)) };
+        let raw = unsafe {
+            libc::socket(
+                libc::AF_PACKET,
+                libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+                libc::c_int::from(proto),
+            )
+        };
         let raw = cvt(raw).map_err(err("socket (needs CAP_NET_RAW)"))?;
         // SAFETY: socket(2) returned a new descriptor that nothing else owns.
         let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let ifindex = i32::try_from(ifindex).map_err(|_| err("interface index")(io::Error::from(io::ErrorKind::InvalidData)))?;
+        let ifindex = i32::try_from(ifindex)
+            .map_err(|_| err("interface index")(io::Error::from(io::ErrorKind::InvalidData)))?;
         // SAFETY: an all-zero sockaddr_ll is a valid value to fill in.
         let mut sll: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
         sll.sll_family = libc::AF_PACKET as u16;
@@ -133,10 +140,12 @@ impl RawSocket {
         };
         cvt(r).map_err(err("bind"))?;
         if o.qdisc_bypass {
-            set_int(&fd, libc::SOL_PACKET, PACKET_QDISC_BYPASS, 1).map_err(err("PACKET_QDISC_BYPASS"))?;
+            set_int(&fd, libc::SOL_PACKET, PACKET_QDISC_BYPASS, 1)
+                .map_err(err("PACKET_QDISC_BYPASS"))?;
         }
         if o.receive {
-            set_int(&fd, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, 1).map_err(err("PACKET_IGNORE_OUTGOING"))?;
+            set_int(&fd, libc::SOL_PACKET, PACKET_IGNORE_OUTGOING, 1)
+                .map_err(err("PACKET_IGNORE_OUTGOING"))?;
         }
         if o.timestamps {
             set_int(&fd, libc::SOL_SOCKET, SO_TIMESTAMPNS, 1).map_err(err("SO_TIMESTAMPNS"))?;
@@ -195,51 +204,64 @@ impl RawSocket {
     /// Receives up to a batch of frames without waiting; returns how many (0
     /// when none is waiting).
     pub fn recv(&self, batch: &mut RecvBatch) -> io::Result<usize> {
-        let count = batch.slots.len();
-        let mut iov: Vec<libc::iovec> = batch
-            .slots
-            .iter_mut()
-            .map(|s| libc::iovec {
-                iov_base: s.as_mut_ptr().cast(),
-                iov_len: SLOT_BYTES,
-            })
-            .collect();
-        let mut hdrs: Vec<libc::mmsghdr> = iov
-            .iter_mut()
-            .zip(batch.ctrl.iter_mut())
-            .map(|(v, c)| {
-                // SAFETY: an all-zero msghdr is a valid empty header.
-                let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
-                h.msg_hdr.msg_iov = std::ptr::from_mut(v);
-                h.msg_hdr.msg_iovlen = 1;
-                h.msg_hdr.msg_control = c.as_mut_ptr().cast();
-                h.msg_hdr.msg_controllen = CMSG_BYTES;
-                h
-            })
-            .collect();
-        let n = u32::try_from(count).unwrap_or(u32::MAX);
-        // SAFETY: each header points at its own slot (SLOT_BYTES) and control
-        // buffer (CMSG_BYTES), both owned by `batch` and alive for the call.
-        let r = unsafe {
-            libc::recvmmsg(
-                self.fd.as_raw_fd(),
-                hdrs.as_mut_ptr(),
-                n,
-                libc::MSG_DONTWAIT,
-                std::ptr::null_mut(),
-            )
-        };
-        let got = match cvt(r) {
-            Ok(n) => usize::try_from(n).unwrap_or(0),
-            Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
-            Err(e) => return Err(e),
-        };
-        for (i, h) in hdrs.iter().take(got).enumerate() {
-            batch.lens[i] = (h.msg_len as usize).min(SLOT_BYTES);
-            batch.stamps_ns[i] = timestamp(&h.msg_hdr).unwrap_or(0);
-        }
-        Ok(got)
+        recv_batch(&self.fd, batch)
     }
+}
+
+/// Turns on kernel receive timestamps on any socket.
+pub fn enable_timestamps(fd: &impl AsFd) -> io::Result<()> {
+    let fd = fd.as_fd().try_clone_to_owned()?;
+    set_int(&fd, libc::SOL_SOCKET, SO_TIMESTAMPNS, 1)
+}
+
+/// Receives up to a batch of messages from any socket without waiting (one
+/// recvmmsg); returns how many. Each message's bytes, length and kernel
+/// timestamp land in `batch`.
+pub fn recv_batch(fd: &impl AsFd, batch: &mut RecvBatch) -> io::Result<usize> {
+    let count = batch.slots.len();
+    let mut iov: Vec<libc::iovec> = batch
+        .slots
+        .iter_mut()
+        .map(|s| libc::iovec {
+            iov_base: s.as_mut_ptr().cast(),
+            iov_len: SLOT_BYTES,
+        })
+        .collect();
+    let mut hdrs: Vec<libc::mmsghdr> = iov
+        .iter_mut()
+        .zip(batch.ctrl.iter_mut())
+        .map(|(v, c)| {
+            // SAFETY: an all-zero msghdr is a valid empty header.
+            let mut h: libc::mmsghdr = unsafe { std::mem::zeroed() };
+            h.msg_hdr.msg_iov = std::ptr::from_mut(v);
+            h.msg_hdr.msg_iovlen = 1;
+            h.msg_hdr.msg_control = c.as_mut_ptr().cast();
+            h.msg_hdr.msg_controllen = CMSG_BYTES;
+            h
+        })
+        .collect();
+    let n = u32::try_from(count).unwrap_or(u32::MAX);
+    // SAFETY: each header points at its own slot (SLOT_BYTES) and control
+    // buffer (CMSG_BYTES), both owned by `batch` and alive for the call.
+    let r = unsafe {
+        libc::recvmmsg(
+            fd.as_fd().as_raw_fd(),
+            hdrs.as_mut_ptr(),
+            n,
+            libc::MSG_DONTWAIT,
+            std::ptr::null_mut(),
+        )
+    };
+    let got = match cvt(r) {
+        Ok(n) => usize::try_from(n).unwrap_or(0),
+        Err(e) if e.kind() == io::ErrorKind::WouldBlock => 0,
+        Err(e) => return Err(e),
+    };
+    for (i, h) in hdrs.iter().take(got).enumerate() {
+        batch.lens[i] = (h.msg_len as usize).min(SLOT_BYTES);
+        batch.stamps_ns[i] = timestamp(&h.msg_hdr).unwrap_or(0);
+    }
+    Ok(got)
 }
 
 /// The kernel's receive time in a message's control data, in ns.
@@ -323,6 +345,9 @@ mod tests {
         })
         .unwrap_err()
         .to_string();
-        assert!(e.starts_with("AF_PACKET socket on sc-nothing0: no such interface"), "{e}");
+        assert!(
+            e.starts_with("AF_PACKET socket on sc-nothing0: no such interface"),
+            "{e}"
+        );
     }
 }

@@ -95,7 +95,7 @@ fn pe_spec(p: &Pe) -> PeSpec {
         id: p.id.clone(),
         kind: p.kind,
         cpu: p.capacity.cpu,
-        memory: p.capacity.memory_bytes,
+        memory_bytes: p.capacity.memory_bytes,
         slots: p.capacity.slots,
     }
 }
@@ -156,7 +156,7 @@ fn candidate(oc: &Offcode, target: Option<&Target>, pe: usize) -> Candidate {
     Candidate {
         pe,
         cpu: target.and_then(|t| t.cpu).unwrap_or(oc.cpu),
-        memory: target.and_then(|t| t.memory).unwrap_or(oc.memory),
+        memory_bytes: target.and_then(|t| t.memory).unwrap_or(oc.memory),
     }
 }
 
@@ -219,7 +219,7 @@ fn flows(manifest: &Manifest) -> Vec<Flow> {
             flows.push(Flow {
                 a: ch.from.offcode,
                 b: t.offcode,
-                bandwidth: ch.bandwidth_mbps, // FIXME(units): bandwidth_bps once the manifest carries Bandwidth
+                bandwidth_bps: ch.bandwidth_mbps * 1e6, // FIXME(units): ch.bandwidth.bps_f64() once the manifest carries Bandwidth
                 origin: ch.origin.to_string(),
             });
         }

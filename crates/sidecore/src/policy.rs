@@ -125,7 +125,10 @@ fn check(path: &Path, placement: Option<&Path>, json: bool) -> anyhow::Result<Ex
         .iter()
         .flat_map(|n| {
             n.host_names().into_iter().map(move |h| {
-                let st = n.tables(&h).map(sidecore_sikker_nmu::NmuTables::stats).unwrap_or_default();
+                let st = n
+                    .tables(&h)
+                    .map(sidecore_sikker_nmu::NmuTables::stats)
+                    .unwrap_or_default();
                 (h, st)
             })
         })

@@ -68,7 +68,15 @@ fn defines(file: &Path, ident: &str) -> bool {
         return false;
     };
     let kw = [
-        "fn ", "struct ", "enum ", "type ", "trait ", "mod ", "const ", "static ", "macro_rules! ",
+        "fn ",
+        "struct ",
+        "enum ",
+        "type ",
+        "trait ",
+        "mod ",
+        "const ",
+        "static ",
+        "macro_rules! ",
     ];
     kw.iter().any(|k| text.contains(&format!("{k}{ident}")))
         // Declared through a macro: `keyword_enum!(PeKind, "PE kind", { … })`.
@@ -107,7 +115,10 @@ fn rust_path_exists(path: &str, pkgs: &BTreeMap<String, PathBuf>) -> Result<(), 
             // is the item's own business.
             return Ok(());
         } else {
-            return Err(format!("`{seg}` is neither a module nor an item of {}", file.display()));
+            return Err(format!(
+                "`{seg}` is neither a module nor an item of {}",
+                file.display()
+            ));
         }
     }
     Ok(())

@@ -4,8 +4,9 @@
 
 use rand::Rng;
 
+use crate::algorithm::Algorithm;
 use crate::relay::{Credits, ReParams};
-use crate::{Algorithm, Request, Response, SeParams, SeSender};
+use crate::se::{Request, Response, SeParams, SeSender};
 
 /// What to do with the packet at the head of the sender's queue.
 #[derive(Clone, Copy, Debug, PartialEq)]

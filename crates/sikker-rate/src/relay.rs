@@ -1,7 +1,7 @@
 //! Relay Enforced (RE, §5.2): relays with fixed token buckets, and the optional
 //! credit-based flow control from senders to relays.
 
-use crate::TokenBucket;
+use crate::bucket::TokenBucket;
 use crate::formulas;
 
 /// RE configuration.

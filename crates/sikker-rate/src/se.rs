@@ -3,7 +3,7 @@
 
 use rand::Rng;
 
-use crate::TokenBucket;
+use crate::bucket::TokenBucket;
 use crate::formulas;
 
 /// Which sender-enforced algorithm a [`SeSender`] runs.

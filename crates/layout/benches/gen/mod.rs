@@ -21,6 +21,21 @@ enum Build {
 /// `offcodes` offcodes on `pes` PEs (including the host), from `seed`.
 pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
+    let pe = pe_specs(offcodes, pes);
+    let kinds = Kinds::of(&pe);
+    let (ocs, builds) = offcode_specs(&mut rng, offcodes, &kinds);
+    let (constraints, flows) = applications(&mut rng, &builds);
+    Problem {
+        pes: pe,
+        offcodes: ocs,
+        constraints,
+        flows,
+    }
+}
+
+/// The host (with a share of CPU per offcode) and, among `pes`, about 1/32 kernels,
+/// 1/32 peer nodes, 1/8 Wasm sandboxes and dedicated cores for the rest.
+fn pe_specs(offcodes: usize, pes: usize) -> Vec<PeSpec> {
     let pes = pes.max(3);
     let n_kernel = (pes / 32).max(1);
     let n_node = pes / 32;
@@ -30,7 +45,7 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
         id: "host".into(),
         kind: PeKind::Host,
         cpu: offcodes as f64,
-        memory: 64 << 30,
+        memory_bytes: 64 << 30,
         slots: None,
     }];
     for i in 0..n_core {
@@ -39,7 +54,7 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
             kind: PeKind::Core,
             cpu: 1.0,
             // A dedicated core's share of host memory: rarely the binding resource.
-            memory: 2048 * MIB,
+            memory_bytes: 2048 * MIB,
             slots: None,
         });
     }
@@ -48,7 +63,7 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
             id: format!("wasm:{i}"),
             kind: PeKind::Wasm,
             cpu: 1.0,
-            memory: 256 * MIB,
+            memory_bytes: 256 * MIB,
             slots: Some(8),
         });
     }
@@ -57,7 +72,7 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
             id: format!("kernel:{i}"),
             kind: PeKind::Kernel,
             cpu: 1.0,
-            memory: 64 * MIB,
+            memory_bytes: 64 * MIB,
             slots: Some(16),
         });
     }
@@ -66,23 +81,47 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
             id: format!("node:{i}"),
             kind: PeKind::Node,
             cpu: 4.0,
-            memory: 4096 * MIB,
+            memory_bytes: 4096 * MIB,
             slots: None,
         });
     }
-    let of_kind = |k: PeKind| -> Vec<usize> {
-        pe.iter()
-            .enumerate()
-            .filter(|(_, p)| p.kind == k)
-            .map(|(i, _)| i)
-            .collect()
-    };
-    let (cores, wasms, kernels, nodes) = (
-        of_kind(PeKind::Core),
-        of_kind(PeKind::Wasm),
-        of_kind(PeKind::Kernel),
-        of_kind(PeKind::Node),
-    );
+    pe
+}
+
+/// The PE indices of each kind.
+struct Kinds {
+    cores: Vec<usize>,
+    wasms: Vec<usize>,
+    kernels: Vec<usize>,
+    nodes: Vec<usize>,
+}
+
+impl Kinds {
+    fn of(pe: &[PeSpec]) -> Kinds {
+        let of_kind = |k: PeKind| -> Vec<usize> {
+            pe.iter()
+                .enumerate()
+                .filter(|(_, p)| p.kind == k)
+                .map(|(i, _)| i)
+                .collect()
+        };
+        Kinds {
+            cores: of_kind(PeKind::Core),
+            wasms: of_kind(PeKind::Wasm),
+            kernels: of_kind(PeKind::Kernel),
+            nodes: of_kind(PeKind::Node),
+        }
+    }
+}
+
+/// The offcodes: 60% native, 25% Wasm, the rest eBPF or (a few) device-only, each
+/// with its can-run row and demands.
+fn offcode_specs(
+    rng: &mut ChaCha8Rng,
+    offcodes: usize,
+    kinds: &Kinds,
+) -> (Vec<OffcodeSpec>, Vec<Build>) {
+    let Kinds { cores, nodes, .. } = kinds;
     // Scale CPU demand so native demand is about 1.3x the offload capacity.
     let offload_cpu = cores.len() as f64 + 4.0 * nodes.len() as f64;
     let mean_native = 0.35 * 0.6 * offcodes as f64;
@@ -109,78 +148,98 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
             2 | 3 => 1,
             _ => 2,
         };
-        let cpu = |rng: &mut ChaCha8Rng, lo: f64, hi: f64| {
-            (rng.random_range(lo..hi) * scale).clamp(0.01, 0.95)
-        };
-        let mut cands = Vec::new();
+        let candidates = candidates(rng, build, scale, kinds);
+        ocs.push(OffcodeSpec {
+            name: format!("oc{n}"),
+            weight,
+            candidates,
+        });
+        builds.push(build);
+    }
+    (ocs, builds)
+}
+
+/// The can-run row of one offcode of `build`, its CPU demand scaled by `scale`.
+fn candidates(rng: &mut ChaCha8Rng, build: Build, scale: f64, kinds: &Kinds) -> Vec<Candidate> {
+    let Kinds {
+        cores,
+        wasms,
+        kernels,
+        nodes,
+    } = kinds;
+    let cpu = |rng: &mut ChaCha8Rng, lo: f64, hi: f64| {
+        (rng.random_range(lo..hi) * scale).clamp(0.01, 0.95)
+    };
+    let mut cands = Vec::new();
+    {
         match build {
             Build::Native | Build::DeviceOnly => {
-                let c = cpu(&mut rng, 0.1, 0.6);
+                let c = cpu(rng, 0.1, 0.6);
                 let m = rng.random_range(16..128) * MIB;
                 if build == Build::Native {
                     cands.push(Candidate {
                         pe: 0,
                         cpu: c,
-                        memory: m,
+                        memory_bytes: m,
                     });
                 }
                 cands.extend(cores.iter().map(|&k| Candidate {
                     pe: k,
                     cpu: c,
-                    memory: m,
+                    memory_bytes: m,
                 }));
                 if rng.random_bool(0.3) {
                     cands.extend(nodes.iter().map(|&k| Candidate {
                         pe: k,
                         cpu: c,
-                        memory: m,
+                        memory_bytes: m,
                     }));
                 }
             }
             Build::Wasm => {
-                let c = cpu(&mut rng, 0.1, 0.4);
+                let c = cpu(rng, 0.1, 0.4);
                 let m = rng.random_range(8..64) * MIB;
                 cands.push(Candidate {
                     pe: 0,
                     cpu: c,
-                    memory: m,
+                    memory_bytes: m,
                 });
                 cands.extend(wasms.iter().map(|&k| Candidate {
                     pe: k,
                     cpu: c * 1.5,
-                    memory: m,
+                    memory_bytes: m,
                 }));
                 if wasms.is_empty() {
                     cands.extend(cores.iter().map(|&k| Candidate {
                         pe: k,
                         cpu: c * 1.5,
-                        memory: m,
+                        memory_bytes: m,
                     }));
                 }
             }
             Build::Ebpf => {
-                let c = cpu(&mut rng, 0.05, 0.2);
+                let c = cpu(rng, 0.05, 0.2);
                 let m = rng.random_range(1..16) * MIB;
                 cands.push(Candidate {
                     pe: 0,
                     cpu: c * 2.0,
-                    memory: m,
+                    memory_bytes: m,
                 });
                 cands.extend(kernels.iter().map(|&k| Candidate {
                     pe: k,
                     cpu: c,
-                    memory: m,
+                    memory_bytes: m,
                 }));
             }
         }
-        ocs.push(OffcodeSpec {
-            name: format!("oc{n}"),
-            weight,
-            candidates: cands,
-        });
-        builds.push(build);
     }
-    // Applications: pipelines of 3..8 consecutive offcodes.
+    cands
+}
+
+/// Applications: pipelines of 3..8 consecutive offcodes with flows between
+/// neighbours and a constraint on about 15% of them.
+fn applications(rng: &mut ChaCha8Rng, builds: &[Build]) -> (Vec<ConstraintSpec>, Vec<Flow>) {
+    let offcodes = builds.len();
     let mut constraints = Vec::new();
     let mut flows = Vec::new();
     let mut start = 0;
@@ -190,7 +249,7 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
             flows.push(Flow {
                 a: n,
                 b: n + 1,
-                bandwidth: rng.random_range(10..1000) as f64,
+                bandwidth_bps: rng.random_range(10..1000) as f64,
                 origin: format!("gen:{n}"),
             });
             // About 15% of offcodes carry a constraint to their neighbour.
@@ -211,10 +270,5 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
         }
         start += len;
     }
-    Problem {
-        pes: pe,
-        offcodes: ocs,
-        constraints,
-        flows,
-    }
+    (constraints, flows)
 }

@@ -1,0 +1,103 @@
+//! How an XDP program is attached, and why the kernel PE could not do what was
+//! asked: the refusal with the kernel's own words and a hint.
+
+use std::fmt::Write as _;
+
+/// How an XDP program is attached.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum XdpMode {
+    /// Native mode where the driver has it, else generic.
+    #[default]
+    Auto,
+    /// Generic (SKB) mode: every driver, after the socket buffer is built.
+    Generic,
+    /// Native (driver) mode: before the socket buffer exists.
+    Native,
+}
+
+impl XdpMode {
+    pub(crate) fn aya(self) -> aya::programs::XdpMode {
+        match self {
+            XdpMode::Auto => aya::programs::XdpMode::Default,
+            XdpMode::Generic => aya::programs::XdpMode::Skb,
+            XdpMode::Native => aya::programs::XdpMode::Driver,
+        }
+    }
+}
+
+impl std::str::FromStr for XdpMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "auto" => Ok(XdpMode::Auto),
+            "generic" | "skb" => Ok(XdpMode::Generic),
+            "native" | "driver" => Ok(XdpMode::Native),
+            _ => Err(format!(
+                "`{s}` is not an XDP mode (auto, generic or native)"
+            )),
+        }
+    }
+}
+
+/// Why the kernel PE could not do what was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelError {
+    #[error("the kernel refused BPF object `{object}`: {detail}{}", hint(.detail))]
+    Load { object: String, detail: String },
+    #[error("BPF object `{object}` has no {what} `{name}`")]
+    Missing {
+        object: String,
+        what: &'static str,
+        name: String,
+    },
+    #[error("the kernel refused program `{program}`: {detail}{}", hint(.detail))]
+    Verify { program: String, detail: String },
+    #[error("cannot attach `{program}` at XDP on {iface}{}: {detail}{}", .netns.as_deref().map(|n| format!(" in namespace `{n}`")).unwrap_or_default(), hint(.detail))]
+    Attach {
+        program: String,
+        iface: String,
+        netns: Option<String>,
+        detail: String,
+    },
+    #[error("BPF map `{map}`: {detail}")]
+    Map { map: String, detail: String },
+    #[error(transparent)]
+    Netns(#[from] sidecore_testbed::NetnsError),
+    #[error(transparent)]
+    Rules(#[from] sidecore_firewall::CompileError),
+    #[error(
+        "the rule set has {shapes} tuple shapes; the XDP classifier probes at most {max} (use fewer distinct prefix lengths or port ranges)"
+    )]
+    TooManyShapes { shapes: usize, max: usize },
+}
+
+/// What to do about a refusal, from the error text.
+fn hint(detail: &str) -> String {
+    let mut h = String::new();
+    if detail.contains("Operation not permitted") || detail.contains("EPERM") {
+        h.push_str(
+            " (needs root, or CAP_BPF with CAP_NET_ADMIN; check kernel.unprivileged_bpf_disabled)",
+        );
+    }
+    if detail.contains("BTF") && !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        h.push_str(" (this kernel exposes no BTF at /sys/kernel/btf/vmlinux)");
+    }
+    h
+}
+
+/// An error with its chain of sources, on one line (aya's errors nest).
+pub(crate) fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        let _ = write!(s, ": {c}");
+        cur = c.source();
+    }
+    s
+}
+
+/// The last lines of a verifier log: where it stopped, and why.
+pub(crate) fn tail(log: &str, lines: usize) -> String {
+    let v: Vec<&str> = log.lines().collect();
+    v[v.len().saturating_sub(lines)..].join("\n")
+}

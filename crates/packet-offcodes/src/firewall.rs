@@ -1,0 +1,692 @@
+//! The `firewall` offcode: one rule file, three PEs, the same decisions.
+//!
+//! * **kernel** ([`XdpOffcode`]): the XDP classifier of `sidecore-kernel`
+//!   attached at the ingress interface; its counters become metrics and its
+//!   ring buffer of log records is drained into the `log` output.
+//! * **core** ([`CoreOffcode`]): a raw-socket forwarder on a dedicated core.
+//!   It reads every frame arriving on `ingress`, classifies it with the same
+//!   tuple-space classifier, and sends accepted frames out of `egress` to the
+//!   next hop (the kernel's forwarding is turned off in the namespace while it
+//!   runs, so it is the only path).
+//! * **host** ([`NftOffcode`]): the baseline — the same rules as an nftables
+//!   ruleset on the forward hook of the namespace.
+//!
+//! Parameters: `rules` (a rule file, TOML or the table layout), `netns`,
+//! `ingress`, and for the core PE `egress` and optionally `next_hop_mac`; for
+//! the kernel PE optionally `xdp_mode` (`auto`, `generic`, `native`). A control
+//! message `{"rules": "PATH"}` reloads the rules live on every PE.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::Deserialize;
+use sidecore_channel::oob::OobMessage;
+use sidecore_firewall::{Action, Classifier, Packet, RuleSet, nft};
+use sidecore_kernel::{XdpFirewall, XdpMode};
+use sidecore_offcode::{
+    BuildSpec, InitCx, Metric, Offcode, OffcodeError, OutputId, Progress, RunCx, parse_params,
+};
+use sidecore_packetio::raw::RecvBatch;
+use sidecore_packetio::{RawOptions, RawSocket, parse};
+use sidecore_types::PeKind;
+
+use crate::util::{bad, mac};
+
+/// How often counters kept outside the offcode (BPF maps, nftables) are read.
+const STATS_EVERY: Duration = Duration::from_millis(200);
+/// How often the (slow to list) nftables counters are read.
+const NFT_STATS_EVERY: Duration = Duration::from_secs(1);
+/// Frames a core forwarder takes per receive.
+const BATCH: usize = 64;
+
+/// The firewall's parameters.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    /// The rule file.
+    pub rules: String,
+    /// The network namespace of the interfaces.
+    #[serde(default)]
+    pub netns: Option<String>,
+    /// Where the traffic to filter arrives.
+    pub ingress: String,
+    /// (core) Where accepted traffic leaves.
+    #[serde(default)]
+    pub egress: Option<String>,
+    /// (core) The MAC of the next hop on `egress`; default: its neighbour entry.
+    #[serde(default)]
+    pub next_hop_mac: Option<String>,
+    /// (kernel) `auto`, `generic` or `native`.
+    #[serde(default)]
+    pub xdp_mode: Option<String>,
+}
+
+impl Params {
+    /// Reads the parameters and the rule file they name.
+    pub fn parse(t: &toml::Table) -> Result<(Params, RuleSet), OffcodeError> {
+        let p: Params = parse_params(t)?;
+        let rules =
+            sidecore_firewall::load(std::path::Path::new(&p.rules)).map_err(|e| bad("rules", e))?;
+        if let Some(m) = &p.xdp_mode {
+            m.parse::<XdpMode>().map_err(|e| bad("xdp_mode", e))?;
+        }
+        if let Some(m) = &p.next_hop_mac {
+            mac("next_hop_mac", m)?;
+        }
+        Ok((p, rules))
+    }
+}
+
+/// Builds the firewall for the PE it landed on.
+pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
+    let (p, rules) = Params::parse(spec.params)?;
+    let classifier = Classifier::compile(&rules).map_err(|e| bad("rules", e))?;
+    let common = Common::new(p, rules);
+    Ok(match spec.kind {
+        PeKind::Kernel => Box::new(XdpOffcode {
+            common,
+            classifier,
+            fw: None,
+            last: Instant::now(),
+        }),
+        PeKind::Core => {
+            if common.p.egress.is_none() {
+                return Err(bad(
+                    "egress",
+                    "a firewall on a core forwards: give the egress interface",
+                ));
+            }
+            Box::new(CoreOffcode {
+                common,
+                classifier,
+                io: None,
+                batch: RecvBatch::new(BATCH),
+                out: Vec::with_capacity(BATCH * sidecore_packetio::frame::MAX_FRAME_BYTES),
+            })
+        }
+        _ => Box::new(NftOffcode {
+            common,
+            applied: false,
+            last: Instant::now(),
+        }),
+    })
+}
+
+/// What every variant keeps: parameters, rules, metrics, the log output.
+struct Common {
+    p: Params,
+    rules: RuleSet,
+    log_out: Option<OutputId>,
+    accepted: Metric,
+    denied: Metric,
+    default_denied: Metric,
+    logged: Metric,
+    log_lost: Metric,
+    reloads: Metric,
+    reload_errors: Metric,
+}
+
+impl Common {
+    fn new(p: Params, rules: RuleSet) -> Common {
+        Common {
+            p,
+            rules,
+            log_out: None,
+            accepted: Metric::default(),
+            denied: Metric::default(),
+            default_denied: Metric::default(),
+            logged: Metric::default(),
+            log_lost: Metric::default(),
+            reloads: Metric::default(),
+            reload_errors: Metric::default(),
+        }
+    }
+
+    fn init(&mut self, cx: &InitCx<'_>) {
+        self.log_out = cx.output("log").ok();
+        self.accepted = cx.metric("accepted");
+        self.denied = cx.metric("denied");
+        self.default_denied = cx.metric("default_denied");
+        self.logged = cx.metric("logged");
+        self.log_lost = cx.metric("log_lost");
+        self.reloads = cx.metric("reloads");
+        self.reload_errors = cx.metric("reload_errors");
+        cx.metric("rules").set(self.rules.rules.len() as u64);
+    }
+
+    /// Reports a matching packet of a log rule on the `log` output, as a line.
+    fn log(
+        &self,
+        cx: &mut RunCx<'_>,
+        rule: u32,
+        p: &Packet,
+        accept: bool,
+    ) -> Result<(), OffcodeError> {
+        self.logged.add(1);
+        let Some(out) = self.log_out else {
+            return Ok(());
+        };
+        let line = format!(
+            "rule {} (line {}): proto {} {}:{} -> {}:{} {}",
+            rule + 1,
+            self.rules.rules.get(rule as usize).map_or(0, |r| r.line),
+            p.proto,
+            std::net::Ipv4Addr::from(p.src),
+            p.sport,
+            std::net::Ipv4Addr::from(p.dst),
+            p.dport,
+            if accept { "accept" } else { "deny" }
+        );
+        match cx.send_bytes(out, line.as_bytes())? {
+            sidecore_channel::SendOutcome::Sent => {}
+            _ => self.log_lost.add(1),
+        }
+        Ok(())
+    }
+
+    /// The rule file named by a `{"rules": PATH}` control message.
+    fn reload_request(msg: &OobMessage) -> Option<String> {
+        match msg {
+            OobMessage::Control { body, .. } => body.get("rules")?.as_str().map(str::to_string),
+            _ => None,
+        }
+    }
+
+    /// Loads and compiles a new rule file.
+    fn reload(&mut self, path: &str) -> Result<Classifier, String> {
+        let rules =
+            sidecore_firewall::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
+        let c = Classifier::compile(&rules).map_err(|e| e.to_string())?;
+        self.rules = rules;
+        Ok(c)
+    }
+
+    fn answer(&self, r: Result<(), String>) -> Option<serde_json::Value> {
+        match r {
+            Ok(()) => {
+                self.reloads.add(1);
+                Some(serde_json::json!({"reloaded": self.rules.rules.len()}))
+            }
+            Err(e) => {
+                self.reload_errors.add(1);
+                Some(serde_json::json!({"error": e}))
+            }
+        }
+    }
+}
+
+fn failed(e: impl std::fmt::Display) -> OffcodeError {
+    OffcodeError::Failed(e.to_string())
+}
+
+/// The firewall on the kernel PE: an XDP program.
+pub struct XdpOffcode {
+    common: Common,
+    classifier: Classifier,
+    fw: Option<XdpFirewall>,
+    last: Instant,
+}
+
+impl XdpOffcode {
+    fn refresh(&mut self) -> Result<(), OffcodeError> {
+        if let Some(fw) = &mut self.fw {
+            let s = fw.stats().map_err(failed)?;
+            self.common.accepted.set(s.accepted);
+            self.common.denied.set(s.denied + s.malformed);
+            self.common.default_denied.set(s.default_denied);
+            self.common.log_lost.set(s.log_lost);
+        }
+        Ok(())
+    }
+}
+
+impl Offcode for XdpOffcode {
+    fn initialize(&mut self, cx: &mut InitCx<'_>) -> Result<(), OffcodeError> {
+        self.common.init(cx);
+        let mode = self
+            .common
+            .p
+            .xdp_mode
+            .as_deref()
+            .map_or(Ok(XdpMode::Auto), str::parse)
+            .map_err(|e| bad("xdp_mode", e))?;
+        let mut fw = XdpFirewall::load().map_err(failed)?;
+        fw.install(&self.classifier).map_err(failed)?;
+        fw.attach(self.common.p.netns.as_deref(), &self.common.p.ingress, mode)
+            .map_err(failed)?;
+        cx.metric("shapes")
+            .set(self.classifier.shapes().len() as u64);
+        self.fw = Some(fw);
+        Ok(())
+    }
+
+    fn poll(&mut self, cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
+        let mut events = Vec::new();
+        if let Some(fw) = &mut self.fw {
+            fw.drain_log(|e| events.push(e));
+        }
+        for e in &events {
+            let p = Packet {
+                proto: e.proto,
+                src: e.src,
+                sport: e.sport,
+                dst: e.dst,
+                dport: e.dport,
+            };
+            self.common.log(cx, e.rule, &p, e.action == 1)?;
+        }
+        if cx.now().duration_since(self.last) >= STATS_EVERY {
+            self.last = cx.now();
+            self.refresh()?;
+        }
+        Ok(if events.is_empty() {
+            Progress::Idle
+        } else {
+            Progress::Busy
+        })
+    }
+
+    fn control(
+        &mut self,
+        _cx: &mut RunCx<'_>,
+        msg: &OobMessage,
+    ) -> Result<Option<serde_json::Value>, OffcodeError> {
+        let Some(path) = Common::reload_request(msg) else {
+            return Ok(None);
+        };
+        let r = self.common.reload(&path).and_then(|c| {
+            let fw = self.fw.as_mut().ok_or("not loaded")?;
+            fw.install(&c).map_err(|e| e.to_string())
+        });
+        Ok(self.common.answer(r))
+    }
+
+    fn stop(&mut self, _cx: &mut RunCx<'_>) -> Result<(), OffcodeError> {
+        self.refresh()?;
+        if let Some(mut fw) = self.fw.take() {
+            fw.detach();
+        }
+        Ok(())
+    }
+}
+
+/// The kernel's IPv4 forwarding switch in a namespace.
+fn ip_forward(netns: Option<&str>, on: bool) -> Result<(), OffcodeError> {
+    let cmd = format!("echo {} > /proc/sys/net/ipv4/ip_forward", u8::from(on));
+    let r = match netns {
+        Some(ns) => {
+            sidecore_testbed::topology::ip(&["netns", "exec", ns, "sh", "-c", &cmd]).map(drop)
+        }
+        None => std::fs::write("/proc/sys/net/ipv4/ip_forward", if on { "1" } else { "0" })
+            .map_err(|e| sidecore_testbed::TestbedError::Command {
+                command: cmd,
+                stderr: e.to_string(),
+            }),
+    };
+    r.map_err(failed)
+}
+
+/// The MAC of the (first) neighbour on `dev`.
+fn neighbour_mac(netns: Option<&str>, dev: &str) -> Result<[u8; 6], OffcodeError> {
+    let mut args: Vec<&str> = Vec::new();
+    if let Some(ns) = netns {
+        args.extend(["-n", ns]);
+    }
+    args.extend(["neigh", "show", "dev", dev]);
+    let out = sidecore_testbed::topology::ip(&args).map_err(failed)?;
+    let lladdr = out
+        .split_whitespace()
+        .skip_while(|w| *w != "lladdr")
+        .nth(1)
+        .ok_or_else(|| {
+            bad(
+                "next_hop_mac",
+                format!("no neighbour on {dev}; give `next_hop_mac`"),
+            )
+        })?;
+    mac("next_hop_mac", lladdr)
+}
+
+/// The sockets of a running core forwarder.
+struct CoreIo {
+    rx: RawSocket,
+    tx: RawSocket,
+    next_hop: [u8; 6],
+}
+
+/// The firewall on a dedicated core: a raw-socket forwarder.
+pub struct CoreOffcode {
+    common: Common,
+    classifier: Classifier,
+    io: Option<CoreIo>,
+    batch: RecvBatch,
+    /// Accepted frames of this turn, back to back.
+    out: Vec<u8>,
+}
+
+/// Rewrites a forwarded frame: new Ethernet addresses, TTL one less with the
+/// header checksum updated (RFC 1624). False if the TTL has run out.
+fn forward(frame: &mut [u8], src: [u8; 6], dst: [u8; 6]) -> bool {
+    const ETH: usize = sidecore_packetio::frame::ETH_BYTES;
+    if frame.len() < ETH + 20 || frame[ETH + 8] <= 1 {
+        return false;
+    }
+    frame[0..6].copy_from_slice(&dst);
+    frame[6..12].copy_from_slice(&src);
+    frame[ETH + 8] -= 1;
+    // TTL is the high byte of its 16-bit word: the checksum rises by 0x0100.
+    let old = u16::from_be_bytes([frame[ETH + 10], frame[ETH + 11]]);
+    let sum = u32::from(old) + 0x0100;
+    #[allow(clippy::cast_possible_truncation)] // folded to 16 bits
+    let new = ((sum & 0xffff) + (sum >> 16)) as u16;
+    frame[ETH + 10..ETH + 12].copy_from_slice(&new.to_be_bytes());
+    true
+}
+
+impl Offcode for CoreOffcode {
+    fn initialize(&mut self, cx: &mut InitCx<'_>) -> Result<(), OffcodeError> {
+        self.common.init(cx);
+        let p = &self.common.p;
+        let netns = p.netns.clone();
+        let egress = p.egress.clone().unwrap_or_default();
+        let rx = RawSocket::open(&RawOptions {
+            netns: netns.clone(),
+            iface: p.ingress.clone(),
+            receive: true,
+            ..RawOptions::default()
+        })
+        .map_err(failed)?;
+        let tx = RawSocket::open(&RawOptions {
+            netns: netns.clone(),
+            iface: egress.clone(),
+            qdisc_bypass: true,
+            ..RawOptions::default()
+        })
+        .map_err(failed)?;
+        let next_hop = match &p.next_hop_mac {
+            Some(m) => mac("next_hop_mac", m)?,
+            None => neighbour_mac(netns.as_deref(), &egress)?,
+        };
+        // This forwarder is now the only way through.
+        ip_forward(netns.as_deref(), false)?;
+        self.io = Some(CoreIo { rx, tx, next_hop });
+        Ok(())
+    }
+
+    fn poll(&mut self, cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
+        let Some(io) = &self.io else {
+            return Ok(Progress::Idle);
+        };
+        let n = io.rx.recv(&mut self.batch).map_err(failed)?;
+        self.out.clear();
+        let mut lens = Vec::with_capacity(n);
+        let mut logs = Vec::new();
+        for i in 0..n {
+            let frame = self.batch.frame(i);
+            let Some(parsed) = parse(frame) else { continue }; // not IPv4: not ours to route
+            let v = self.classifier.decide(&parsed.packet);
+            if v.log
+                && let Some(r) = v.rule
+            {
+                logs.push((
+                    u32::try_from(r).unwrap_or(u32::MAX),
+                    parsed.packet,
+                    v.action == Action::Accept,
+                ));
+            }
+            match (v.action, v.rule) {
+                (Action::Accept, _) => {
+                    let start = self.out.len();
+                    self.out.extend_from_slice(frame);
+                    if forward(&mut self.out[start..], io.tx.mac(), io.next_hop) {
+                        lens.push(frame.len());
+                        self.common.accepted.add(1);
+                    } else {
+                        self.out.truncate(start);
+                    }
+                }
+                (Action::Deny, Some(_)) => self.common.denied.add(1),
+                (Action::Deny, None) => self.common.default_denied.add(1),
+            }
+        }
+        if !lens.is_empty() {
+            let mut frames = Vec::with_capacity(lens.len());
+            let mut at = 0;
+            for l in lens {
+                frames.push(&self.out[at..at + l]);
+                at += l;
+            }
+            io.tx.send(&frames).map_err(failed)?;
+        }
+        for (rule, p, accept) in logs {
+            self.common.log(cx, rule, &p, accept)?;
+        }
+        Ok(if n > 0 {
+            Progress::Busy
+        } else {
+            Progress::Idle
+        })
+    }
+
+    fn control(
+        &mut self,
+        _cx: &mut RunCx<'_>,
+        msg: &OobMessage,
+    ) -> Result<Option<serde_json::Value>, OffcodeError> {
+        let Some(path) = Common::reload_request(msg) else {
+            return Ok(None);
+        };
+        let r = self.common.reload(&path).map(|c| self.classifier = c);
+        Ok(self.common.answer(r))
+    }
+
+    fn stop(&mut self, _cx: &mut RunCx<'_>) -> Result<(), OffcodeError> {
+        if self.io.take().is_some() {
+            ip_forward(self.common.p.netns.as_deref(), true)?;
+        }
+        Ok(())
+    }
+}
+
+/// Runs `nft` (in the namespace) with `stdin` as its input.
+fn nft(netns: Option<&str>, args: &[&str], stdin: Option<&str>) -> Result<String, OffcodeError> {
+    let mut cmd = match netns {
+        Some(ns) => {
+            let mut c = Command::new("ip");
+            c.args(["netns", "exec", ns, "nft"]);
+            c
+        }
+        None => Command::new("nft"),
+    };
+    cmd.args(args)
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| failed(format!("cannot run nft (install nftables): {e}")))?;
+    if let (Some(text), Some(mut w)) = (stdin, child.stdin.take()) {
+        use std::io::Write as _;
+        w.write_all(text.as_bytes())
+            .map_err(|e| failed(format!("nft: {e}")))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| failed(format!("nft: {e}")))?;
+    if !out.status.success() {
+        return Err(failed(format!(
+            "nft {} failed: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The firewall on the host: the same rules as nftables.
+pub struct NftOffcode {
+    common: Common,
+    applied: bool,
+    last: Instant,
+}
+
+impl NftOffcode {
+    fn apply(&mut self) -> Result<(), OffcodeError> {
+        let text = nft::render(&self.common.rules, nft::Hook::Forward);
+        nft(self.common.p.netns.as_deref(), &["-f", "-"], Some(&text))?;
+        self.applied = true;
+        Ok(())
+    }
+
+    /// Reads the rules' counters: packets per rule comment.
+    fn refresh(&mut self) -> Result<(), OffcodeError> {
+        let json = nft(
+            self.common.p.netns.as_deref(),
+            &["-j", "list", "table", "inet", nft::TABLE],
+            None,
+        )?;
+        let v: serde_json::Value =
+            serde_json::from_str(&json).map_err(|e| failed(format!("nft -j: {e}")))?;
+        let (mut accepted, mut denied, mut default_denied) = (0, 0, 0);
+        for item in v["nftables"].as_array().into_iter().flatten() {
+            let rule = &item["rule"];
+            let Some(comment) = rule["comment"].as_str() else {
+                continue;
+            };
+            let packets: u64 = rule["expr"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e["counter"]["packets"].as_u64())
+                .sum();
+            if comment == "default deny" {
+                default_denied += packets;
+            } else if rule["expr"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|e| e.get("accept").is_some())
+            {
+                accepted += packets;
+            } else {
+                denied += packets;
+            }
+        }
+        self.common.accepted.set(accepted);
+        self.common.denied.set(denied);
+        self.common.default_denied.set(default_denied);
+        Ok(())
+    }
+}
+
+impl Offcode for NftOffcode {
+    fn initialize(&mut self, cx: &mut InitCx<'_>) -> Result<(), OffcodeError> {
+        self.common.init(cx);
+        self.apply()
+    }
+
+    fn poll(&mut self, cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
+        if self.applied && cx.now().duration_since(self.last) >= NFT_STATS_EVERY {
+            self.last = cx.now();
+            self.refresh()?;
+        }
+        Ok(Progress::Idle)
+    }
+
+    fn control(
+        &mut self,
+        _cx: &mut RunCx<'_>,
+        msg: &OobMessage,
+    ) -> Result<Option<serde_json::Value>, OffcodeError> {
+        let Some(path) = Common::reload_request(msg) else {
+            return Ok(None);
+        };
+        let r = self
+            .common
+            .reload(&path)
+            .and_then(|_| self.apply().map_err(|e| e.to_string()));
+        Ok(self.common.answer(r))
+    }
+
+    fn stop(&mut self, _cx: &mut RunCx<'_>) -> Result<(), OffcodeError> {
+        if self.applied {
+            let _ = self.refresh();
+            nft(
+                self.common.p.netns.as_deref(),
+                &["delete", "table", "inet", nft::TABLE],
+                None,
+            )?;
+            self.applied = false;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn forwarding_rewrites_addresses_and_the_ttl_checksum() {
+        let spec = sidecore_packetio::FrameSpec {
+            src_mac: [1; 6],
+            dst_mac: [2; 6],
+            packet: Packet {
+                proto: 17,
+                src: 0x0a00_0001,
+                sport: 1,
+                dst: 0x0a00_0102,
+                dport: 2,
+            },
+            frame_bytes: 64,
+        };
+        let mut buf = [0u8; 64];
+        let n = sidecore_packetio::frame::build(&spec, 1, 2, &mut buf);
+        let ttl = buf[14 + 8];
+        assert!(forward(&mut buf[..n], [3; 6], [4; 6]));
+        assert_eq!(buf[14 + 8], ttl - 1);
+        assert_eq!(&buf[0..6], &[4; 6]);
+        assert_eq!(&buf[6..12], &[3; 6]);
+        assert_eq!(
+            sidecore_packetio::frame::checksum(&buf[14..34], 0),
+            0,
+            "header checksum still valid"
+        );
+        buf[14 + 8] = 1;
+        assert!(!forward(&mut buf[..n], [3; 6], [4; 6]), "TTL exhausted");
+    }
+
+    #[test]
+    fn bad_parameters_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let rules = dir.path().join("r.rules");
+        std::fs::write(&rules, "1 udp any any any 53 accept\n").unwrap();
+        let t = |s: String| -> toml::Table { toml::from_str(&s).unwrap() };
+        let r = rules.display();
+        let e = Params::parse(&t(format!(
+            "rules = \"{r}\"\ningress = \"x\"\nxdp_mode = \"fast\""
+        )))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`xdp_mode`: `fast` is not an XDP mode"),
+            "{e}"
+        );
+        let e = Params::parse(&t("rules = \"/nonexistent.rules\"\ningress = \"x\"".into()))
+            .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`rules`: cannot read rule file /nonexistent.rules"),
+            "{e}"
+        );
+        std::fs::write(&rules, "1 udp any any any 99999 accept\n").unwrap();
+        let e = Params::parse(&t(format!("rules = \"{r}\"\ningress = \"x\""))).unwrap_err();
+        assert!(e.to_string().contains("r.rules:1:"), "{e}");
+        let e = Params::parse(&t(format!("rules = \"{r}\"\ningres = \"x\""))).unwrap_err();
+        assert!(e.to_string().contains("unknown field `ingres`"), "{e}");
+    }
+}

@@ -1,0 +1,368 @@
+//! The `traffic-generator` offcode (HYDRA §8.3): fixed-size UDP frames to
+//! one destination, at a target rate or flat out, each carrying a sequence
+//! number and its send time for the analyser.
+//!
+//! * `mode = "packet"` (the default on a dedicated core): whole frames built
+//!   in place and sent in batches through an AF_PACKET socket that bypasses
+//!   the qdisc — one system call per batch, no IP stack on the way out.
+//! * `mode = "socket"` (the default on the host): a plain UDP socket loop, one
+//!   `send_to` per datagram — what an ordinary program does.
+//!
+//! Parameters: `src`, `dst` (IPv4), `sport`, `dports` (cycled frame by frame,
+//! e.g. one allowed and one denied port for a 50% discard), `frame_bytes`
+//! (the Ethernet frame without FCS; 64 to 1514), `rate_pps` (0: flat out),
+//! `count` (0: until stopped), `batch`, `netns`, and for packet mode `iface`
+//! and `dst_mac` (default: from the route to `dst` and its neighbour entry).
+//! Metrics: `sent`, `bytes`, `cpu_ns` (the sending thread's CPU time),
+//! `elapsed_ms`, `send_errors`.
+
+use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
+use std::time::Instant;
+
+use serde::Deserialize;
+use sidecore_firewall::Packet;
+use sidecore_firewall::rule::PROTO_UDP;
+use sidecore_offcode::{
+    BuildSpec, InitCx, Metric, Offcode, OffcodeError, Progress, RunCx, parse_params,
+};
+use sidecore_packetio::frame::{self, FrameSpec, MAX_FRAME_BYTES, STAMP_BYTES};
+use sidecore_packetio::{RawOptions, RawSocket};
+use sidecore_types::PeKind;
+
+use crate::util::{bad, ipv4, mac, next_hop_mac, realtime_ns, thread_cpu_ns};
+
+/// Ethernet, IPv4 and UDP headers: what a socket does not send itself.
+const HEADERS_BYTES: usize = 42;
+/// Largest batch.
+const MAX_BATCH: usize = 1024;
+
+fn default_sport() -> u16 {
+    4000
+}
+fn default_dports() -> Vec<u16> {
+    vec![5000]
+}
+fn default_frame() -> usize {
+    64
+}
+fn default_batch() -> usize {
+    64
+}
+
+/// The generator's parameters.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Params {
+    #[serde(default)]
+    pub netns: Option<String>,
+    pub src: String,
+    pub dst: String,
+    #[serde(default = "default_sport")]
+    pub sport: u16,
+    #[serde(default = "default_dports")]
+    pub dports: Vec<u16>,
+    #[serde(default = "default_frame")]
+    pub frame_bytes: usize,
+    #[serde(default)]
+    pub rate_pps: u64,
+    #[serde(default)]
+    pub count: u64,
+    #[serde(default = "default_batch")]
+    pub batch: usize,
+    #[serde(default)]
+    pub mode: Option<String>,
+    #[serde(default)]
+    pub iface: Option<String>,
+    #[serde(default)]
+    pub dst_mac: Option<String>,
+}
+
+impl Params {
+    /// Reads and checks the parameters.
+    pub fn parse(t: &toml::Table) -> Result<Params, OffcodeError> {
+        let p: Params = parse_params(t)?;
+        ipv4("src", &p.src)?;
+        ipv4("dst", &p.dst)?;
+        let min = frame::min_bytes(PROTO_UDP);
+        if !(min..=MAX_FRAME_BYTES).contains(&p.frame_bytes) {
+            return Err(bad(
+                "frame_bytes",
+                format!("{} is outside {min}..={MAX_FRAME_BYTES}", p.frame_bytes),
+            ));
+        }
+        if p.dports.is_empty() {
+            return Err(bad("dports", "give at least one port"));
+        }
+        if !(1..=MAX_BATCH).contains(&p.batch) {
+            return Err(bad(
+                "batch",
+                format!("{} is outside 1..={MAX_BATCH}", p.batch),
+            ));
+        }
+        if let Some(m) = &p.mode
+            && m != "packet"
+            && m != "socket"
+        {
+            return Err(bad(
+                "mode",
+                format!("`{m}` is neither `packet` nor `socket`"),
+            ));
+        }
+        if let Some(m) = &p.dst_mac {
+            mac("dst_mac", m)?;
+        }
+        Ok(p)
+    }
+}
+
+/// How frames leave.
+enum Out {
+    Packet {
+        sock: RawSocket,
+        spec: FrameSpec,
+        buf: Vec<u8>,
+    },
+    Socket {
+        sock: UdpSocket,
+        payload: Vec<u8>,
+    },
+}
+
+/// The generator.
+pub struct Generator {
+    p: Params,
+    packet_mode: bool,
+    out: Option<Out>,
+    next: u64,
+    started: Option<(Instant, u64)>,
+    sent: Metric,
+    bytes: Metric,
+    cpu_ns: Metric,
+    elapsed_ms: Metric,
+    errors: Metric,
+}
+
+/// Builds a generator for the PE it landed on.
+pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
+    let p = Params::parse(spec.params)?;
+    let packet_mode = match p.mode.as_deref() {
+        Some(m) => m == "packet",
+        None => spec.kind == PeKind::Core,
+    };
+    Ok(Box::new(Generator {
+        p,
+        packet_mode,
+        out: None,
+        next: 0,
+        started: None,
+        sent: Metric::default(),
+        bytes: Metric::default(),
+        cpu_ns: Metric::default(),
+        elapsed_ms: Metric::default(),
+        errors: Metric::default(),
+    }))
+}
+
+fn failed(e: impl std::fmt::Display) -> OffcodeError {
+    OffcodeError::Failed(e.to_string())
+}
+
+impl Generator {
+    fn open(&self) -> Result<Out, OffcodeError> {
+        let p = &self.p;
+        let (src, dst) = (ipv4("src", &p.src)?, ipv4("dst", &p.dst)?);
+        if !self.packet_mode {
+            let sock = sidecore_testbed::within(p.netns.as_deref(), || {
+                UdpSocket::bind(SocketAddrV4::new(Ipv4Addr::from(src), p.sport))
+            })
+            .map_err(failed)?
+            .map_err(|e| bad("src", format!("cannot bind {}:{}: {e}", p.src, p.sport)))?;
+            return Ok(Out::Socket {
+                sock,
+                payload: vec![0; p.frame_bytes - HEADERS_BYTES],
+            });
+        }
+        let (hop, dev) = match (&p.dst_mac, &p.iface) {
+            (Some(m), Some(i)) => (mac("dst_mac", m)?, i.clone()),
+            _ => next_hop_mac(p.netns.as_deref(), dst)?,
+        };
+        let sock = RawSocket::open(&RawOptions {
+            netns: p.netns.clone(),
+            iface: p.iface.clone().unwrap_or(dev),
+            qdisc_bypass: true,
+            ..RawOptions::default()
+        })
+        .map_err(failed)?;
+        let spec = FrameSpec {
+            src_mac: sock.mac(),
+            dst_mac: hop,
+            packet: Packet {
+                proto: PROTO_UDP,
+                src,
+                sport: p.sport,
+                dst,
+                dport: p.dports[0],
+            },
+            frame_bytes: p.frame_bytes,
+        };
+        Ok(Out::Packet {
+            sock,
+            spec,
+            buf: vec![0; p.batch * p.frame_bytes],
+        })
+    }
+
+    /// Frames allowed now: the batch, capped by the rate and the count.
+    fn budget(&self, now: Instant) -> u64 {
+        let mut b = self.p.batch as u64;
+        if let (Some((t0, _)), r) = (self.started, self.p.rate_pps)
+            && r > 0
+        {
+            #[allow(
+                clippy::cast_possible_truncation,
+                clippy::cast_sign_loss,
+                clippy::cast_precision_loss
+            )]
+            let due = (now.duration_since(t0).as_secs_f64() * r as f64) as u64 + 1;
+            b = b.min(due.saturating_sub(self.next));
+        }
+        if self.p.count > 0 {
+            b = b.min(self.p.count - self.next.min(self.p.count));
+        }
+        b
+    }
+
+    fn send(&mut self, n: usize) -> Result<usize, OffcodeError> {
+        let dports = &self.p.dports;
+        let t = realtime_ns();
+        let first = self.next;
+        match self.out.as_mut() {
+            Some(Out::Packet { sock, spec, buf }) => {
+                let size = spec.frame_bytes;
+                for i in 0..n {
+                    let seq = first + i as u64;
+                    spec.packet.dport =
+                        dports[usize::try_from(seq % dports.len() as u64).unwrap_or(0)];
+                    frame::build(spec, seq, t, &mut buf[i * size..(i + 1) * size]);
+                }
+                let frames: Vec<&[u8]> = buf[..n * size].chunks(size).collect();
+                match sock.send(&frames) {
+                    Ok(k) => Ok(k),
+                    Err(e)
+                        if e.raw_os_error() == Some(libc::ENOBUFS)
+                            || e.kind() == std::io::ErrorKind::WouldBlock =>
+                    {
+                        self.errors.add(1);
+                        Ok(0)
+                    }
+                    Err(e) => Err(failed(format!("sending on {}: {e}", sock.iface()))),
+                }
+            }
+            Some(Out::Socket { sock, payload }) => {
+                let dst = Ipv4Addr::from(ipv4("dst", &self.p.dst)?);
+                let mut k = 0;
+                for i in 0..n {
+                    let seq = first + i as u64;
+                    payload[..8].copy_from_slice(&seq.to_be_bytes());
+                    payload[8..STAMP_BYTES].copy_from_slice(&t.to_be_bytes());
+                    let port = dports[usize::try_from(seq % dports.len() as u64).unwrap_or(0)];
+                    match sock.send_to(payload, SocketAddrV4::new(dst, port)) {
+                        Ok(_) => k += 1,
+                        Err(_) => {
+                            self.errors.add(1);
+                            break;
+                        }
+                    }
+                }
+                Ok(k)
+            }
+            None => Ok(0),
+        }
+    }
+}
+
+impl Offcode for Generator {
+    fn initialize(&mut self, cx: &mut InitCx<'_>) -> Result<(), OffcodeError> {
+        self.sent = cx.metric("sent");
+        self.bytes = cx.metric("bytes");
+        self.cpu_ns = cx.metric("cpu_ns");
+        self.elapsed_ms = cx.metric("elapsed_ms");
+        self.errors = cx.metric("send_errors");
+        self.out = Some(self.open()?);
+        Ok(())
+    }
+
+    fn start(&mut self, cx: &mut RunCx<'_>) -> Result<(), OffcodeError> {
+        self.started = Some((cx.now(), thread_cpu_ns()));
+        Ok(())
+    }
+
+    fn poll(&mut self, cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
+        if self.p.count > 0 && self.next >= self.p.count {
+            return Ok(Progress::Done);
+        }
+        let n = usize::try_from(self.budget(cx.now())).unwrap_or(0);
+        let k = if n > 0 { self.send(n)? } else { 0 };
+        self.next += k as u64;
+        self.sent.add(k as u64);
+        self.bytes.add((k * self.p.frame_bytes) as u64);
+        if let Some((t0, cpu0)) = self.started
+            && (self.next % 4096 < k as u64 || k == 0)
+        {
+            self.cpu_ns.set(thread_cpu_ns().saturating_sub(cpu0));
+            self.elapsed_ms
+                .set(u64::try_from(cx.now().duration_since(t0).as_millis()).unwrap_or(u64::MAX));
+        }
+        Ok(if k > 0 {
+            Progress::Busy
+        } else {
+            Progress::Idle
+        })
+    }
+
+    fn stop(&mut self, cx: &mut RunCx<'_>) -> Result<(), OffcodeError> {
+        if let Some((t0, cpu0)) = self.started {
+            self.cpu_ns.set(thread_cpu_ns().saturating_sub(cpu0));
+            self.elapsed_ms
+                .set(u64::try_from(cx.now().duration_since(t0).as_millis()).unwrap_or(u64::MAX));
+        }
+        self.out = None;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bad_parameters_are_named() {
+        let t = |s: &str| -> toml::Table { toml::from_str(s).unwrap() };
+        let e = Params::parse(&t("src = \"10.0.0.1\"\ndst = \"x\"")).unwrap_err();
+        assert!(
+            e.to_string().contains("`dst`: `x` is not an IPv4 address"),
+            "{e}"
+        );
+        let e = Params::parse(&t(
+            "src = \"10.0.0.1\"\ndst = \"10.0.0.2\"\nframe_bytes = 9000",
+        ))
+        .unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("`frame_bytes`: 9000 is outside 60..=1514"),
+            "{e}"
+        );
+        let e = Params::parse(&t(
+            "src = \"10.0.0.1\"\ndst = \"10.0.0.2\"\nmode = \"warp\"",
+        ))
+        .unwrap_err();
+        assert!(e.to_string().contains("`mode`: `warp`"), "{e}");
+        let e =
+            Params::parse(&t("src = \"10.0.0.1\"\ndst = \"10.0.0.2\"\ndports = []")).unwrap_err();
+        assert!(e.to_string().contains("`dports`"), "{e}");
+        Params::parse(&t(
+            "src = \"10.0.0.1\"\ndst = \"10.0.0.2\"\ndports = [5000, 5001]",
+        ))
+        .unwrap();
+    }
+}
