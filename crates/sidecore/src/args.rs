@@ -45,6 +45,7 @@ pub fn registry() -> Registry {
     let mut r = Registry::new();
     sidecore_builtins::register(&mut r);
     sidecore_ext::offcode::register(&mut r);
+    sidecore_packet_offcodes::register(&mut r);
     r
 }
 
