@@ -233,7 +233,7 @@ impl fmt::Display for Rule {
 
 /// What a packet carries that the rules look at. Protocols without ports
 /// (ICMP, non-first fragments) carry ports 0.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
 pub struct Packet {
     pub proto: u8,
     pub src: u32,
