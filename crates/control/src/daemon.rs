@@ -14,6 +14,9 @@ use sidecore_runtime::{AppId, AppStatus, DeployError, Plan, PlanError, Runtime, 
 
 use crate::protocol::{Request, Response};
 
+/// How long the daemon waits for an offcode to answer a control message.
+const CONTROL_ANSWER: Duration = Duration::from_secs(5);
+
 /// Why the daemon refused a request.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
@@ -237,6 +240,12 @@ impl Daemon {
                     message: None,
                     apps: Vec::new(),
                     lines: evs.iter().map(std::string::ToString::to_string).collect(),
+                }
+            }
+            Request::Control { app, offcode, body } => {
+                match self.rt.control(&app, &offcode, body, CONTROL_ANSWER) {
+                    Ok(answer) => Response::ok(answer.to_string()),
+                    Err(e) => Response::error(e.to_string()),
                 }
             }
             Request::Shutdown => {

@@ -19,6 +19,12 @@ pub enum Request {
     Shutdown,
     /// The event log (optionally of one app).
     Events { app: Option<String> },
+    /// A control message to one offcode of an app, answered by the offcode.
+    Control {
+        app: String,
+        offcode: String,
+        body: serde_json::Value,
+    },
 }
 
 /// The daemon's answer.

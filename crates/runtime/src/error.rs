@@ -42,3 +42,20 @@ pub enum DeployError {
     #[error(transparent)]
     Link(#[from] sidecore_wire::LinkError),
 }
+
+/// Why a control message could not be delivered or answered.
+#[derive(Debug, thiserror::Error)]
+pub enum ControlError {
+    #[error("no app `{0}` is running")]
+    NoApp(String),
+    #[error("app `{app}` has no offcode `{offcode}` here (offcodes: {known})")]
+    NoOffcode {
+        app: String,
+        offcode: String,
+        known: String,
+    },
+    #[error("offcode `{0}` did not answer within {1:?}")]
+    NoAnswer(String, std::time::Duration),
+    #[error("offcode `{0}`: {1}")]
+    Oob(String, sidecore_channel::oob::OobError),
+}

@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use sidecore_channel::oob::OobEndpoint;
+use sidecore_channel::oob::{OobEndpoint, OobMessage};
 use sidecore_offcode::{
     InitCx, Inlet, InputId, Offcode, OffcodeError, OffcodeInfo, Outlet, Progress, RunCx,
 };
@@ -490,7 +490,18 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
         && let Some(msg) = oob.try_recv()
     {
         let mut cx = RunCx::new(info, outlets, now);
-        offcode.control(&mut cx, &msg)?;
+        let answer = offcode.control(&mut cx, &msg)?;
+        // A control message's answer goes back to whoever sent it (a gone
+        // sender, e.g. a `ctl` request that timed out, is not an error).
+        if let (Some(body), OobMessage::Control { from, .. }) = (answer, &msg) {
+            let _ = oob.directory().send(
+                from,
+                OobMessage::Control {
+                    from: oob.name().to_string(),
+                    body,
+                },
+            );
+        }
     }
     // Back-pressure: take no more input than the reliable outputs can absorb.
     let room = outlets

@@ -36,7 +36,7 @@ pub mod supervisor;
 pub mod transport;
 pub mod tree;
 
-pub use error::{DeployError, PlanError};
+pub use error::{ControlError, DeployError, PlanError};
 pub use events::{Event, EventKind, EventLog};
 pub use executor::IdlePolicy;
 pub use plan::{Plan, PlannedChannel, PlannedOffcode};

@@ -6,11 +6,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant};
 
-use sidecore_channel::oob::OobDirectory;
+use sidecore_channel::oob::{OobDirectory, OobMessage};
 use sidecore_types::{AppId, AppState, AppStatus};
 
 use crate::app::AppEntry;
-use crate::error::DeployError;
+use crate::error::{ControlError, DeployError};
 use crate::events::{EventKind, EventLog};
 use crate::executor::IdlePolicy;
 use crate::plan::Plan;
@@ -47,6 +47,8 @@ pub struct Runtime {
     tree: ResourceTree,
     apps: Mutex<Vec<AppEntry>>,
     next_id: AtomicU64,
+    /// Numbers the reply endpoints of control messages.
+    next_control: AtomicU64,
     stop: Arc<AtomicBool>,
     supervisor: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -65,6 +67,7 @@ impl Runtime {
             tree: ResourceTree::new(),
             apps: Mutex::new(Vec::new()),
             next_id: AtomicU64::new(1),
+            next_control: AtomicU64::new(1),
             stop: Arc::new(AtomicBool::new(false)),
             supervisor: Mutex::new(None),
         });
@@ -160,6 +163,60 @@ impl Runtime {
             .iter()
             .find(|a| a.name == which || a.id.to_string() == which)
             .map(|a| a.id)
+    }
+
+    /// Sends an application-level control message to one offcode of a running
+    /// app over its out-of-band channel and waits up to `timeout` for its
+    /// answer (HYDRA's OOB channel; the firewall reloads its rules this way).
+    pub fn control(
+        &self,
+        app: &str,
+        offcode: &str,
+        body: serde_json::Value,
+        timeout: Duration,
+    ) -> Result<serde_json::Value, ControlError> {
+        let id = self
+            .find(app)
+            .ok_or_else(|| ControlError::NoApp(app.to_string()))?;
+        let status = self
+            .status_of(id)
+            .ok_or_else(|| ControlError::NoApp(app.to_string()))?;
+        if !status.offcodes.iter().any(|o| o.name == offcode) {
+            return Err(ControlError::NoOffcode {
+                app: app.to_string(),
+                offcode: offcode.to_string(),
+                known: status
+                    .offcodes
+                    .iter()
+                    .map(|o| o.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+        let to = format!("{}/{offcode}", status.name);
+        let n = self.next_control.fetch_add(1, Ordering::Relaxed);
+        let me = self
+            .oob
+            .open(&format!("control/{n}"))
+            .map_err(|e| ControlError::Oob(to.clone(), e))?;
+        self.oob
+            .send(
+                &to,
+                OobMessage::Control {
+                    from: me.name().to_string(),
+                    body,
+                },
+            )
+            .map_err(|e| ControlError::Oob(to.clone(), e))?;
+        let deadline = Instant::now() + timeout;
+        while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+            match me.recv_timeout(left) {
+                Some(OobMessage::Control { body, .. }) => return Ok(body),
+                Some(_) => {}
+                None => break,
+            }
+        }
+        Err(ControlError::NoAnswer(to, timeout))
     }
 
     /// Stops an app: tears down its resource tree (offcodes newest first, then

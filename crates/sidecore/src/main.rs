@@ -14,9 +14,12 @@ mod args;
 mod check;
 mod ctl;
 mod daemon;
+mod demo;
 mod devices;
+mod fw;
 mod layout;
 mod policy;
+mod testbed_cmd;
 mod up;
 
 use std::path::PathBuf;
@@ -95,6 +98,15 @@ enum Command {
     Sim(sidecore_sikker_sim::SimCommand),
     /// Validate Sikker policies and trace what they permit.
     Policy(policy::PolicyCommand),
+    /// The SCIRON firewall console: analyse, check and live-load rule files.
+    #[command(subcommand)]
+    Fw(fw::FwCommand),
+    /// HYDRA's packet experiments on a testbed: `firewall` (Table 8.8) and `generator`.
+    #[command(subcommand)]
+    Demo(demo::DemoCommand),
+    /// Build, inspect and remove a testbed of network namespaces.
+    #[command(subcommand)]
+    Testbed(testbed_cmd::TestbedCommand),
 }
 
 fn main() -> ExitCode {
@@ -123,6 +135,9 @@ fn main() -> ExitCode {
         Command::Calibrate(c) => c.run().map(|code| ExitCode::from(code as u8)),
         Command::Sim(cmd) => sidecore_sikker_sim::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Policy(cmd) => policy::run(cmd),
+        Command::Fw(cmd) => fw::run(cmd),
+        Command::Demo(cmd) => demo::run(cmd),
+        Command::Testbed(cmd) => testbed_cmd::run(cmd),
     };
     match r {
         Ok(code) => code,
