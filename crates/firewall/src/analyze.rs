@@ -137,32 +137,32 @@ pub fn analyze(rs: &RuleSet) -> Vec<Finding> {
                 Relation::Equal | Relation::Subset => Some((
                     Anomaly::Redundancy,
                     format!(
-                        "{} is redundant to {}: it matches only packets {} already {}s",
+                        "{} is redundant to {}: it matches only packets {} already {}",
                         name(j),
                         name(i),
                         name(i),
-                        r[i].action
+                        r[i].action.third_person()
                     ),
                 )),
                 Relation::Superset if !same => Some((
                     Anomaly::Generalization,
                     format!(
-                        "{} is a generalization of {}: it {}s what {} {}s, and more",
+                        "{} is a generalization of {}: it {} what {} {}, and more",
                         name(j),
                         name(i),
-                        r[j].action,
+                        r[j].action.third_person(),
                         name(i),
-                        r[i].action
+                        r[i].action.third_person()
                     ),
                 )),
                 Relation::Superset if !blocked => Some((
                     Anomaly::Redundancy,
                     format!(
-                        "{} is redundant to {}: removing it changes nothing, {} {}s the same packets",
+                        "{} is redundant to {}: removing it changes nothing, {} {} the same packets",
                         name(i),
                         name(j),
                         name(j),
-                        r[j].action
+                        r[j].action.third_person()
                     ),
                 )),
                 Relation::Correlated if !same => Some((

@@ -16,6 +16,16 @@ pub enum Action {
     Deny,
 }
 
+impl Action {
+    /// The verb as a rule does it: "accepts", "denies".
+    pub fn third_person(self) -> &'static str {
+        match self {
+            Action::Accept => "accepts",
+            Action::Deny => "denies",
+        }
+    }
+}
+
 impl fmt::Display for Action {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {

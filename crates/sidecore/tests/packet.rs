@@ -1,0 +1,340 @@
+//! The kernel PE and the SCIRON firewall through the `sidecore` binary:
+//! `fw analyze|check` on known rule sets, `testbed up|status|down` leaving
+//! nothing behind, and a firewall deployed by a background daemon onto the
+//! kernel PE (XDP), shown by `ps`, reloaded live by `fw load` and unloaded by
+//! `down`. The testbed parts run as root (CI does).
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test code
+
+mod common;
+
+use std::net::{SocketAddrV4, UdpSocket};
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::{DaemonGuard, run, serial, text};
+
+fn repo(p: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
+}
+
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    if !root {
+        assert!(
+            std::env::var_os("SIDECORE_REQUIRE_ROOT").is_none(),
+            "SIDECORE_REQUIRE_ROOT is set but the tests do not run as root"
+        );
+    }
+    root
+}
+
+/// Removes a testbed even if the test fails.
+struct BedGuard(String);
+impl Drop for BedGuard {
+    fn drop(&mut self) {
+        let _ = run(&["testbed", "down", "--prefix", &self.0]);
+    }
+}
+
+#[test]
+fn analyze_names_every_anomaly_of_the_papers_policy_with_lines() {
+    let fig2 = repo("examples/firewall/fig2.rules");
+    let o = run(&["fw", "analyze", fig2.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let has = |anomaly: &str, first: u64, second: u64| {
+        v.as_array().unwrap().iter().any(|f| {
+            f["anomaly"] == anomaly
+                && f["first"]["number"] == first
+                && f["second"]["number"] == second
+                // Table layout: rule n is on line n + 1 (after the header).
+                && f["first"]["line"] == first + 1
+                && f["second"]["line"] == second + 1
+        })
+    };
+    assert!(has("shadowing", 3, 4), "{v:#}");
+    assert!(has("redundancy", 6, 7), "{v:#}");
+    assert!(has("generalization", 1, 2), "{v:#}");
+    assert!(has("correlation", 1, 3), "{v:#}");
+    // Text: file:line, level and both rules named.
+    let o = run(&["fw", "analyze", fig2.to_str().unwrap()]);
+    let (out, _) = text(&o);
+    assert!(
+        out.contains(
+            "fig2.rules:5: error: shadowing: rule 4 (line 5) is shadowed by rule 3 (line 4)"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("12 rules, 16 findings (5 errors)"), "{out}");
+}
+
+#[test]
+fn check_fails_on_errors_and_bad_files_with_their_location() {
+    let o = run(&[
+        "fw",
+        "check",
+        repo("examples/firewall/web.toml").to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(text(&o).0.contains("3 rules, 0 findings"), "{}", text(&o).0);
+    // Shadowed and redundant rules make the policy wrong.
+    let o = run(&[
+        "fw",
+        "check",
+        repo("examples/firewall/fig2.rules").to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(1));
+    let dir = tempfile::tempdir().unwrap();
+    let bad = dir.path().join("bad.rules");
+    std::fs::write(
+        &bad,
+        "1 tcp any any 10.0.0.1 80 accept\n2 tcp 10.0.0.300 any any 80 deny\n",
+    )
+    .unwrap();
+    let o = run(&["fw", "check", bad.to_str().unwrap()]);
+    assert!(!o.status.success());
+    let err = text(&o).1;
+    assert!(
+        err.contains("bad.rules:2:7") && err.contains("10.0.0.300"),
+        "{err}"
+    );
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, "[[rule]]\nproto = \"tcp\"\naction = \"maybe\"\n").unwrap();
+    let o = run(&["fw", "check", bad.to_str().unwrap()]);
+    let err = text(&o).1;
+    assert!(
+        !o.status.success() && err.contains("bad.toml:3") && err.contains("maybe"),
+        "{err}"
+    );
+    let o = run(&["fw", "check", "/nonexistent/rules.toml"]);
+    assert!(
+        text(&o)
+            .1
+            .contains("cannot read rule file /nonexistent/rules.toml")
+    );
+}
+
+#[test]
+fn testbed_up_status_down_leaves_nothing() {
+    if !root() {
+        return;
+    }
+    let _g = serial();
+    let prefix = format!("sct{}", std::process::id());
+    let _bed = BedGuard(prefix.clone());
+    let o = run(&["testbed", "up", "--prefix", &prefix, "--json"]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["hosts"].as_array().unwrap().len(), 3, "{v:#}");
+    // Up twice is refused; the first stays.
+    let o = run(&["testbed", "up", "--prefix", &prefix]);
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("already up"), "{}", text(&o).1);
+    let o = run(&["testbed", "status", "--prefix", &prefix]);
+    let (out, _) = text(&o);
+    assert!(
+        o.status.success() && out.contains(&format!("{prefix}-middlebox")),
+        "{out}"
+    );
+    assert!(out.contains("10.201.1.2/24"), "{out}");
+    let o = run(&["testbed", "down", "--prefix", &prefix]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let names: Vec<String> = std::fs::read_dir("/run/netns")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.starts_with(&prefix))
+        .collect();
+    assert!(names.is_empty(), "{names:?}");
+    let o = run(&["testbed", "status", "--prefix", &prefix]);
+    assert_eq!(o.status.code(), Some(1));
+    // A bad topology is refused with its location, and nothing is made.
+    let dir = tempfile::tempdir().unwrap();
+    let topo = dir.path().join("t.toml");
+    std::fs::write(&topo, "[[link]]\na = \"x\"\nb = \"x\"\n").unwrap();
+    let o = run(&[
+        "testbed",
+        "up",
+        "--prefix",
+        &prefix,
+        "--topology",
+        topo.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("t.toml"), "{}", text(&o).1);
+    assert_eq!(
+        run(&["testbed", "status", "--prefix", &prefix])
+            .status
+            .code(),
+        Some(1)
+    );
+}
+
+/// Sends one datagram to each port from the client; the ports that arrived.
+fn probe(prefix: &str, ports: &[u16]) -> Vec<u16> {
+    use sidecore_testbed::within;
+    let server: std::net::Ipv4Addr = "10.201.1.2".parse().unwrap();
+    let rxs: Vec<UdpSocket> = ports
+        .iter()
+        .map(|&p| {
+            within(Some(&format!("{prefix}-server")), || {
+                UdpSocket::bind(SocketAddrV4::new(server, p)).unwrap()
+            })
+            .unwrap()
+        })
+        .collect();
+    let tx = within(Some(&format!("{prefix}-client")), || {
+        UdpSocket::bind("10.201.0.1:0").unwrap()
+    })
+    .unwrap();
+    for &p in ports {
+        tx.send_to(b"probe", SocketAddrV4::new(server, p)).unwrap();
+    }
+    let mut got = Vec::new();
+    for (rx, &p) in rxs.iter().zip(ports) {
+        rx.set_read_timeout(Some(Duration::from_millis(300)))
+            .unwrap();
+        if rx.recv_from(&mut [0u8; 16]).is_ok() {
+            got.push(p);
+        }
+    }
+    got
+}
+
+fn xdp_attached(prefix: &str) -> bool {
+    sidecore_testbed::topology::ip(&[
+        "-n",
+        &format!("{prefix}-middlebox"),
+        "link",
+        "show",
+        "dev",
+        "to-client",
+    ])
+    .unwrap()
+    .contains("xdp")
+}
+
+#[test]
+fn a_daemon_runs_the_firewall_on_the_kernel_reloads_it_live_and_unloads_it() {
+    if !root() {
+        return;
+    }
+    let _g = serial();
+    let prefix = format!("scd{}", std::process::id());
+    let _bed = BedGuard(prefix.clone());
+    assert!(
+        run(&["testbed", "up", "--prefix", &prefix])
+            .status
+            .success()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("a.rules");
+    std::fs::write(&rules, "1 udp any any 10.201.1.2 5000 accept\n").unwrap();
+    let manifest = dir.path().join("fw.toml");
+    std::fs::write(
+        &manifest,
+        format!(
+            r#"[app]
+name = "fw"
+
+[[offcode]]
+name = "firewall"
+id = "1f6a2c3e-8d41-4b7a-9e55-3c0d2a1b4f02"
+impl = "firewall"
+params = {{ rules = "{}", netns = "{prefix}-middlebox", ingress = "to-client", xdp_mode = "generic" }}
+
+  [[offcode.target]]
+  kind = "kernel"
+
+  [[offcode.target]]
+  kind = "host"
+"#,
+            rules.display()
+        ),
+    )
+    .unwrap();
+    // The layout puts it on the kernel.
+    let o = run(&["layout", manifest.to_str().unwrap()]);
+    assert!(
+        text(&o).0.contains("firewall         → kernel"),
+        "{}",
+        text(&o).0
+    );
+
+    let sock = dir.path().join("d.sock");
+    let s = sock.to_str().unwrap();
+    let _daemon = DaemonGuard(sock.clone());
+    let o = run(&["up", "-d", manifest.to_str().unwrap(), "--socket", s]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(common::wait_for(|| xdp_attached(&prefix), 10));
+    assert_eq!(probe(&prefix, &[5000, 5001]), vec![5000]);
+    let ps = run(&["ps", "--json", "--socket", s]);
+    let v: serde_json::Value = serde_json::from_slice(&ps.stdout).unwrap();
+    assert_eq!(v[0]["offcodes"][0]["pe"], "kernel", "{v:#}");
+    assert_eq!(v[0]["offcodes"][0]["state"], "running", "{v:#}");
+
+    // Live reload: 5001 now, not 5000; the program stays attached.
+    let b = dir.path().join("b.rules");
+    std::fs::write(&b, "1 udp any any 10.201.1.2 5001 accept\n").unwrap();
+    let o = run(&[
+        "fw",
+        "load",
+        b.to_str().unwrap(),
+        "--app",
+        "fw",
+        "--socket",
+        s,
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(
+        text(&o).0.contains("fw/firewall: loaded 1 rules"),
+        "{}",
+        text(&o).0
+    );
+    assert_eq!(probe(&prefix, &[5000, 5001]), vec![5001]);
+    // A bad file is refused before it reaches the daemon; the rules in force stay.
+    let bad = dir.path().join("bad.rules");
+    std::fs::write(&bad, "1 udp any any 10.201.1.2 99999 accept\n").unwrap();
+    let o = run(&[
+        "fw",
+        "load",
+        bad.to_str().unwrap(),
+        "--app",
+        "fw",
+        "--socket",
+        s,
+    ]);
+    assert!(!o.status.success());
+    assert!(text(&o).1.contains("bad.rules:1"), "{}", text(&o).1);
+    assert_eq!(probe(&prefix, &[5000, 5001]), vec![5001]);
+    // Unknown app or offcode: said so.
+    let o = run(&[
+        "fw",
+        "load",
+        b.to_str().unwrap(),
+        "--app",
+        "nope",
+        "--socket",
+        s,
+    ]);
+    assert!(text(&o).1.contains("no app `nope`"), "{}", text(&o).1);
+    let o = run(&[
+        "fw",
+        "load",
+        b.to_str().unwrap(),
+        "--app",
+        "fw",
+        "--offcode",
+        "x",
+        "--socket",
+        s,
+    ]);
+    assert!(text(&o).1.contains("has no offcode `x`"), "{}", text(&o).1);
+
+    // down unloads it: nothing attached, traffic flows unfiltered.
+    let o = run(&["down", "--daemon", "--socket", s]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(!xdp_attached(&prefix));
+    assert_eq!(probe(&prefix, &[5000, 5001]), vec![5000, 5001]);
+}
