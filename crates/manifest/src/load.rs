@@ -716,18 +716,14 @@ impl Loader {
                 );
                 ok = false;
             }
-            if matches!(kind, PeKind::Wasm | PeKind::Kernel) && t.module.is_none() {
+            // A kernel target may have no module: implementations built into
+            // sidecore (the firewall's XDP program) carry their BPF object, and
+            // planning refuses an implementation that does not run there.
+            if kind == PeKind::Wasm && t.module.is_none() {
                 self.report.error(
                     file,
                     t.kind.span(),
-                    format!(
-                        "a `{kind}` target needs a `module` (the compiled {} to load)",
-                        if kind == PeKind::Wasm {
-                            ".wasm module"
-                        } else {
-                            "BPF object"
-                        }
-                    ),
+                    "a `wasm` target needs a `module` (the compiled .wasm module to load)",
                     "no module given",
                 );
                 ok = false;
