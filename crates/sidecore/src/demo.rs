@@ -57,7 +57,8 @@ pub struct FirewallArgs {
     #[arg(long, default_value_t = 64)]
     frame_bytes: usize,
     /// Rule-set sizes to run (the extra rules never match the traffic, so a
-    /// denied packet is checked against all of them by a linear scan).
+    /// denied packet is checked against all of them by a linear scan; 0 is an
+    /// empty set: default deny without a lookup).
     #[arg(long, value_delimiter = ',', default_value = "1")]
     rules: Vec<usize>,
     /// Discard shares in percent (100: every packet denied; 50: every other).
@@ -88,6 +89,12 @@ pub struct GeneratorArgs {
     /// Frame sizes to run.
     #[arg(long, value_delimiter = ',', default_value = "64,512,1514")]
     frame_bytes: Vec<usize>,
+    /// Where the frames end: `drop` (an XDP program with no rules drops them
+    /// as they arrive at the middlebox, as a wire would take them away) or
+    /// `analyser` (forwarded to the server and counted there; the receiving
+    /// path then runs on the same two CPUs and limits the rate).
+    #[arg(long, default_value = "drop")]
+    sink: String,
     #[arg(long, default_value = "scdemo")]
     prefix: String,
     #[arg(long)]
@@ -158,9 +165,14 @@ impl Drop for Bed {
 }
 
 /// A rule file accepting UDP to the allowed port, then `n - 1` rules that
-/// never match the traffic (distinct /32 sources, one tuple shape).
+/// never match the traffic (distinct /32 sources, one tuple shape). With
+/// `n = 0` it is empty: everything is denied by default without a lookup,
+/// the floor a firewall's cost is measured from.
 fn rule_file(dir: &Path, server: std::net::Ipv4Addr, n: usize) -> anyhow::Result<PathBuf> {
-    let mut text = format!("1 udp any any {server} {ALLOWED_PORT} accept\n");
+    let mut text = String::new();
+    if n > 0 {
+        writeln!(text, "1 udp any any {server} {ALLOWED_PORT} accept")?;
+    }
     for i in 1..n {
         let (hi, lo) = ((i >> 8) & 0xff, i & 0xff);
         writeln!(text, "{} udp 172.31.{hi}.{lo} any {server} any deny", i + 1)?;
@@ -230,6 +242,8 @@ fn sample(rt: &Runtime, id: sidecore_runtime::AppId) -> anyhow::Result<Sample> {
 /// What one deployment is measured as.
 struct RunSpec<'a> {
     manifest: String,
+    /// The offcode whose PE the row reports.
+    placed: &'a str,
     firewall: &'a str,
     rules: usize,
     discard_pct: u32,
@@ -250,7 +264,7 @@ fn measure(spec: &RunSpec<'_>) -> anyhow::Result<Row> {
     let pe = plan
         .offcodes
         .iter()
-        .find(|o| o.name == "firewall")
+        .find(|o| o.name == spec.placed)
         .map_or_else(|| "-".to_string(), |o| o.pe.clone());
     let rt = Runtime::new(RuntimeConfig::default());
     let id = rt.deploy(&plan)?;
@@ -311,7 +325,7 @@ fn firewall(a: &FirewallArgs) -> anyhow::Result<ExitCode> {
     let server = bed.addr("server", "middlebox")?;
     let mut rows = Vec::new();
     for &n in &a.rules {
-        let rules = rule_file(&bed.dir, server, n.max(1))?;
+        let rules = rule_file(&bed.dir, server, n)?;
         for &discard in &a.discard {
             let dports = match discard {
                 100 => format!("[{DENIED_PORT}]"),
@@ -355,6 +369,7 @@ fn firewall(a: &FirewallArgs) -> anyhow::Result<ExitCode> {
                 ));
                 let row = measure(&RunSpec {
                     manifest: m,
+                    placed: "firewall",
                     firewall: f,
                     rules: n,
                     discard_pct: discard,
@@ -377,9 +392,15 @@ fn firewall(a: &FirewallArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn generator(a: &GeneratorArgs) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        a.sink == "drop" || a.sink == "analyser",
+        "--sink: `{}` is neither `drop` nor `analyser`",
+        a.sink
+    );
     let bed = Bed::up(&a.prefix)?;
     let client = bed.addr("client", "middlebox")?;
     let server = bed.addr("server", "middlebox")?;
+    let nothing = rule_file(&bed.dir, server, 0)?;
     let mut rows = Vec::new();
     for &bytes in &a.frame_bytes {
         for (name, kind, mode) in [
@@ -396,20 +417,34 @@ fn generator(a: &GeneratorArgs) -> anyhow::Result<ExitCode> {
                     bed.ns("client")
                 ),
             ));
-            m.push_str(&offcode(
-                "analyser",
-                "traffic-analyser",
-                "host",
-                &format!(
-                    "netns = \"{}\", addr = \"{server}\", dports = [{ALLOWED_PORT}]",
-                    bed.ns("server")
-                ),
-            ));
+            m.push_str(&if a.sink == "drop" {
+                offcode(
+                    "firewall",
+                    "firewall",
+                    "kernel",
+                    &format!(
+                        "rules = \"{}\", netns = \"{}\", ingress = \"to-client\"",
+                        nothing.display(),
+                        bed.ns("middlebox")
+                    ),
+                )
+            } else {
+                offcode(
+                    "analyser",
+                    "traffic-analyser",
+                    "host",
+                    &format!(
+                        "netns = \"{}\", addr = \"{server}\", dports = [{ALLOWED_PORT}]",
+                        bed.ns("server")
+                    ),
+                )
+            });
             let row = measure(&RunSpec {
                 manifest: m,
+                placed: "generator",
                 firewall: name,
                 rules: 0,
-                discard_pct: 0,
+                discard_pct: if a.sink == "drop" { 100 } else { 0 },
                 frame_bytes: bytes,
                 seconds: a.seconds,
             })

@@ -338,3 +338,61 @@ params = {{ rules = "{}", netns = "{prefix}-middlebox", ingress = "to-client", x
     assert!(!xdp_attached(&prefix));
     assert_eq!(probe(&prefix, &[5000, 5001]), vec![5000, 5001]);
 }
+
+#[test]
+fn the_firewall_demo_measures_what_it_claims() {
+    if !root() {
+        return;
+    }
+    let _g = serial();
+    let prefix = format!("scm{}", std::process::id());
+    let _bed = BedGuard(prefix.clone());
+    let o = run(&[
+        "demo",
+        "firewall",
+        "--seconds",
+        "0.3",
+        "--json",
+        "--prefix",
+        &prefix,
+        "--firewalls",
+        "xdp,nftables,none",
+        "--discard",
+        "100,50",
+    ]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    let rows: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(rows.len(), 6);
+    let row = |fw: &str, discard: u64| {
+        rows.iter()
+            .find(|r| r["firewall"] == fw && r["discard_pct"] == discard)
+            .unwrap()
+    };
+    let f = |r: &serde_json::Value, k: &str| r[k].as_f64().unwrap();
+    for fw in ["xdp", "nftables", "none"] {
+        for d in [100, 50] {
+            let r = row(fw, d);
+            assert!(f(r, "offered_pps") > 1000.0, "{r}");
+            assert!(f(r, "cpu_ns_per_packet") > 0.0, "{r}");
+            let share = f(r, "delivered_pps") / f(r, "offered_pps");
+            let want = match (fw, d) {
+                ("none", _) => 1.0,
+                (_, 100) => 0.0,
+                _ => 0.5,
+            };
+            assert!(
+                (share - want).abs() < 0.1,
+                "{fw} at {d}%: delivered share {share}: {r}"
+            );
+        }
+    }
+    assert_eq!(row("xdp", 100)["pe"], "kernel");
+    assert_eq!(row("nftables", 100)["pe"], "host");
+    // The demo removes its testbed.
+    assert_eq!(
+        run(&["testbed", "status", "--prefix", &prefix])
+            .status
+            .code(),
+        Some(1)
+    );
+}
