@@ -109,6 +109,7 @@ fn the_node_listener_answers_a_peers_hello() {
         &sidecore_pe::NodeConfig {
             name: "b".into(),
             addr: l.addr().to_string(),
+            bandwidth: None,
         },
         Duration::from_secs(5),
     )
@@ -120,6 +121,7 @@ fn the_node_listener_answers_a_peers_hello() {
         nodes: vec![sidecore_pe::NodeConfig {
             name: "b".into(),
             addr: l.addr().to_string(),
+            bandwidth: None,
         }],
         probe_kernel: false,
         probe_wasm: false,

@@ -42,6 +42,9 @@ type Key<'a> = (Vec<Option<u64>>, &'a Vec<(usize, [u64; RESOURCES])>);
 /// dropped where it cannot fit one PE of the class. The result is a relaxation
 /// (bin packing ignored) with far fewer variables. `None` if no two PEs are identical.
 pub(crate) fn aggregate(prep: &Prep) -> Option<Aggregate> {
+    if !prep.links.is_empty() {
+        return None; // link caps tell PEs apart
+    }
     let kk = prep.caps.len();
     let (class_of, members) = classes(prep);
     if members.len() == kk {
@@ -82,6 +85,7 @@ pub(crate) fn aggregate(prep: &Prep) -> Option<Aggregate> {
             host: prep.host.map(|h| class_of[h]),
             caps,
             gangs: prep.gangs.clone(),
+            links: Vec::new(), // none: see the guard at the top
         },
         members,
         class_of,

@@ -16,6 +16,7 @@ enum Item {
     CanRun(usize),
     Cap(usize, Resource),
     Con(usize),
+    Link(usize),
 }
 
 fn active_of(p: &Problem, items: &[Item], forced: Option<usize>) -> Active {
@@ -23,6 +24,7 @@ fn active_of(p: &Problem, items: &[Item], forced: Option<usize>) -> Active {
         canrun: vec![false; p.offcodes.len()],
         cap: vec![[false; 3]; p.pes.len()],
         cons: vec![false; p.constraints.len()],
+        links: vec![false; p.links.len()],
         forced,
     };
     for it in items {
@@ -30,15 +32,16 @@ fn active_of(p: &Problem, items: &[Item], forced: Option<usize>) -> Active {
             Item::CanRun(n) => a.canrun[n] = true,
             Item::Cap(k, r) => a.cap[k][res_index(r)] = true,
             Item::Con(i) => a.cons[i] = true,
+            Item::Link(i) => a.links[i] = true,
         }
     }
     a
 }
 
-/// Every item that can matter: capacities first (so the filter tries dropping them
-/// first), then pull/gang/asym-gang constraints, then can-run rows.
+/// Every item that can matter: link caps and capacities first (so the filter tries
+/// dropping them first), then pull/gang/asym-gang constraints, then can-run rows.
 fn all_items(p: &Problem) -> Vec<Item> {
-    let mut v = Vec::new();
+    let mut v: Vec<Item> = (0..p.links.len()).map(Item::Link).collect();
     for (k, pe) in p.pes.iter().enumerate() {
         v.push(Item::Cap(k, Resource::Cpu));
         v.push(Item::Cap(k, Resource::Memory));
@@ -167,6 +170,16 @@ fn to_conflict(p: &Problem, items: &[Item], forced: Option<usize>) -> Conflict {
                     Resource::Slots => p.pes[k].slots.map_or(f64::INFINITY, f64::from),
                 },
             },
+            Item::Link(i) => {
+                let l = &p.links[i];
+                ConflictItem::LinkCap {
+                    index: i,
+                    a_id: pe_id(l.a),
+                    b_id: pe_id(l.b),
+                    bandwidth_bps: l.bandwidth_bps,
+                    origin: l.origin.clone(),
+                }
+            }
             Item::Con(i) => {
                 let c = &p.constraints[i];
                 ConflictItem::Constraint {

@@ -62,8 +62,9 @@ pub(crate) fn greedy_from(prep: &Prep, rule: Rule, init: Option<&[usize]>) -> Op
         fill.try_offload(c);
     }
     // Asym-gang a -> b with a offloaded and b on the host cannot arise (closures), nor
-    // can a split gang component; the result is feasible by construction.
-    fill.rest_to_host()
+    // can a split gang component; the result is feasible by construction, except for
+    // link bandwidth caps, which this rule does not look at: checked here.
+    fill.rest_to_host().filter(|c| prep.links_ok(c))
 }
 
 /// Gang components of groups (roots of a union-find over gang edges) and the
@@ -354,7 +355,13 @@ pub(crate) fn improve_bandwidth(p: &Problem, prep: &Prep, choice: &mut [usize]) 
                 continue;
             }
             if let Some(i) = best_move(prep, choice, &used, &adj[g], g) {
-                let old = prep.groups[g].cands[choice[g]];
+                let was = choice[g];
+                choice[g] = i;
+                if !prep.links_ok(choice) {
+                    choice[g] = was; // the move would overload a capped link
+                    continue;
+                }
+                let old = prep.groups[g].cands[was];
                 let new = prep.groups[g].cands[i];
                 sub_demand(&mut used[old.pe], &old.demand);
                 add_demand(&mut used[new.pe], &new.demand);

@@ -42,6 +42,7 @@
 //!         origin: "examples/socket.toml:30:1".into(),
 //!     }],
 //!     flows: vec![],
+//!     links: vec![],
 //! };
 //! let layout = solve(&problem, &SolveOptions::default()).unwrap();
 //! assert_eq!(layout.assignment, vec![1, 1]);

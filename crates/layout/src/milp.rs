@@ -66,6 +66,8 @@ struct Row {
 struct Mip {
     vars: ProblemVariables,
     x: Vec<Vec<V>>,
+    /// Link-cap products `Y >= X_g^i + X_h^j - 1`: (Y, g, i, h, j).
+    ys: Vec<(V, usize, usize, usize, usize)>,
     rows: Vec<Row>,
     /// A row without variables that cannot hold: the model is infeasible as built.
     trivially_infeasible: bool,
@@ -109,12 +111,72 @@ fn build(prep: &Prep) -> Mip {
         .collect();
     rows.extend(gang_rows(prep, &x));
     rows.extend(capacity_rows(prep, &x));
+    let ys = link_rows(prep, &x, &mut vars, &mut rows);
     Mip {
         vars,
         x,
+        ys,
         rows,
         trivially_infeasible,
     }
+}
+
+impl Mip {
+    /// The column vector of a group choice (for a warm start), products included.
+    fn start_cols(&self, choice: &[usize]) -> Vec<f64> {
+        let mut cols = vec![0.0; self.vars.len()];
+        for (g, &i) in choice.iter().enumerate() {
+            cols[self.x[g][i].i] = 1.0;
+        }
+        for &(y, g, i, h, j) in &self.ys {
+            if choice[g] == i && choice[h] == j {
+                cols[y.i] = 1.0;
+            }
+        }
+        cols
+    }
+}
+
+/// Bus bandwidth (7.8)-(7.9), linearised: for each capped link (k, l) and each
+/// flow (g, h, w) that could cross it, `Y >= X_g^k + X_h^l - 1` (and the other way
+/// round); `sum w * Y <= B_kl`. `Y` is continuous in [0, 1]: the cap row pushes it
+/// to the product of the binaries. Returns the products.
+fn link_rows(
+    prep: &Prep,
+    x: &[Vec<V>],
+    vars: &mut ProblemVariables,
+    rows: &mut Vec<Row>,
+) -> Vec<(V, usize, usize, usize, usize)> {
+    let cand = |g: usize, pe: usize| prep.groups[g].cands.iter().position(|c| c.pe == pe);
+    let mut ys = Vec::new();
+    for l in &prep.links {
+        let mut terms = Vec::new();
+        let total: f64 = l.flows.iter().map(|f| f.2).sum();
+        for &(g, h, w) in &l.flows {
+            for (k, m) in [(l.a, l.b), (l.b, l.a)] {
+                let (Some(i), Some(j)) = (cand(g, k), cand(h, m)) else {
+                    continue;
+                };
+                let y = add_var(vars, variable().min(0.0).max(1.0));
+                rows.push(Row {
+                    terms: vec![(y.v, 1.0), (x[g][i].v, -1.0), (x[h][j].v, -1.0)],
+                    lo: -1.0,
+                    hi: f64::INFINITY,
+                });
+                terms.push((y.v, w));
+                ys.push((y, g, i, h, j));
+            }
+        }
+        if !terms.is_empty() && !fits(total, l.cap_bps) {
+            let scale = l.cap_bps.max(1.0);
+            rows.push(Row {
+                terms: terms.into_iter().map(|(v, w)| (v, w / scale)).collect(),
+                lo: f64::NEG_INFINITY,
+                hi: l.cap_bps / scale,
+            });
+        }
+    }
+    ys
 }
 
 /// gang (7.3): `O_a - O_b = 0`; asym-gang a -> b (7.4, direction of Figure 4.7):
@@ -387,6 +449,9 @@ pub(crate) fn feasible(p: &Problem, active: &Active) -> Result<bool, LayoutError
 /// They can always sit there. The deletion filter relaxes most of a large problem,
 /// so this keeps its solver calls small.
 fn drop_free_groups(prep: Prep) -> Prep {
+    if !prep.links.is_empty() {
+        return prep; // link rows name groups by index
+    }
     let ng = prep.groups.len();
     let mut tied = vec![false; ng];
     for &(a, b, _) in &prep.gangs {
@@ -420,6 +485,7 @@ fn drop_free_groups(prep: Prep) -> Prep {
             .iter()
             .map(|&(a, b, sym)| (new_index[a], new_index[b], sym))
             .collect(),
+        links: Vec::new(), // none: see the guard above
     }
 }
 
@@ -473,13 +539,7 @@ pub(crate) fn offload_mip(
             }
         }
     }
-    let start = warm.map(|w| {
-        let mut cols = vec![0.0; ncols];
-        for (g, &i) in w.iter().enumerate() {
-            cols[x[g][i].i] = 1.0;
-        }
-        cols
-    });
+    let start = warm.map(|w| mip.start_cols(w));
     let spec = RunSpec {
         log,
         presolve_off: ncols > PRESOLVE_OFF_COLUMNS,
@@ -572,10 +632,7 @@ pub(crate) fn bandwidth_mip(
     }
     extra.extend(hold_weight(prep, &x2, spec.min_weight));
     let ncols = mip.vars.len();
-    let mut start_cols = vec![0.0; ncols];
-    for (g, &i) in spec.start.iter().enumerate() {
-        start_cols[x2[g][i].i] = 1.0;
-    }
+    let mut start_cols = mip.start_cols(spec.start);
     for &(z, a, i, b, j) in &z_of {
         if spec.start[a] == i && spec.start[b] == j {
             start_cols[z.i] = 1.0;

@@ -469,6 +469,7 @@ fn neighbourhood(p: &Problem, prep: &Prep, choice: &[usize]) -> (Prep, Vec<Vec<u
             host: prep.host,
             caps: prep.caps.clone(),
             gangs: prep.gangs.clone(),
+            links: prep.links.clone(),
         },
         back,
     )

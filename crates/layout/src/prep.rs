@@ -30,6 +30,8 @@ pub(crate) struct Active {
     pub canrun: Vec<bool>,
     pub cap: Vec<[bool; RESOURCES]>,
     pub cons: Vec<bool>,
+    /// Link bandwidth caps switched on.
+    pub links: Vec<bool>,
     /// An offcode forced off the host (for explaining why it stayed there).
     pub forced: Option<usize>,
 }
@@ -41,6 +43,7 @@ impl Active {
             canrun: vec![true; p.offcodes.len()],
             cap: vec![[true; RESOURCES]; p.pes.len()],
             cons: vec![true; p.constraints.len()],
+            links: vec![true; p.links.len()],
             forced: None,
         }
     }
@@ -71,6 +74,32 @@ pub(crate) struct Prep {
     pub caps: Vec<[Option<f64>; RESOURCES]>,
     /// Active gang (`sym = true`) and asym-gang edges between distinct groups.
     pub gangs: Vec<(usize, usize, bool)>,
+    /// Active link bandwidth caps.
+    pub links: Vec<LinkRow>,
+}
+
+/// One active link cap on groups: the flows between distinct groups it may carry.
+#[derive(Debug, Clone)]
+pub(crate) struct LinkRow {
+    pub a: usize,
+    pub b: usize,
+    pub cap_bps: f64,
+    /// (group, group, bit/s) for every flow between distinct groups.
+    pub flows: Vec<(usize, usize, f64)>,
+}
+
+impl LinkRow {
+    /// The traffic a group choice puts on this link.
+    pub fn load(&self, prep: &Prep, choice: &[usize]) -> f64 {
+        self.flows
+            .iter()
+            .filter(|&&(g, h, _)| {
+                let (k, l) = (prep.pe_of(choice, g), prep.pe_of(choice, h));
+                (k, l) == (self.a, self.b) || (k, l) == (self.b, self.a)
+            })
+            .map(|f| f.2)
+            .fold(0.0, |a, b| a + b)
+    }
 }
 
 impl Prep {
@@ -101,6 +130,7 @@ impl Prep {
         let caps_ok = (0..self.caps.len()).all(|k| self.room(k, &used[k], &[0.0; RESOURCES]));
         let off = |g: usize| !self.is_host(self.groups[g].cands[choice[g]].pe);
         caps_ok
+            && self.links_ok(choice)
             && self.gangs.iter().all(|&(a, b, sym)| {
                 if sym {
                     off(a) == off(b)
@@ -108,6 +138,13 @@ impl Prep {
                     !off(a) || off(b)
                 }
             })
+    }
+
+    /// Does a group choice keep every active link within its bandwidth cap?
+    pub fn links_ok(&self, choice: &[usize]) -> bool {
+        self.links
+            .iter()
+            .all(|l| fits(l.load(self, choice), l.cap_bps))
     }
 
     /// The weight of the groups a choice places off the host.
@@ -165,13 +202,36 @@ pub(crate) fn prepare(p: &Problem, active: &Active) -> Prep {
         .collect();
     let caps = capacities(p, active);
     let gangs = gang_edges(p, active, &group_of);
+    let links = link_rows(p, active, &group_of);
     Prep {
         groups,
         group_of,
         host,
         caps,
         gangs,
+        links,
     }
+}
+
+/// Active link caps, with the flows between distinct groups each may carry.
+fn link_rows(p: &Problem, active: &Active, group_of: &[usize]) -> Vec<LinkRow> {
+    let flows: Vec<(usize, usize, f64)> = p
+        .flows
+        .iter()
+        .map(|f| (group_of[f.a], group_of[f.b], f.bandwidth_bps))
+        .filter(|&(g, h, w)| g != h && w > 0.0)
+        .collect();
+    p.links
+        .iter()
+        .zip(&active.links)
+        .filter(|(_, on)| **on)
+        .map(|(l, _)| LinkRow {
+            a: l.a,
+            b: l.b,
+            cap_bps: l.bandwidth_bps,
+            flows: flows.clone(),
+        })
+        .collect()
 }
 
 /// Offcode -> group, and the members of each group, in order of first member.

@@ -7,13 +7,27 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use sidecore_types::{ConstraintKind, PeKind};
 
-/// A layout problem: PEs, offcodes with their can-run rows, constraints and flows.
+/// A layout problem: PEs, offcodes with their can-run rows, constraints, flows and
+/// the bandwidth caps of the links between PEs.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct Problem {
     pub pes: Vec<PeSpec>,
     pub offcodes: Vec<OffcodeSpec>,
     pub constraints: Vec<ConstraintSpec>,
     pub flows: Vec<Flow>,
+    #[serde(default)]
+    pub links: Vec<LinkCap>,
+}
+
+/// HYDRA's bus-bandwidth cap `B_kl` (Eqs. 7.8–7.9): the flows with one end on PE
+/// `a` and the other on PE `b` (either way round) carry at most `bandwidth_bps`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LinkCap {
+    pub a: usize,
+    pub b: usize,
+    /// Bits per second.
+    pub bandwidth_bps: f64,
+    pub origin: String,
 }
 
 /// A processing element. Exactly the PEs of kind Host count as "not offloaded"; there
@@ -274,6 +288,14 @@ pub enum ConflictItem {
     },
     /// The offcode being explained, forced off the host.
     ForcedOffload { offcode: usize, name: String },
+    /// The bandwidth cap of the link between two PEs.
+    LinkCap {
+        index: usize,
+        a_id: String,
+        b_id: String,
+        bandwidth_bps: f64,
+        origin: String,
+    },
 }
 
 impl fmt::Display for ConflictItem {
@@ -318,6 +340,22 @@ impl fmt::Display for ConflictItem {
             }
             ConflictItem::ForcedOffload { name, .. } => {
                 write!(f, "`{name}` placed off the host")
+            }
+            ConflictItem::LinkCap {
+                a_id,
+                b_id,
+                bandwidth_bps,
+                origin,
+                ..
+            } => {
+                write!(
+                    f,
+                    "bandwidth cap of the link {a_id}—{b_id} ({bandwidth_bps} bit/s)"
+                )?;
+                if !origin.is_empty() {
+                    write!(f, " at {origin}")?;
+                }
+                Ok(())
             }
         }
     }

@@ -17,7 +17,37 @@ pub fn validate(p: &Problem) -> Result<(), LayoutError> {
     validate_pes(p)?;
     validate_offcodes(p)?;
     validate_constraints(p)?;
-    validate_flows(p)
+    validate_flows(p)?;
+    validate_links(p)
+}
+
+/// Link ends in range and distinct, caps finite and non-negative.
+fn validate_links(p: &Problem) -> Result<(), LayoutError> {
+    for (i, l) in p.links.iter().enumerate() {
+        let at = if l.origin.is_empty() {
+            format!("link cap {i}")
+        } else {
+            format!("link cap {i} at {}", l.origin)
+        };
+        for (end, v) in [("a", l.a), ("b", l.b)] {
+            if v >= p.pes.len() {
+                return invalid(format!(
+                    "{at}: PE index {end} = {v} is out of range ({} PEs)",
+                    p.pes.len()
+                ));
+            }
+        }
+        if l.a == l.b {
+            return invalid(format!("{at}: a link from `{}` to itself", p.pes[l.a].id));
+        }
+        if !l.bandwidth_bps.is_finite() || l.bandwidth_bps < 0.0 {
+            return invalid(format!(
+                "{at}: bandwidth {} is not a finite non-negative number",
+                l.bandwidth_bps
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Unique non-empty ids, finite capacities, at most one host.

@@ -49,6 +49,18 @@ pub enum Violation {
         b: String,
         origin: String,
     },
+    /// The flows between two PEs exceed the link's bandwidth cap.
+    #[error(
+        "link {a_id}—{b_id}: {load_bps} bit/s of flows > cap {cap_bps} bit/s{}",
+        At(origin)
+    )]
+    LinkCap {
+        a_id: String,
+        b_id: String,
+        load_bps: f64,
+        cap_bps: f64,
+        origin: String,
+    },
 }
 
 /// An amount of a resource with its unit.
@@ -90,6 +102,7 @@ pub fn check(problem: &Problem, assignment: &[usize]) -> Result<(u64, f64), Viol
     let used = usage(p, assignment)?;
     check_capacities(p, &used)?;
     check_constraints(p, assignment)?;
+    check_links(p, assignment)?;
     Ok(objectives(p, assignment, host_of(p)))
 }
 
@@ -144,6 +157,31 @@ fn check_capacities(p: &Problem, used: &[Amounts]) -> Result<(), Violation> {
 }
 
 /// Every pull, gang and asym-gang constraint holds.
+/// Every link's flows within its bandwidth cap.
+fn check_links(p: &Problem, assignment: &[usize]) -> Result<(), Violation> {
+    for l in &p.links {
+        let load_bps = p
+            .flows
+            .iter()
+            .filter(|f| {
+                let (k, m) = (assignment[f.a], assignment[f.b]);
+                (k, m) == (l.a, l.b) || (k, m) == (l.b, l.a)
+            })
+            .map(|f| f.bandwidth_bps)
+            .fold(0.0, |a, b| a + b);
+        if !fits(load_bps, l.bandwidth_bps) {
+            return Err(Violation::LinkCap {
+                a_id: p.pes[l.a].id.clone(),
+                b_id: p.pes[l.b].id.clone(),
+                load_bps,
+                cap_bps: l.bandwidth_bps,
+                origin: l.origin.clone(),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn check_constraints(p: &Problem, assignment: &[usize]) -> Result<(), Violation> {
     let host = host_of(p);
     let off = |n: usize| Some(assignment[n]) != host;

@@ -6,8 +6,8 @@
 
 use proptest::prelude::*;
 use sidecore_layout::{
-    Candidate, Conflict, ConflictItem, ConstraintSpec, Flow, LayoutError, OffcodeSpec, PeSpec,
-    Problem, Resource, SolveOptions, Why, solve,
+    Candidate, Conflict, ConflictItem, ConstraintSpec, Flow, LayoutError, LinkCap, OffcodeSpec,
+    PeSpec, Problem, Resource, SolveOptions, Why, solve,
 };
 use sidecore_types::{ConstraintKind, PeKind};
 
@@ -28,6 +28,19 @@ fn valid(p: &Problem, asg: &[usize]) -> bool {
             return false;
         }
         if pe.slots.is_some_and(|s| used[k].2 > s) {
+            return false;
+        }
+    }
+    for l in &p.links {
+        let load: f64 = p
+            .flows
+            .iter()
+            .filter(|f| {
+                (asg[f.a] == l.a && asg[f.b] == l.b) || (asg[f.a] == l.b && asg[f.b] == l.a)
+            })
+            .map(|f| f.bandwidth_bps)
+            .sum();
+        if load > l.bandwidth_bps + 1e-9 {
             return false;
         }
     }
@@ -91,6 +104,7 @@ fn restrict(p: &Problem, items: &[ConflictItem]) -> Problem {
     let mut keep_canrun = vec![false; p.offcodes.len()];
     let mut keep_cap = vec![[false; 3]; p.pes.len()];
     let mut keep_con = vec![false; p.constraints.len()];
+    let mut keep_link = vec![false; p.links.len()];
     let mut forced = None;
     for it in items {
         match it {
@@ -105,6 +119,7 @@ fn restrict(p: &Problem, items: &[ConflictItem]) -> Problem {
             }
             ConflictItem::Constraint { index, .. } => keep_con[*index] = true,
             ConflictItem::ForcedOffload { offcode, .. } => forced = Some(*offcode),
+            ConflictItem::LinkCap { index, .. } => keep_link[*index] = true,
         }
     }
     for (k, pe) in q.pes.iter_mut().enumerate() {
@@ -147,6 +162,12 @@ fn restrict(p: &Problem, items: &[ConflictItem]) -> Problem {
         .filter(|(i, _)| keep_con[*i])
         .map(|(_, c)| c.clone())
         .collect();
+    // Indices stay (a conflict names links by index): an unnamed link is uncapped.
+    for (l, keep) in q.links.iter_mut().zip(keep_link) {
+        if !keep {
+            l.bandwidth_bps = 1e12;
+        }
+    }
     q
 }
 
@@ -190,13 +211,16 @@ fn arb_problem() -> impl Strategy<Value = Problem> {
         );
         let con = (0usize..n, 0usize..n, 0usize..4);
         let flow = (0usize..n, 0usize..n, 1u32..=10);
+        // Link caps between two PEs, in the flows' unit; 0 to 2 of them.
+        let link = (0usize..npe, 0usize..npe, 0u32..=15);
         (
             prop::collection::vec(pe, npe),
             prop::collection::vec(oc, n),
             prop::collection::vec(con, 0..=4),
             prop::collection::vec(flow, 0..=5),
+            prop::collection::vec(link, 0..=2),
         )
-            .prop_map(move |(pes, ocs, cons, flows)| {
+            .prop_map(move |(pes, ocs, cons, flows, links)| {
                 let kinds = [PeKind::Core, PeKind::Wasm, PeKind::Kernel];
                 let pes = pes
                     .into_iter()
@@ -271,11 +295,23 @@ fn arb_problem() -> impl Strategy<Value = Problem> {
                         origin: String::new(),
                     })
                     .collect();
+                let links = links
+                    .into_iter()
+                    .filter(|(a, b, _)| a != b)
+                    .enumerate()
+                    .map(|(i, (a, b, cap))| LinkCap {
+                        a,
+                        b,
+                        bandwidth_bps: f64::from(cap),
+                        origin: format!("links.toml:{}:1", i + 1),
+                    })
+                    .collect();
                 Problem {
                     pes,
                     offcodes,
                     constraints,
                     flows,
+                    links,
                 }
             })
     })
@@ -291,6 +327,7 @@ fn arb_symmetric_problem() -> impl Strategy<Value = Problem> {
         let Some(&first) = twins.first() else {
             return p;
         };
+        p.links.clear(); // caps tell PEs apart; this strategy is about twins
         let proto = p.pes[first].clone();
         for &k in &twins {
             p.pes[k].kind = proto.kind;

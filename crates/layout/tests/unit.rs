@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use sidecore_layout::{
-    Candidate, ConflictItem, ConstraintSpec, Flow, LayoutError, OffcodeSpec, PeSpec, Problem,
-    Resource, SolveOptions, Why, check, greedy, solve,
+    Candidate, ConflictItem, ConstraintSpec, Flow, LayoutError, LinkCap, OffcodeSpec, PeSpec,
+    Problem, Resource, SolveOptions, Violation, Why, check, greedy, solve,
 };
 use sidecore_types::{ConstraintKind, PeKind};
 
@@ -721,6 +721,7 @@ fn infeasible_memory_and_asym_gang_is_explained() {
             con(ConstraintKind::AsymGang, 0, 1, 3),
         ],
         flows: vec![],
+        links: Vec::new(),
     };
     // o0+o2 (pulled, 3 bytes off the host, 1 on it) and o1 (2 bytes) cannot share
     // any PE of 2 bytes, and o1 -> o2 ties them: every placement overflows memory.
@@ -734,4 +735,113 @@ fn infeasible_memory_and_asym_gang_is_explained() {
             "pull(`o2`, `o0`) at examples/x.toml:1:1",
         ]
     );
+}
+
+fn flow(a: usize, b: usize, bps: f64) -> Flow {
+    Flow {
+        a,
+        b,
+        bandwidth_bps: bps,
+        origin: String::new(),
+    }
+}
+
+fn link(a: usize, b: usize, bps: f64) -> LinkCap {
+    LinkCap {
+        a,
+        b,
+        bandwidth_bps: bps,
+        origin: "nodes.toml:3:1".into(),
+    }
+}
+
+/// HYDRA's B_kl (7.8-7.9): the bandwidth cap alone makes the placement infeasible,
+/// and the explanation names the link.
+#[test]
+fn a_link_cap_alone_can_make_a_layout_infeasible_and_is_named() {
+    let p = Problem {
+        pes: pes(),
+        // `nic` only runs on core:1, `app` only on the host; 100 bit/s between them.
+        offcodes: vec![oc("nic", 1, &[(1, 0.5)]), oc("app", 1, &[(0, 0.5)])],
+        constraints: vec![],
+        flows: vec![flow(0, 1, 100.0)],
+        links: vec![link(0, 1, 50.0)],
+    };
+    assert_eq!(
+        conflict(&p),
+        vec![
+            "`app` can only run on host",
+            "`nic` can only run on core:1",
+            "bandwidth cap of the link host—core:1 (50 bit/s) at nodes.toml:3:1",
+        ]
+    );
+    // With the cap raised to the flow, it fits.
+    let mut ok = p.clone();
+    ok.links[0].bandwidth_bps = 100.0;
+    assert_eq!(solved(&ok).assignment, vec![1, 0]);
+    // Without it, too (the cap is the only reason).
+    let mut free = p.clone();
+    free.links.clear();
+    assert_eq!(solved(&free).assignment, vec![1, 0]);
+}
+
+/// A cap changes where offcodes go: both would be offloaded to different cores,
+/// but the link between those cores cannot carry their flow, so they share one.
+#[test]
+fn a_link_cap_moves_offcodes_and_check_enforces_it() {
+    let p = Problem {
+        pes: pes(),
+        offcodes: vec![
+            oc("a", 2, &[(0, 0.6), (1, 0.6), (2, 0.6)]),
+            oc("b", 2, &[(0, 0.6), (1, 0.6), (2, 0.6)]),
+        ],
+        constraints: vec![],
+        flows: vec![flow(0, 1, 10.0)],
+        links: vec![link(1, 2, 5.0), link(0, 1, 5.0), link(0, 2, 5.0)],
+    };
+    // Each core fits only one (0.6 + 0.6 > 1.0), so offloading both puts them on
+    // two cores joined by a 5 bit/s link, and offloading one crosses a 5 bit/s
+    // link to the host: only both on the host keeps the 10 bit/s flow inside one
+    // PE.
+    let l = solved(&p);
+    assert_eq!(l.assignment, vec![0, 0], "{:?}", l.assignment);
+    assert_eq!(l.offloaded_weight, 0);
+    // Without the caps both go off the host, on different cores.
+    let mut free = p.clone();
+    free.links.clear();
+    let l = solved(&free);
+    assert_eq!(l.offloaded_weight, 4);
+    // `check` refuses the uncapped layout under the caps, naming the link.
+    let e = check(&p, &l.assignment).unwrap_err();
+    assert!(matches!(e, Violation::LinkCap { .. }), "{e}");
+    assert!(
+        e.to_string().contains("> cap 5 bit/s at nodes.toml:3:1"),
+        "{e}"
+    );
+    // The greedy never hands out a layout that breaks a cap.
+    if let Some(g) = greedy(&p).unwrap() {
+        check(&p, &g).unwrap();
+    }
+}
+
+#[test]
+fn bad_link_caps_are_refused_with_their_origin() {
+    let mut p = Problem {
+        pes: pes(),
+        offcodes: vec![oc("a", 1, &[(0, 0.5)])],
+        constraints: vec![],
+        flows: vec![],
+        links: vec![link(0, 7, 1.0)],
+    };
+    let e = solve(&p, &SolveOptions::default()).unwrap_err().to_string();
+    assert!(
+        e.contains("link cap 0 at nodes.toml:3:1: PE index b = 7 is out of range"),
+        "{e}"
+    );
+    p.links = vec![link(1, 1, 1.0)];
+    let e = solve(&p, &SolveOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("a link from `core:1` to itself"), "{e}");
+    p.links = vec![link(0, 1, f64::NAN)];
+    let e = solve(&p, &SolveOptions::default()).unwrap_err().to_string();
+    assert!(e.contains("is not a finite non-negative number"), "{e}");
 }

@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
-use sidecore_types::{PeKind, PropValue};
+use sidecore_types::{Bandwidth, PeKind, PropValue};
 
 pub use node::NodeConfig;
 
@@ -48,6 +48,10 @@ pub struct Pe {
     /// Properties targets may require (`isolated`, `cpu`, `numa`, `xdp`, ...).
     pub props: BTreeMap<String, PropValue>,
     pub capacity: Capacity,
+    /// The declared bandwidth of the link between the host and this PE (a peer
+    /// node's from the nodes file), which the layout may not oversubscribe.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub link: Option<Bandwidth>,
     /// One line for humans.
     pub detail: String,
 }
@@ -170,6 +174,7 @@ pub fn discover(opts: &DiscoverOptions) -> Inventory {
             memory_bytes: mem,
             slots: None,
         },
+        link: None,
         detail: format!(
             "ordinary threads on {allowed} allowed CPUs, {} MiB available",
             mem >> 20
@@ -199,6 +204,7 @@ fn probe_cores(inv: &mut Inventory, opts: &DiscoverOptions, mem: u64) -> usize {
                 memory_bytes: mem,
                 slots: None,
             },
+            link: None,
             detail: c.describe(),
         });
     }
@@ -227,6 +233,7 @@ fn probe_kernel(inv: &mut Inventory, allowed: usize, mem: u64) {
                     memory_bytes: k.memlock.unwrap_or(mem).min(mem),
                     slots: None,
                 },
+                link: None,
                 detail: k.describe(),
             });
         }
@@ -248,6 +255,7 @@ fn probe_wasm(inv: &mut Inventory, mem: u64) {
                 memory_bytes: mem,
                 slots: None,
             },
+            link: None,
             detail,
         }),
         Err(e) => inv.absent.push(Absent {
@@ -279,9 +287,14 @@ fn probe_nodes(inv: &mut Inventory, opts: &DiscoverOptions) {
                         memory_bytes: info.memory_bytes,
                         slots: None,
                     },
+                    link: n.link(),
                     detail: format!(
-                        "{} at {} (sidecore {}, {} CPUs)",
-                        info.name, n.addr, info.software, info.cpus
+                        "{} at {} (sidecore {}, {} CPUs{})",
+                        info.name,
+                        n.addr,
+                        info.software,
+                        info.cpus,
+                        n.link().map(|b| format!(", link {b}")).unwrap_or_default()
                     ),
                 });
             }
@@ -314,6 +327,7 @@ fn probe_gpus(inv: &mut Inventory) {
                 memory_bytes: g.memory_bytes.unwrap_or(0),
                 slots: None,
             },
+            link: None,
             detail: g.describe(),
         });
     }

@@ -16,6 +16,16 @@ pub struct NodeConfig {
     pub name: String,
     /// `host:port` of the peer's node listener.
     pub addr: String,
+    /// The bandwidth of the link to it (`"1 Gbit/s"`), a cap the layout keeps.
+    #[serde(default)]
+    pub bandwidth: Option<String>,
+}
+
+impl NodeConfig {
+    /// The declared link bandwidth (checked when the file was read).
+    pub fn link(&self) -> Option<sidecore_types::Bandwidth> {
+        self.bandwidth.as_deref().and_then(|b| b.parse().ok())
+    }
 }
 
 #[derive(Deserialize)]
@@ -46,6 +56,12 @@ pub enum NodesError {
         file: String,
         number: usize,
         name: String,
+    },
+    #[error("{file}: node `{name}`: `bandwidth`: {error}")]
+    Bandwidth {
+        file: String,
+        name: String,
+        error: sidecore_types::BadBandwidth,
     },
     #[error("{file}: node `{name}` is listed twice")]
     Duplicate { file: String, name: String },
@@ -97,6 +113,15 @@ pub fn parse_nodes(file: &str, text: &str) -> Result<Vec<NodeConfig>, NodesError
                 file: file.to_string(),
                 number: i + 1,
                 name: n.name.clone(),
+            });
+        }
+        if let Some(b) = &n.bandwidth
+            && let Err(error) = b.parse::<sidecore_types::Bandwidth>()
+        {
+            return Err(NodesError::Bandwidth {
+                file: file.to_string(),
+                name: n.name.clone(),
+                error,
             });
         }
         if f.node[..i].iter().any(|m| m.name == n.name) {
@@ -192,6 +217,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(ok[0].name, "b");
+        assert_eq!(ok[0].link(), None);
+        let e = parse_nodes(
+            "n.toml",
+            "[[node]]\nname = \"b\"\naddr = \"127.0.0.1:1\"\nbandwidth = \"fast\"\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("n.toml: node `b`: `bandwidth`: `fast` is not a bandwidth"),
+            "{e}"
+        );
+        let ok = parse_nodes(
+            "n.toml",
+            "[[node]]\nname = \"b\"\naddr = \"127.0.0.1:1\"\nbandwidth = \"2.5 Gbit/s\"\n",
+        )
+        .unwrap();
+        assert_eq!(
+            ok[0].link().map(sidecore_types::Bandwidth::bps),
+            Some(2_500_000_000)
+        );
         let e = load_nodes(Path::new("/nonexistent/nodes.toml"))
             .unwrap_err()
             .to_string();
@@ -210,6 +255,7 @@ mod tests {
         let gone = NodeConfig {
             name: "gone".into(),
             addr: addr.clone(),
+            bandwidth: None,
         };
         let e = probe(&gone, Duration::from_millis(300))
             .unwrap_err()
@@ -231,6 +277,7 @@ mod tests {
         let web = NodeConfig {
             name: "web".into(),
             addr,
+            bandwidth: None,
         };
         let e = probe(&web, Duration::from_secs(2)).unwrap_err().to_string();
         assert!(e.contains("not a sidecore node"), "{e}");

@@ -8,7 +8,7 @@
 //! offcode could not use the PEs it was not offered.
 
 use serde::Serialize;
-use sidecore_layout::{Candidate, ConstraintSpec, Flow, OffcodeSpec, PeSpec, Problem};
+use sidecore_layout::{Candidate, ConstraintSpec, Flow, LinkCap, OffcodeSpec, PeSpec, Problem};
 use sidecore_manifest::{Manifest, Offcode, Target};
 use sidecore_offcode::{ImplError, Implementation, Registry};
 use sidecore_pe::{Inventory, Pe};
@@ -85,6 +85,7 @@ pub fn resolve<'a>(
             offcodes,
             constraints: constraints(manifest),
             flows: flows(manifest),
+            links: links(inventory),
         },
         excluded,
     })
@@ -207,6 +208,27 @@ fn constraints(manifest: &Manifest) -> Vec<ConstraintSpec> {
             a: c.from,
             b: c.to,
             origin: c.origin.to_string(),
+        })
+        .collect()
+}
+
+/// The declared bandwidth of each PE's link to the host, as a cap on the flows
+/// between them (HYDRA's B_kl).
+fn links(inventory: &Inventory) -> Vec<LinkCap> {
+    let Some(host) = inventory.pes.iter().position(|p| p.kind == PeKind::Host) else {
+        return Vec::new();
+    };
+    inventory
+        .pes
+        .iter()
+        .enumerate()
+        .filter_map(|(k, p)| {
+            Some(LinkCap {
+                a: host,
+                b: k,
+                bandwidth_bps: p.link?.bps_f64(),
+                origin: format!("the declared link of {}", p.id),
+            })
         })
         .collect()
 }

@@ -616,6 +616,7 @@ fn inventory_with_peer(addr: &str) -> Inventory {
             memory_bytes: 1 << 30,
             slots: None,
         },
+        link: None,
         detail: "test peer".into(),
     });
     inv
@@ -688,6 +689,7 @@ fn no_placement_where_the_artifact_cannot_load() {
             memory_bytes: 1 << 30,
             slots: None,
         },
+        link: None,
         detail: "test kernel".into(),
     });
     std::fs::write(dir.path().join("fw.bpf.o"), b"\x7fELF").unwrap();

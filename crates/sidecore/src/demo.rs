@@ -56,6 +56,9 @@ pub struct FirewallArgs {
     /// Ethernet frame size (64..=1514).
     #[arg(long, default_value_t = 64)]
     frame_bytes: usize,
+    /// Offered load in packets per second (0: as fast as the generator goes).
+    #[arg(long, default_value_t = 0)]
+    rate_pps: u64,
     /// Rule-set sizes to run (the extra rules never match the traffic, so a
     /// denied packet is checked against all of them by a linear scan; 0 is an
     /// empty set: default deny without a lookup).
@@ -340,9 +343,10 @@ fn firewall(a: &FirewallArgs) -> anyhow::Result<ExitCode> {
                     "traffic-generator",
                     "host",
                     &format!(
-                        "netns = \"{}\", mode = \"packet\", iface = \"to-middlebox\", src = \"{client}\", dst = \"{server}\", dports = {dports}, frame_bytes = {}",
+                        "netns = \"{}\", mode = \"packet\", iface = \"to-middlebox\", src = \"{client}\", dst = \"{server}\", dports = {dports}, frame_bytes = {}, rate_pps = {}",
                         bed.ns("client"),
-                        a.frame_bytes
+                        a.frame_bytes,
+                        a.rate_pps
                     ),
                 ));
                 if let Some((kind, extra)) = firewall_target(f)? {

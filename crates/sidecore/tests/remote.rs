@@ -472,6 +472,7 @@ fn a_peer_answers_bad_deploy_requests_with_what_is_wrong() {
         &sidecore_pe::NodeConfig {
             name: "peer".into(),
             addr: addr.clone(),
+            bandwidth: None,
         },
         Duration::from_secs(10),
     )

@@ -30,6 +30,7 @@ pub fn problem(offcodes: usize, pes: usize, seed: u64) -> Problem {
         offcodes: ocs,
         constraints,
         flows,
+        links: Vec::new(),
     }
 }
 
