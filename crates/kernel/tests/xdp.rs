@@ -4,24 +4,13 @@
 //! attach and detach are idempotent and leave nothing behind.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
+use sidecore_testbed::testing::root;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
 use sidecore_firewall::{Classifier, parse::parse_table};
 use sidecore_kernel::{XdpFirewall, XdpMode};
 use sidecore_testbed::{Testbed, Topology, within};
-
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        assert!(
-            std::env::var_os("SIDECORE_REQUIRE_ROOT").is_none(),
-            "SIDECORE_REQUIRE_ROOT is set but the tests do not run as root"
-        );
-    }
-    root
-}
 
 /// Removes the testbed even if the test fails.
 struct Bed(Testbed);

@@ -6,6 +6,7 @@
 //! what the rule set's first-match semantics accept. Run as root (CI does).
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // test code
 
+use sidecore_testbed::testing::root;
 use std::collections::BTreeSet;
 use std::net::Ipv4Addr;
 use std::path::Path;
@@ -26,18 +27,6 @@ use sidecore_testbed::{Testbed, Topology};
 
 /// One deployment at a time: they share cores and the kernel's XDP hooks.
 static SERIAL: Mutex<()> = Mutex::new(());
-
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        assert!(
-            std::env::var_os("SIDECORE_REQUIRE_ROOT").is_none(),
-            "SIDECORE_REQUIRE_ROOT is set but the tests do not run as root"
-        );
-    }
-    root
-}
 
 /// Removes the testbed even if the test fails.
 struct Bed(Testbed);

@@ -7,6 +7,7 @@
 
 mod common;
 
+use sidecore_testbed::testing::{Cleanup, root};
 use std::net::{SocketAddrV4, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -17,24 +18,15 @@ fn repo(p: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
 }
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { libc::geteuid() } == 0;
-    if !root {
-        assert!(
-            std::env::var_os("SIDECORE_REQUIRE_ROOT").is_none(),
-            "SIDECORE_REQUIRE_ROOT is set but the tests do not run as root"
-        );
+/// Serialises the test, and removes its testbed (prefix `tag` + pid) even if it
+/// fails; `None` when not root (see `root`).
+fn testbed_test(tag: &str) -> Option<(std::sync::MutexGuard<'static, ()>, Cleanup, String)> {
+    if !root() {
+        return None;
     }
-    root
-}
-
-/// Removes a testbed even if the test fails.
-struct BedGuard(String);
-impl Drop for BedGuard {
-    fn drop(&mut self) {
-        let _ = run(&["testbed", "down", "--prefix", &self.0]);
-    }
+    let g = serial();
+    let prefix = format!("{tag}{}", std::process::id());
+    Some((g, Cleanup(prefix.clone()), prefix))
 }
 
 #[test]
@@ -117,12 +109,9 @@ fn check_fails_on_errors_and_bad_files_with_their_location() {
 
 #[test]
 fn testbed_up_status_down_leaves_nothing() {
-    if !root() {
+    let Some((_g, _bed, prefix)) = testbed_test("sct") else {
         return;
-    }
-    let _g = serial();
-    let prefix = format!("sct{}", std::process::id());
-    let _bed = BedGuard(prefix.clone());
+    };
     let o = run(&["testbed", "up", "--prefix", &prefix, "--json"]);
     assert!(o.status.success(), "{}", text(&o).1);
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
@@ -217,12 +206,9 @@ fn xdp_attached(prefix: &str) -> bool {
 
 #[test]
 fn a_daemon_runs_the_firewall_on_the_kernel_reloads_it_live_and_unloads_it() {
-    if !root() {
+    let Some((_g, _bed, prefix)) = testbed_test("scd") else {
         return;
-    }
-    let _g = serial();
-    let prefix = format!("scd{}", std::process::id());
-    let _bed = BedGuard(prefix.clone());
+    };
     assert!(
         run(&["testbed", "up", "--prefix", &prefix])
             .status
@@ -341,12 +327,9 @@ params = {{ rules = "{}", netns = "{prefix}-middlebox", ingress = "to-client", x
 
 #[test]
 fn the_firewall_demo_measures_what_it_claims() {
-    if !root() {
+    let Some((_g, _bed, prefix)) = testbed_test("scm") else {
         return;
-    }
-    let _g = serial();
-    let prefix = format!("scm{}", std::process::id());
-    let _bed = BedGuard(prefix.clone());
+    };
     let o = run(&[
         "demo",
         "firewall",

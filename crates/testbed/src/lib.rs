@@ -4,8 +4,10 @@
 //!   there stays there).
 //! * [`topology`] — the testbed: hosts as namespaces joined by veth pairs,
 //!   with addresses, routes and forwarding, built and removed without a trace.
+//! * [`testing`] — for tests: may they build one, and a clean-up guard.
 
 pub mod netns;
+pub mod testing;
 pub mod topology;
 
 pub use netns::{NetnsError, within};

@@ -3,23 +3,12 @@
 //! removes every namespace and link, and so does a failure part-way.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
+use sidecore_testbed::testing::root;
 use std::net::{SocketAddrV4, UdpSocket};
 use std::time::Duration;
 
 use sidecore_testbed::topology::{self, namespaces};
 use sidecore_testbed::{Testbed, Topology, within};
-
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let root = unsafe { nix::libc::geteuid() } == 0;
-    if !root {
-        assert!(
-            std::env::var_os("SIDECORE_REQUIRE_ROOT").is_none(),
-            "SIDECORE_REQUIRE_ROOT is set but the tests do not run as root"
-        );
-    }
-    root
-}
 
 #[test]
 fn the_default_testbed_routes_through_the_middlebox_and_leaves_no_trace() {
