@@ -395,6 +395,35 @@ to = "sum.in"
     assert!(apps(&peer_sock).is_empty(), "{:?}", apps(&peer_sock));
 }
 
+#[test]
+fn a_zero_copy_channel_is_refused_across_machines() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let (_peer, peer_sock) = start_peer(dir.path(), &addr, None);
+    let m = chain_manifest(dir.path(), "node", "record_size = 64, records = 100");
+    let manifest = std::fs::read_to_string(&m)
+        .unwrap()
+        .replace("to = \"remote.in\"\n", "to = \"remote.in\"\nzero_copy = true\n");
+    std::fs::write(&m, manifest).unwrap();
+    let o = bin()
+        .args(["up", "--quiet", "--socket"])
+        .arg(dir.path().join("origin.sock"))
+        .arg("--nodes")
+        .arg(nodes_file(dir.path(), &addr))
+        .arg(&m)
+        .output()
+        .unwrap();
+    let (_, err) = text(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("channel `records`") && err.contains("it is zero_copy"),
+        "{err}"
+    );
+    // Nothing reached the peer.
+    assert!(apps(&peer_sock).is_empty(), "{:?}", apps(&peer_sock));
+}
+
 /// Opens a node connection to `addr` by hand, is welcomed, sends `payload` as
 /// the next frame (whatever it holds), and returns the peer's error reply.
 fn ask_raw(addr: &str, payload: &[u8]) -> String {

@@ -153,7 +153,10 @@ pub struct ChannelProps {
     pub cast: Cast,
     pub order: Order,
     pub delivery: Delivery,
-    /// The sender writes into the slot the receiver reads.
+    /// Required: the sender writes into the slot the receiver reads, so the
+    /// channel must be shared memory; a deployment that would carry it over a
+    /// copying transport (a TCP stream to a peer node) is refused. Local
+    /// channels are shared-memory rings either way.
     pub zero_copy: bool,
     /// Number of slots in the ring (a power of two).
     pub slots: u32,
@@ -167,7 +170,7 @@ impl Default for ChannelProps {
             cast: Cast::Unicast,
             order: Order::Sequential,
             delivery: Delivery::Reliable,
-            zero_copy: true,
+            zero_copy: false,
             slots: 1024,
             slot_size: 128,
         }

@@ -111,6 +111,14 @@ fn check_crossings(plan: &Plan) -> Result<(), DeployError> {
             channel: ch.name.clone(),
             error,
         };
+        if ch.props.zero_copy {
+            return Err(fail(
+                "it is zero_copy (the sender writes into the slot the receiver reads), which \
+                 needs shared memory, but its ends are on different machines and a TCP \
+                 stream copies; set zero_copy = false, or keep both ends on this machine"
+                    .into(),
+            ));
+        }
         if tos.len() != 1 {
             return Err(fail(
                 "its receivers are on different machines; channels that fan out \
