@@ -204,20 +204,10 @@ fn xdp_attached(prefix: &str) -> bool {
     .contains("xdp")
 }
 
-#[test]
-fn a_daemon_runs_the_firewall_on_the_kernel_reloads_it_live_and_unloads_it() {
-    let Some((_g, _bed, prefix)) = testbed_test("scd") else {
-        return;
-    };
-    assert!(
-        run(&["testbed", "up", "--prefix", &prefix])
-            .status
-            .success()
-    );
-    let dir = tempfile::tempdir().unwrap();
-    let rules = dir.path().join("a.rules");
-    std::fs::write(&rules, "1 udp any any 10.201.1.2 5000 accept\n").unwrap();
-    let manifest = dir.path().join("fw.toml");
+/// A manifest of one firewall offcode that may go to the kernel (XDP, generic
+/// mode) or stay on the host, filtering the middlebox of testbed `prefix`.
+fn fw_manifest(dir: &Path, prefix: &str, rules: &Path) -> PathBuf {
+    let manifest = dir.join("fw.toml");
     std::fs::write(
         &manifest,
         format!(
@@ -240,6 +230,60 @@ params = {{ rules = "{}", netns = "{prefix}-middlebox", ingress = "to-client", x
         ),
     )
     .unwrap();
+    manifest
+}
+
+#[test]
+fn a_daemon_killed_outright_leaves_no_program_attached() {
+    let Some((_g, _bed, prefix)) = testbed_test("sck") else {
+        return;
+    };
+    assert!(
+        run(&["testbed", "up", "--prefix", &prefix])
+            .status
+            .success()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("a.rules");
+    std::fs::write(&rules, "1 udp any any 10.201.1.2 5000 accept\n").unwrap();
+    let manifest = fw_manifest(dir.path(), &prefix, &rules);
+    let sock = dir.path().join("d.sock");
+    let s = sock.to_str().unwrap();
+    let mut daemon = common::Guard(
+        common::bin()
+            .args(["daemon", "--socket", s])
+            .spawn()
+            .unwrap(),
+    );
+    assert!(common::wait_for(|| sock.exists(), 10));
+    let o = run(&["up", "-d", manifest.to_str().unwrap(), "--socket", s]);
+    assert!(o.status.success(), "{}", text(&o).1);
+    assert!(common::wait_for(|| xdp_attached(&prefix), 10));
+    assert_eq!(probe(&prefix, &[5000, 5001]), vec![5000]);
+    // SIGKILL: no clean-up code runs; the kernel closes the daemon's BPF link.
+    daemon.0.kill().unwrap();
+    daemon.0.wait().unwrap();
+    assert!(
+        common::wait_for(|| !xdp_attached(&prefix), 5),
+        "XDP still attached"
+    );
+    assert_eq!(probe(&prefix, &[5000, 5001]), vec![5000, 5001]);
+}
+
+#[test]
+fn a_daemon_runs_the_firewall_on_the_kernel_reloads_it_live_and_unloads_it() {
+    let Some((_g, _bed, prefix)) = testbed_test("scd") else {
+        return;
+    };
+    assert!(
+        run(&["testbed", "up", "--prefix", &prefix])
+            .status
+            .success()
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let rules = dir.path().join("a.rules");
+    std::fs::write(&rules, "1 udp any any 10.201.1.2 5000 accept\n").unwrap();
+    let manifest = fw_manifest(dir.path(), &prefix, &rules);
     // The layout puts it on the kernel.
     let o = run(&["layout", manifest.to_str().unwrap()]);
     assert!(
