@@ -402,9 +402,10 @@ fn a_zero_copy_channel_is_refused_across_machines() {
     let addr = format!("127.0.0.1:{}", free_port());
     let (_peer, peer_sock) = start_peer(dir.path(), &addr, None);
     let m = chain_manifest(dir.path(), "node", "record_size = 64, records = 100");
-    let manifest = std::fs::read_to_string(&m)
-        .unwrap()
-        .replace("to = \"remote.in\"\n", "to = \"remote.in\"\nzero_copy = true\n");
+    let manifest = std::fs::read_to_string(&m).unwrap().replace(
+        "to = \"remote.in\"\n",
+        "to = \"remote.in\"\nzero_copy = true\n",
+    );
     std::fs::write(&m, manifest).unwrap();
     let o = bin()
         .args(["up", "--quiet", "--socket"])
