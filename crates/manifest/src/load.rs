@@ -7,7 +7,9 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sidecore_types::{Cast, ChannelProps, ConstraintKind, Delivery, Guid, Order, PeKind, Priority};
+use sidecore_types::{
+    Bandwidth, Cast, ChannelProps, ConstraintKind, Delivery, Guid, Order, PeKind, Priority,
+};
 
 use crate::diag::{FileId, ManifestError, Report, Sources, also, note};
 use crate::model::*;
@@ -1024,22 +1026,32 @@ impl Loader {
                     props.slot_size = v as u32;
                 }
             }
-            let bandwidth = match &ch.bandwidth_mbps {
-                Some(b) if b.get_ref().is_finite() && *b.get_ref() >= 0.0 => *b.get_ref(),
-                Some(b) => {
-                    self.report.error(
-                        file,
-                        b.span(),
-                        format!(
-                            "`bandwidth_mbps` must be a finite number ≥ 0, got {}",
-                            b.get_ref()
-                        ),
-                        "bad estimate",
-                    );
-                    ok = false;
-                    0.0
-                }
-                None => 0.0,
+            if let Some(old) = &ch.bandwidth_mbps {
+                self.report.error(
+                    file,
+                    old.span(),
+                    "`bandwidth_mbps` was replaced by `bandwidth`, which carries its unit: \
+                     write `bandwidth = \"100 Mbit/s\"`"
+                        .to_string(),
+                    "old key",
+                );
+                ok = false;
+            }
+            let bandwidth = match &ch.bandwidth {
+                Some(b) => match b.get_ref().parse::<Bandwidth>() {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.report.error(
+                            file,
+                            b.span(),
+                            format!("`bandwidth`: {e}"),
+                            "bad bandwidth",
+                        );
+                        ok = false;
+                        Bandwidth::default()
+                    }
+                },
+                None => Bandwidth::default(),
             };
             // One producer per port, one channel per input port.
             if let Some(e) = &from {
@@ -1080,7 +1092,7 @@ impl Loader {
                     from,
                     to: to.into_iter().flatten().collect(),
                     props,
-                    bandwidth_mbps: bandwidth,
+                    bandwidth,
                     origin: self.sources.origin(file, &ch.name.span()),
                 });
             }

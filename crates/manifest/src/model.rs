@@ -8,7 +8,7 @@ use std::time::Duration;
 
 pub use sidecore_types::PropValue;
 pub use sidecore_types::ValueType;
-use sidecore_types::{ChannelProps, ConstraintKind, Guid, PeKind, Priority};
+use sidecore_types::{Bandwidth, ChannelProps, ConstraintKind, Guid, PeKind, Priority};
 
 use crate::diag::{Origin, Sources};
 
@@ -132,7 +132,7 @@ pub struct Channel {
     pub from: Endpoint,
     pub to: Vec<Endpoint>,
     pub props: ChannelProps,
-    /// Estimated traffic, for the layout's bandwidth objective.
-    pub bandwidth_mbps: f64,
+    /// Estimated traffic, for the layout's bandwidth objective and link caps.
+    pub bandwidth: Bandwidth,
     pub origin: Origin,
 }

@@ -135,5 +135,8 @@ pub struct RawChannel {
     pub zero_copy: Option<bool>,
     pub slots: Option<S<i64>>,
     pub slot_size: Option<S<i64>>,
-    pub bandwidth_mbps: Option<S<f64>>,
+    /// Estimated traffic with its unit (`"10 Gbit/s"`).
+    pub bandwidth: Option<S<String>>,
+    /// The old unitless key, kept only to say what replaced it.
+    pub bandwidth_mbps: Option<S<toml::Value>>,
 }

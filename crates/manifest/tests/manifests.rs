@@ -424,13 +424,26 @@ fn channels_are_checked() {
         "main.toml:18:13",
     );
     let e = err(&ports(
-        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nbandwidth_mbps = -1.0\n",
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nbandwidth_mbps = 100\n",
     ));
     expect(
         &e,
-        "`bandwidth_mbps` must be a finite number",
+        "`bandwidth_mbps` was replaced by `bandwidth`, which carries its unit: write `bandwidth = \"100 Mbit/s\"`",
         "main.toml:18:18",
     );
+    let e = err(&ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nbandwidth = \"fast\"\n",
+    ));
+    expect(
+        &e,
+        "`bandwidth`: `fast` is not a bandwidth",
+        "main.toml:18:13",
+    );
+    let text = ports(
+        "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\nbandwidth = \"2.5 Gbit/s\"\n",
+    );
+    let m = load_files(&[("main.toml", &text)]).1.unwrap();
+    assert_eq!(m.channels[0].bandwidth.bps(), 2_500_000_000);
     let e = err(&ports(
         "[[channel]]\nname = \"c\"\nfrom = \"a.out\"\nto = \"b.in\"\ndelivery = \"maybe\"\n",
     ));

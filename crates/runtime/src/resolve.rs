@@ -241,7 +241,7 @@ fn flows(manifest: &Manifest) -> Vec<Flow> {
             flows.push(Flow {
                 a: ch.from.offcode,
                 b: t.offcode,
-                bandwidth_bps: ch.bandwidth_mbps * 1e6, // FIXME(units): ch.bandwidth.bps_f64() once the manifest carries Bandwidth
+                bandwidth_bps: ch.bandwidth.bps_f64(),
                 origin: ch.origin.to_string(),
             });
         }

@@ -453,7 +453,7 @@ fn checksum_pipeline_checksums_every_record_on_two_cores() {
     let dir = tempfile::tempdir().unwrap();
     const N: u64 = 200_000;
     let text = format!(
-        "[app]\nname = \"cs\"\n{}{}[[channel]]\nname = \"records\"\nfrom = \"source.out\"\nto = \"sum.in\"\nslots = 1024\nbandwidth_mbps = 1000\n",
+        "[app]\nname = \"cs\"\n{}{}[[channel]]\nname = \"records\"\nfrom = \"source.out\"\nto = \"sum.in\"\nslots = 1024\nbandwidth = \"1 Gbit/s\"\n",
         offcode(
             "source",
             1,

@@ -40,7 +40,7 @@ pub fn run(path: &Path, pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
                 "name": c.name, "transport": c.transport,
             })).collect::<Vec<_>>(),
             "offloaded_weight": plan.layout.offloaded_weight,
-            "cross_pe_bandwidth_mbps": plan.layout.cross_bandwidth,
+            "cross_pe_bandwidth_bps": plan.layout.cross_bandwidth,
             "solve_ms": plan.layout.stats.time.as_secs_f64() * 1e3,
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
@@ -65,9 +65,10 @@ pub fn run(path: &Path, pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
         println!("  channel {:<12} {:?}", c.name, c.transport);
     }
     println!(
-        "offloaded weight {}, cross-PE bandwidth {:.1} Mbit/s, solved in {:.1} ms",
+        "offloaded weight {}, cross-PE bandwidth {}, solved in {:.1} ms",
         plan.layout.offloaded_weight,
-        plan.layout.cross_bandwidth,
+        // Whole bits per second: the sum of the flows' estimates.
+        sidecore_types::Bandwidth::from_bps(plan.layout.cross_bandwidth.round() as u64),
         plan.layout.stats.time.as_secs_f64() * 1e3
     );
     Ok(ExitCode::SUCCESS)
