@@ -336,12 +336,11 @@ impl Loader {
         }
     }
 
-    fn offcode(&mut self, file: FileId, raw: S<RawOffcode>) {
-        let table_span = raw.span();
-        let raw = raw.into_inner();
+    /// Checks an offcode's name (valid, not declared before) and id (a GUID no
+    /// other offcode has). Returns whether the name is a duplicate, and the id.
+    fn identity(&mut self, file: FileId, raw: &RawOffcode, name: &str) -> (bool, Option<Guid>) {
         let r = &mut self.report;
-        let name = raw.name.get_ref().clone();
-        if !is_name(&name, true) {
+        if !is_name(name, true) {
             r.error(
                 file,
                 raw.name.span(),
@@ -349,8 +348,8 @@ impl Loader {
                 "letters, digits, `_`, `-` and `.`, starting with a letter, at most 64",
             );
         }
-        let duplicate = self.pending.iter().any(|p| p.offcode.name == name);
-        if let Some(prev) = self.pending.iter().find(|p| p.offcode.name == name) {
+        let duplicate = self.pending.iter().any(|p| p.offcode.name == *name);
+        if let Some(prev) = self.pending.iter().find(|p| p.offcode.name == *name) {
             let (pf, ps) = (prev.file, prev.name_span.clone());
             let d = r.error(
                 file,
@@ -373,6 +372,35 @@ impl Loader {
             );
             also(d, pf, ps, format!("`{pn}` has this id"));
         }
+        (duplicate, id)
+    }
+
+    /// Loads the files an offcode's imports name (each once; cycles are caught
+    /// by `load_file`).
+    fn file_imports(&mut self, file: FileId, imports: &[S<RawImport>]) {
+        for imp in imports {
+            if let Some(f) = &imp.get_ref().file {
+                if !self.allow_files {
+                    self.report.error(
+                        file,
+                        f.span(),
+                        "file imports need a manifest on disk".to_string(),
+                        "cannot resolve this path",
+                    );
+                    continue;
+                }
+                let path = self.base_dir(file).join(f.get_ref());
+                self.load_file(&path, None, Some((file, f.span())));
+            }
+        }
+    }
+
+    fn offcode(&mut self, file: FileId, raw: S<RawOffcode>) {
+        let table_span = raw.span();
+        let raw = raw.into_inner();
+        let name = raw.name.get_ref().clone();
+        let (duplicate, id) = self.identity(file, &raw, &name);
+        let r = &mut self.report;
         let priority = raw
             .priority
             .as_ref()
@@ -409,39 +437,7 @@ impl Loader {
                 "not a name",
             );
         }
-        let ports = |r: &mut Report, list: &[S<String>], what: &str| {
-            for (i, p) in list.iter().enumerate() {
-                if !is_name(p.get_ref(), false) {
-                    r.error(
-                        file,
-                        p.span(),
-                        format!("{what} port `{}` is not a valid port name", p.get_ref()),
-                        "letters, digits, `_` and `-`, starting with a letter",
-                    );
-                } else if list[..i].iter().any(|q| q.get_ref() == p.get_ref()) {
-                    r.error(
-                        file,
-                        p.span(),
-                        format!("{what} port `{}` is listed twice", p.get_ref()),
-                        "duplicate",
-                    );
-                }
-            }
-        };
-        ports(r, &raw.inputs, "input");
-        ports(r, &raw.outputs, "output");
-        if let Some(dup) = raw
-            .outputs
-            .iter()
-            .find(|o| raw.inputs.iter().any(|i| i.get_ref() == o.get_ref()))
-        {
-            r.error(
-                file,
-                dup.span(),
-                format!("port `{}` is both an input and an output", dup.get_ref()),
-                "rename one of them",
-            );
-        }
+        check_ports(r, file, &raw);
         let interfaces = self.interfaces(file, &raw.interface);
         let targets = self.targets(file, &name, table_span.clone(), &raw.target);
         let params_origin = raw
@@ -461,21 +457,7 @@ impl Loader {
         let targets = targets.unwrap_or_default();
         let watchdog = watchdog.flatten();
         let obsolete = obsolete.flatten();
-        for imp in &raw.import {
-            if let Some(f) = &imp.get_ref().file {
-                if !self.allow_files {
-                    self.report.error(
-                        file,
-                        f.span(),
-                        "file imports need a manifest on disk".to_string(),
-                        "cannot resolve this path",
-                    );
-                    continue;
-                }
-                let path = self.base_dir(file).join(f.get_ref());
-                self.load_file(&path, None, Some((file, f.span())));
-            }
-        }
+        self.file_imports(file, &raw.import);
         let origin = self.sources.origin(file, &raw.name.span());
         self.pending.push(Pending {
             offcode: Offcode {
@@ -608,6 +590,58 @@ impl Loader {
         ok.then_some(out)
     }
 
+    /// A target's `require` table checked against the properties its kind
+    /// has; `None` (with the problems reported) when any is unknown or mistyped.
+    fn require(
+        &mut self,
+        file: FileId,
+        kind: PeKind,
+        req: Option<&S<toml::Table>>,
+    ) -> Option<BTreeMap<String, PropValue>> {
+        let mut ok = true;
+        let mut require = BTreeMap::new();
+        if let Some(req) = req {
+            let known = known_props(kind);
+            for (k, v) in req.get_ref() {
+                let Some((_, ty)) = known.iter().find(|(n, _)| n == k) else {
+                    let names: Vec<_> = known.iter().map(|(n, _)| format!("`{n}`")).collect();
+                    self.report.error(
+                        file,
+                        req.span(),
+                        format!(
+                            "target kind `{kind}` has no property `{k}`; it understands: {}",
+                            if names.is_empty() {
+                                "none".to_string()
+                            } else {
+                                names.join(", ")
+                            }
+                        ),
+                        "unknown property",
+                    );
+                    ok = false;
+                    continue;
+                };
+                let pv = match (*ty, v) {
+                    ("bool", toml::Value::Boolean(b)) => PropValue::Bool(*b),
+                    ("int", toml::Value::Integer(i)) if *i >= 0 => PropValue::Int(*i),
+                    ("string", toml::Value::String(s)) => PropValue::Str(s.clone()),
+                    _ => {
+                        self.report.error(
+                            file,
+                            req.span(),
+                            format!("property `{k}` of target `{kind}` must be a {ty}, got {v}"),
+                            "wrong type",
+                        );
+                        ok = false;
+                        continue;
+                    }
+                };
+                require.insert(k.clone(), pv);
+            }
+        }
+        ok.then_some(require)
+    }
+
     fn targets(
         &mut self,
         file: FileId,
@@ -648,48 +682,10 @@ impl Loader {
                 );
                 ok = false;
             }
-            let mut require = BTreeMap::new();
-            if let Some(req) = &t.require {
-                let known = known_props(kind);
-                for (k, v) in req.get_ref() {
-                    let Some((_, ty)) = known.iter().find(|(n, _)| n == k) else {
-                        let names: Vec<_> = known.iter().map(|(n, _)| format!("`{n}`")).collect();
-                        self.report.error(
-                            file,
-                            req.span(),
-                            format!(
-                                "target kind `{kind}` has no property `{k}`; it understands: {}",
-                                if names.is_empty() {
-                                    "none".to_string()
-                                } else {
-                                    names.join(", ")
-                                }
-                            ),
-                            "unknown property",
-                        );
-                        ok = false;
-                        continue;
-                    };
-                    let pv = match (*ty, v) {
-                        ("bool", toml::Value::Boolean(b)) => PropValue::Bool(*b),
-                        ("int", toml::Value::Integer(i)) if *i >= 0 => PropValue::Int(*i),
-                        ("string", toml::Value::String(s)) => PropValue::Str(s.clone()),
-                        _ => {
-                            self.report.error(
-                                file,
-                                req.span(),
-                                format!(
-                                    "property `{k}` of target `{kind}` must be a {ty}, got {v}"
-                                ),
-                                "wrong type",
-                            );
-                            ok = false;
-                            continue;
-                        }
-                    };
-                    require.insert(k.clone(), pv);
-                }
-            }
+            let Some(require) = self.require(file, kind, t.require.as_ref()) else {
+                ok = false;
+                continue;
+            };
             let cpu = t
                 .cpu
                 .as_ref()
@@ -873,6 +869,157 @@ impl Loader {
         out
     }
 
+    /// A channel's cast, order, delivery and zero-copy flag, checked against its
+    /// number of receivers. Returns the properties and whether all were valid.
+    fn channel_props(
+        &mut self,
+        file: FileId,
+        raw: &S<RawChannel>,
+        receivers: usize,
+    ) -> (ChannelProps, bool) {
+        let ch = raw.get_ref();
+        let name = ch.name.get_ref();
+        let mut ok = true;
+        let mut props = ChannelProps::default();
+        let r = &mut self.report;
+        let cast = ch
+            .cast
+            .as_ref()
+            .map(|c| keyword::<Cast>(r, file, c, "cast"));
+        let order = ch
+            .order
+            .as_ref()
+            .map(|c| keyword::<Order>(r, file, c, "order"));
+        let delivery = ch
+            .delivery
+            .as_ref()
+            .map(|c| keyword::<Delivery>(r, file, c, "delivery"));
+        match cast {
+            Some(Some(c)) => props.cast = c,
+            Some(None) => ok = false,
+            None => {}
+        }
+        match order {
+            Some(Some(o)) => props.order = o,
+            Some(None) => ok = false,
+            None => {}
+        }
+        if cast.is_none() {
+            // Several receivers: every message to each (multicast), unless
+            // the channel is parallel, which shares messages among them.
+            props.cast = if receivers > 1 && props.order == Order::Sequential {
+                Cast::Multicast
+            } else {
+                Cast::Unicast
+            };
+        }
+        match delivery {
+            Some(Some(d)) => props.delivery = d,
+            Some(None) => ok = false,
+            None => {}
+        }
+        if let Some(z) = ch.zero_copy {
+            props.zero_copy = z;
+        }
+        if props.cast == Cast::Unicast && props.order == Order::Sequential && receivers > 1 {
+            let d = self.report.error(
+                file,
+                ch.to.span(),
+                format!("unicast channel `{name}` has {receivers} receivers; a sequential unicast channel joins exactly two offcodes"),
+                "more than one receiver",
+            );
+            note(
+                d,
+                "use cast = \"multicast\" to give every message to each receiver, or order = \"parallel\" to share the messages among them",
+            );
+            ok = false;
+        }
+        if props.cast == Cast::Multicast && receivers < 2 {
+            self.report.error(
+                file,
+                ch.to.span(),
+                format!("multicast channel `{name}` needs at least two receivers"),
+                "one receiver",
+            );
+            ok = false;
+        }
+        if props.cast == Cast::Multicast && props.order == Order::Parallel {
+            self.report.error(
+                file,
+                ch.order.as_ref().map_or(raw.span(), toml::Spanned::span),
+                format!("channel `{name}` cannot be both multicast and parallel: multicast gives every message to every receiver, parallel gives each message to one"),
+                "conflicting properties",
+            );
+            ok = false;
+        }
+        (props, ok)
+    }
+
+    /// A channel's `slots` and `slot_size`, checked and set in `props`; false
+    /// when either is out of range.
+    fn ring_size(&mut self, file: FileId, ch: &RawChannel, props: &mut ChannelProps) -> bool {
+        let mut ok = true;
+        if let Some(s) = &ch.slots {
+            let v = *s.get_ref();
+            if !(2..=MAX_SLOTS).contains(&v) || (v as u64).count_ones() != 1 {
+                self.report.error(
+                    file,
+                    s.span(),
+                    format!("`slots` must be a power of two between 2 and {MAX_SLOTS}, got {v}"),
+                    "bad slot count",
+                );
+                ok = false;
+            } else {
+                props.slots = v as u32;
+            }
+        }
+        if let Some(s) = &ch.slot_size {
+            let v = *s.get_ref();
+            if !(32..=MAX_SLOT_SIZE).contains(&v) || v % 16 != 0 {
+                self.report.error(
+                    file,
+                    s.span(),
+                    format!("`slot_size` must be a multiple of 16 between 32 and {MAX_SLOT_SIZE} bytes, got {v}"),
+                    "bad slot size",
+                );
+                ok = false;
+            } else {
+                props.slot_size = v as u32;
+            }
+        }
+        ok
+    }
+
+    /// A channel's traffic estimate (`bandwidth`, with its unit); the old
+    /// `bandwidth_mbps` key is refused with what replaced it.
+    fn channel_bandwidth(&mut self, file: FileId, ch: &RawChannel) -> (Bandwidth, bool) {
+        let mut ok = true;
+        if let Some(old) = &ch.bandwidth_mbps {
+            self.report.error(
+                file,
+                old.span(),
+                "`bandwidth_mbps` was replaced by `bandwidth`, which carries its unit: \
+                 write `bandwidth = \"100 Mbit/s\"`"
+                    .to_string(),
+                "old key",
+            );
+            ok = false;
+        }
+        let bandwidth = match &ch.bandwidth {
+            Some(b) => match b.get_ref().parse::<Bandwidth>() {
+                Ok(v) => v,
+                Err(e) => {
+                    self.report
+                        .error(file, b.span(), format!("`bandwidth`: {e}"), "bad bandwidth");
+                    ok = false;
+                    Bandwidth::default()
+                }
+            },
+            None => Bandwidth::default(),
+        };
+        (bandwidth, ok)
+    }
+
     fn resolve_channels(&mut self) -> Vec<Channel> {
         let mut out = Vec::new();
         let channels = std::mem::take(&mut self.channels);
@@ -924,135 +1071,10 @@ impl Loader {
                 .iter()
                 .map(|t| self.endpoint(file, t, false))
                 .collect();
-            let mut props = ChannelProps::default();
-            let r = &mut self.report;
-            let cast = ch
-                .cast
-                .as_ref()
-                .map(|c| keyword::<Cast>(r, file, c, "cast"));
-            let order = ch
-                .order
-                .as_ref()
-                .map(|c| keyword::<Order>(r, file, c, "order"));
-            let delivery = ch
-                .delivery
-                .as_ref()
-                .map(|c| keyword::<Delivery>(r, file, c, "delivery"));
-            match cast {
-                Some(Some(c)) => props.cast = c,
-                Some(None) => ok = false,
-                None => {}
-            }
-            match order {
-                Some(Some(o)) => props.order = o,
-                Some(None) => ok = false,
-                None => {}
-            }
-            if cast.is_none() {
-                // Several receivers: every message to each (multicast), unless
-                // the channel is parallel, which shares messages among them.
-                props.cast = if to_raw.len() > 1 && props.order == Order::Sequential {
-                    Cast::Multicast
-                } else {
-                    Cast::Unicast
-                };
-            }
-            match delivery {
-                Some(Some(d)) => props.delivery = d,
-                Some(None) => ok = false,
-                None => {}
-            }
-            if let Some(z) = ch.zero_copy {
-                props.zero_copy = z;
-            }
-            if props.cast == Cast::Unicast && props.order == Order::Sequential && to_raw.len() > 1 {
-                let d = self.report.error(
-                    file,
-                    ch.to.span(),
-                    format!("unicast channel `{name}` has {} receivers; a sequential unicast channel joins exactly two offcodes", to_raw.len()),
-                    "more than one receiver",
-                );
-                note(
-                    d,
-                    "use cast = \"multicast\" to give every message to each receiver, or order = \"parallel\" to share the messages among them",
-                );
-                ok = false;
-            }
-            if props.cast == Cast::Multicast && to_raw.len() < 2 {
-                self.report.error(
-                    file,
-                    ch.to.span(),
-                    format!("multicast channel `{name}` needs at least two receivers"),
-                    "one receiver",
-                );
-                ok = false;
-            }
-            if props.cast == Cast::Multicast && props.order == Order::Parallel {
-                self.report.error(
-                    file,
-                    ch.order.as_ref().map_or(raw.span(), toml::Spanned::span),
-                    format!("channel `{name}` cannot be both multicast and parallel: multicast gives every message to every receiver, parallel gives each message to one"),
-                    "conflicting properties",
-                );
-                ok = false;
-            }
-            if let Some(s) = &ch.slots {
-                let v = *s.get_ref();
-                if !(2..=MAX_SLOTS).contains(&v) || (v as u64).count_ones() != 1 {
-                    self.report.error(
-                        file,
-                        s.span(),
-                        format!(
-                            "`slots` must be a power of two between 2 and {MAX_SLOTS}, got {v}"
-                        ),
-                        "bad slot count",
-                    );
-                    ok = false;
-                } else {
-                    props.slots = v as u32;
-                }
-            }
-            if let Some(s) = &ch.slot_size {
-                let v = *s.get_ref();
-                if !(32..=MAX_SLOT_SIZE).contains(&v) || v % 16 != 0 {
-                    self.report.error(
-                        file,
-                        s.span(),
-                        format!("`slot_size` must be a multiple of 16 between 32 and {MAX_SLOT_SIZE} bytes, got {v}"),
-                        "bad slot size",
-                    );
-                    ok = false;
-                } else {
-                    props.slot_size = v as u32;
-                }
-            }
-            if let Some(old) = &ch.bandwidth_mbps {
-                self.report.error(
-                    file,
-                    old.span(),
-                    "`bandwidth_mbps` was replaced by `bandwidth`, which carries its unit: \
-                     write `bandwidth = \"100 Mbit/s\"`"
-                        .to_string(),
-                    "old key",
-                );
-                ok = false;
-            }
-            let bandwidth = match &ch.bandwidth {
-                Some(b) => match b.get_ref().parse::<Bandwidth>() {
-                    Ok(v) => v,
-                    Err(e) => {
-                        self.report.error(
-                            file,
-                            b.span(),
-                            format!("`bandwidth`: {e}"),
-                            "bad bandwidth",
-                        );
-                        ok = false;
-                        Bandwidth::default()
-                    }
-                },
-                None => Bandwidth::default(),
-            };
+            let (mut props, props_ok) = self.channel_props(file, raw, to_raw.len());
+            let size_ok = self.ring_size(file, ch, &mut props);
+            let (bandwidth, bandwidth_ok) = self.channel_bandwidth(file, ch);
+            ok &= props_ok && size_ok && bandwidth_ok;
             // One producer per port, one channel per input port.
             if let Some(e) = &from {
                 let key = (e.offcode, e.port.clone());
@@ -1175,5 +1197,42 @@ fn display_name(path: &Path) -> String {
     match cwd.and_then(|c| path.strip_prefix(&c).ok().map(Path::to_path_buf)) {
         Some(rel) => rel.display().to_string(),
         None => path.display().to_string(),
+    }
+}
+
+/// Port names valid and listed once, and no port both an input and an output.
+fn check_ports(r: &mut Report, file: FileId, raw: &RawOffcode) {
+    let ports = |r: &mut Report, list: &[S<String>], what: &str| {
+        for (i, p) in list.iter().enumerate() {
+            if !is_name(p.get_ref(), false) {
+                r.error(
+                    file,
+                    p.span(),
+                    format!("{what} port `{}` is not a valid port name", p.get_ref()),
+                    "letters, digits, `_` and `-`, starting with a letter",
+                );
+            } else if list[..i].iter().any(|q| q.get_ref() == p.get_ref()) {
+                r.error(
+                    file,
+                    p.span(),
+                    format!("{what} port `{}` is listed twice", p.get_ref()),
+                    "duplicate",
+                );
+            }
+        }
+    };
+    ports(r, &raw.inputs, "input");
+    ports(r, &raw.outputs, "output");
+    if let Some(dup) = raw
+        .outputs
+        .iter()
+        .find(|o| raw.inputs.iter().any(|i| i.get_ref() == o.get_ref()))
+    {
+        r.error(
+            file,
+            dup.span(),
+            format!("port `{}` is both an input and an output", dup.get_ref()),
+            "rename one of them",
+        );
     }
 }
