@@ -241,17 +241,9 @@ fn median(v: &mut [f64]) -> f64 {
     v[v.len() / 2]
 }
 
-/// Runs the calibration.
-pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
-    let tsc_per_ns = tsc::ticks_per_ns(Duration::from_millis(if effort.reps > 5 {
-        200
-    } else {
-        50
-    }));
-    tsc::set_ticks_per_ns(tsc_per_ns);
-    let bench = Bench {
-        engine: ExtEngine::new(ExecMode::Hybrid, 256 << 10, Duration::from_millis(1))?,
-    };
+/// Cycles per instruction of each cost class, from loops of `K` instructions
+/// minus the empty loop; returns them with the empty loop's cost.
+fn class_costs(bench: &Bench, effort: Effort) -> (BTreeMap<OpClass, f64>, f64) {
     let per = |body: &str| bench.per_iter(body, K, effort);
     let base = per("");
     let d = |body: &str, ops: f64| ((per(body) - base) / (K as f64 * ops)).max(0.0);
@@ -329,7 +321,16 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
     ] {
         class_cycles.insert(c, (v * 1000.0).round() / 1000.0);
     }
+    (class_cycles, base)
+}
 
+/// An empty accounted invocation, each host call's cost within an invocation,
+/// the budget poll's, and the cost of each byte `emit` copies.
+fn host_costs(
+    bench: &Bench,
+    effort: Effort,
+    base: f64,
+) -> anyhow::Result<(f64, BTreeMap<String, f64>, f64)> {
     // Accounted invocation of an empty handler, then host calls measured the same way:
     // one call per invocation, minus the empty invocation (so each call is priced in the
     // context real handlers make it in, not amortised over a tight loop).
@@ -385,7 +386,22 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
         effort,
     )? - invoke;
     let per_byte = ((emit_big - host_base["sc.emit"]) / 2048.0).max(0.0);
+    Ok((invoke, host_base, per_byte))
+}
 
+/// Runs the calibration.
+pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
+    let tsc_per_ns = tsc::ticks_per_ns(Duration::from_millis(if effort.reps > 5 {
+        200
+    } else {
+        50
+    }));
+    tsc::set_ticks_per_ns(tsc_per_ns);
+    let bench = Bench {
+        engine: ExtEngine::new(ExecMode::Hybrid, 256 << 10, Duration::from_millis(1))?,
+    };
+    let (class_cycles, base) = class_costs(&bench, effort);
+    let (invoke, host_base, per_byte) = host_costs(&bench, effort, base)?;
     let latency = effort.sizes.iter().map(|&ws| mbench(ws, effort)).collect();
     Ok(Calibration {
         machine: machine_name(),

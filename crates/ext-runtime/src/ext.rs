@@ -266,24 +266,22 @@ impl WasmExtension {
         Self::instantiate(engine, &bytes, admission, cfg, shared)
     }
 
-    /// Instantiates `bytes` under an existing admission (the runtime never runs a module
-    /// that was not admitted; tests use this to run a contained module as given).
-    pub fn instantiate(
+    /// The store an instance runs in: the host state with the region caps and
+    /// the declared loops, the memory limiter, and fuel or the epoch deadline
+    /// that the budget poll hangs on.
+    fn store(
         engine: &ExtEngine,
-        bytes: &[u8],
-        admission: Admission,
+        admission: &Admission,
         cfg: &ExtConfig,
         shared: SharedAreas,
-    ) -> Result<WasmExtension, LoadError> {
+        limit_cycles: u64,
+    ) -> Result<Store<HostState>, LoadError> {
         let caps = cfg.policy.caps.clone();
-        let module = Module::new(&engine.engine, bytes)
-            .map_err(|e| LoadError::Instantiate(format!("{e:?}")))?;
         let limits = host::store_limits(&caps);
-        let mut state = HostState::new(caps.clone(), cfg.outputs.clone(), shared, limits);
-        state.declared_loops = declared_descriptions(&admission);
+        let mut state = HostState::new(caps, cfg.outputs.clone(), shared, limits);
+        state.declared_loops = declared_descriptions(admission);
         let mut store = Store::new(&engine.engine, state);
         store.limiter(|s| &mut s.limits);
-        let limit_cycles = admission.limit_cycles.max(1.0) as u64;
         store.data_mut().limit_cycles = limit_cycles;
         match engine.mode {
             ExecMode::Fuel => {
@@ -300,6 +298,23 @@ impl WasmExtension {
             }
             _ => {}
         }
+        Ok(store)
+    }
+
+    /// Instantiates `bytes` under an existing admission (the runtime never runs a module
+    /// that was not admitted; tests use this to run a contained module as given).
+    pub fn instantiate(
+        engine: &ExtEngine,
+        bytes: &[u8],
+        admission: Admission,
+        cfg: &ExtConfig,
+        shared: SharedAreas,
+    ) -> Result<WasmExtension, LoadError> {
+        let caps = cfg.policy.caps.clone();
+        let module = Module::new(&engine.engine, bytes)
+            .map_err(|e| LoadError::Instantiate(format!("{e:?}")))?;
+        let limit_cycles = admission.limit_cycles.max(1.0) as u64;
+        let mut store = Self::store(engine, &admission, cfg, shared, limit_cycles)?;
         let instance = engine
             .linker
             .instantiate(&mut store, &module)
@@ -308,13 +323,7 @@ impl WasmExtension {
             .get_memory(&mut store, "memory")
             .ok_or_else(|| LoadError::Abi("no exported memory `memory`".into()))?;
         store.data_mut().memory = Some(memory);
-        let get_i32 = |store: &mut Store<HostState>, name: &str| -> Result<i32, LoadError> {
-            let f = instance
-                .get_typed_func::<(), i32>(&mut *store, name)
-                .map_err(|e| LoadError::Abi(format!("export `{name}`: {e}")))?;
-            f.call(&mut *store, ())
-                .map_err(|e| LoadError::Abi(format!("`{name}` trapped: {e:?}")))
-        };
+        let get_i32 = |store: &mut Store<HostState>, name: &str| export_i32(&instance, store, name);
         if let Ok(init) = instance.get_typed_func::<(), ()>(&mut store, "sc_init") {
             init.call(&mut store, ())
                 .map_err(|e| LoadError::Abi(format!("`sc_init` trapped: {e:?}")))?;
@@ -358,21 +367,12 @@ impl WasmExtension {
         let batch = match admission.batch_max {
             Some(max) if !batches.is_empty() => {
                 let base = get_i32(&mut store, abi::EXPORT_BATCH_PTR)?;
-                let max = max as usize;
-                let bytes = abi::batch_region_bytes(max, cap as usize);
-                let size = memory.data_size(&store);
-                if base < 0 || !(base as usize).is_multiple_of(4) || base as usize + bytes > size {
-                    return Err(LoadError::Abi(format!(
-                        "batch region at {base} of {bytes} bytes ({max} descriptors and slots of {cap} bytes) must be 4-byte aligned and inside linear memory ({size} bytes)"
-                    )));
-                }
-                let base = base as usize;
-                Some(BatchLayout {
+                Some(batch_layout(
                     base,
-                    max,
-                    slots: base + abi::BATCH_HEADER + max * abi::BATCH_DESC,
-                    slot: cap as usize,
-                })
+                    max as usize,
+                    cap as usize,
+                    memory.data_size(&store),
+                )?)
             }
             _ => None,
         };
@@ -906,4 +906,35 @@ pub fn abi_imports() -> Vec<String> {
         .iter()
         .map(|h| format!("{}.{}", abi::MODULE, h.name))
         .collect()
+}
+
+/// Calls an exported `() -> i32` function (the guest's layout queries).
+fn export_i32(
+    instance: &wasmtime::Instance,
+    store: &mut Store<HostState>,
+    name: &str,
+) -> Result<i32, LoadError> {
+    let f = instance
+        .get_typed_func::<(), i32>(&mut *store, name)
+        .map_err(|e| LoadError::Abi(format!("export `{name}`: {e}")))?;
+    f.call(&mut *store, ())
+        .map_err(|e| LoadError::Abi(format!("`{name}` trapped: {e:?}")))
+}
+
+/// The batch region the guest reports at `base`: `max` descriptors and slots
+/// of `slot` bytes, 4-byte aligned and inside linear memory of `size` bytes.
+fn batch_layout(base: i32, max: usize, slot: usize, size: usize) -> Result<BatchLayout, LoadError> {
+    let bytes = abi::batch_region_bytes(max, slot);
+    if base < 0 || !(base as usize).is_multiple_of(4) || base as usize + bytes > size {
+        return Err(LoadError::Abi(format!(
+            "batch region at {base} of {bytes} bytes ({max} descriptors and slots of {slot} bytes) must be 4-byte aligned and inside linear memory ({size} bytes)"
+        )));
+    }
+    let base = base as usize;
+    Ok(BatchLayout {
+        base,
+        max,
+        slots: base + abi::BATCH_HEADER + max * abi::BATCH_DESC,
+        slot,
+    })
 }

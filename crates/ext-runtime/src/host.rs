@@ -152,6 +152,15 @@ fn guest_str(data: &[u8], ptr: i32, len: i32) -> Option<&str> {
 
 /// Links the host ABI and the injected functions.
 pub fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    link_output(linker)?;
+    link_state(linker)?;
+    link_cache(linker)?;
+    link_shared(linker)?;
+    link_injected(linker)
+}
+
+/// Links the guest's outputs: `output` (a port by name) and `emit`.
+fn link_output(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     let m = abi::MODULE;
     linker.func_wrap(
         m,
@@ -200,6 +209,12 @@ pub fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             0
         },
     )?;
+    Ok(())
+}
+
+/// Links per-extension state: `state_get`, `state_put`, `state_del` within the region's caps.
+fn link_state(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    let m = abi::MODULE;
     linker.func_wrap(
         m,
         "state_get",
@@ -255,6 +270,12 @@ pub fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             }
         },
     )?;
+    Ok(())
+}
+
+/// Links the per-invocation cache slots: `cache_put`, `cache_get`.
+fn link_cache(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    let m = abi::MODULE;
     linker.func_wrap(
         m,
         "cache_put",
@@ -293,6 +314,12 @@ pub fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             v.len() as i32
         },
     )?;
+    Ok(())
+}
+
+/// Links read-only shared areas: `shared_lookup`, `shared_read`.
+fn link_shared(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
+    let m = abi::MODULE;
     linker.func_wrap(
         m,
         "shared_lookup",
@@ -332,6 +359,11 @@ pub fn link(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
             len
         },
     )?;
+    Ok(())
+}
+
+/// Links the functions the instrumentation injects: the budget poll and the loop-bound trap.
+fn link_injected(linker: &mut Linker<HostState>) -> wasmtime::Result<()> {
     linker.func_wrap(
         abi::INJECT_MODULE,
         abi::INJECT_POLL,
