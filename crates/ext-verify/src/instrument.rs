@@ -145,6 +145,7 @@ impl Reencode for Rewriter<'_> {
         utils::parse_custom_section(self, module, section)
     }
 
+    #[allow(clippy::too_many_lines)] // TODO(issue 10): split; one pass over shared analysis state, left whole this session
     fn parse_function_body(
         &mut self,
         code: &mut wasm_encoder::CodeSection,
