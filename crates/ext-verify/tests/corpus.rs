@@ -274,8 +274,8 @@ fn missing_abi_exports_are_named() {
 }
 
 #[test]
-fn print_reports() {
-    // Not an assertion test: shows the reports with `--nocapture`; asserts they exist.
+fn every_report_states_each_entrys_bound_and_verdict() {
+    // Also shows the reports with `--nocapture`.
     for name in BENIGN {
         let a = verify(
             &corpus(&format!("benign/{name}.wat")),
@@ -284,7 +284,26 @@ fn print_reports() {
         )
         .unwrap();
         println!("== {name}\n{}", a.report);
-        assert!(!a.report.is_empty());
+        assert!(!a.entries.is_empty(), "{name}: no entries");
+        for e in &a.entries {
+            let kind = match (e.handler, e.batch) {
+                (true, _) => "handler",
+                (false, Some(_)) => "batch entry",
+                (false, None) => "entry",
+            };
+            // The line names the entry and its bound in cycles, exactly as admitted.
+            let line = a
+                .report
+                .lines()
+                .find(|l| l.starts_with(&format!("{kind} `{}`", e.name)) && l.contains(": bound"))
+                .unwrap_or_else(|| panic!("{name}: no line for `{}` in\n{}", e.name, a.report));
+            assert!(
+                line.contains(&format!("bound {} cycles", e.bound_cycles.round()))
+                    && line.contains("— ADMITTED"),
+                "{name}: {line} (bound {})",
+                e.bound_cycles
+            );
+        }
     }
 }
 

@@ -20,38 +20,61 @@ fn out(o: &Output) -> String {
     stdout + &stderr
 }
 
+/// A `key=value` counter from an offcode's summary line.
+fn metric(line: &str, key: &str) -> u64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{key}=")))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no {key}= in {line}"))
+}
+
 #[test]
 fn wasm_offcode_deploys_and_forwards_every_record() {
+    const RECORDS: u64 = 5_000;
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("s.sock");
+    // The example with a bounded source (the app ends when every record has
+    // crossed) and the module's path made absolute for the copy.
+    let manifest = std::fs::read_to_string(root().join("examples/ext/wasm-demo.toml"))
+        .unwrap()
+        .replace("records = 0 }", &format!("records = {RECORDS} }}"))
+        .replace(
+            "module = \"../../crates",
+            &format!("module = \"{}/crates", root().display()),
+        );
+    assert!(manifest.contains(&format!("records = {RECORDS}")));
+    let m = dir.path().join("wasm-demo.toml");
+    std::fs::write(&m, manifest).unwrap();
     let o = bin()
         .arg("up")
-        .arg(root().join("examples/ext/wasm-demo.toml"))
-        .args(["--for", "1s", "--socket"])
+        .arg(&m)
+        .args(["--for", "20s", "--socket"])
         .arg(&sock)
         .output()
         .unwrap();
     let s = out(&o);
     assert!(o.status.success(), "{s}");
-    let line = s
-        .lines()
-        .find(|l| l.trim_start().starts_with("counter"))
-        .unwrap_or_else(|| panic!("{s}"));
-    assert!(line.contains(" wasm "), "placed on the wasm PE: {line}");
-    let n: u64 = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("invocations="))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| panic!("{line}"));
-    assert!(n > 0, "{line}");
-    let ck = s
-        .lines()
-        .find(|l| l.trim_start().starts_with("checksum"))
-        .unwrap();
+    assert!(s.contains("every offcode finished"), "{s}");
+    let line = |name: &str| {
+        s.lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no line for {name}: {s}"))
+            .to_string()
+    };
+    let counter = line("counter");
     assert!(
-        ck.contains("sequence_gaps=0"),
-        "records forwarded in order: {ck}"
+        counter.contains(" wasm "),
+        "placed on the wasm PE: {counter}"
     );
+    // Every record went through the untrusted handler, none dropped or over budget.
+    assert_eq!(metric(&counter, "invocations"), RECORDS, "{counter}");
+    assert_eq!(metric(&counter, "dropped"), 0, "{counter}");
+    assert_eq!(metric(&counter, "violations"), 0, "{counter}");
+    // And every one arrived at the checksum, in order.
+    let ck = line("checksum");
+    assert!(ck.contains(&format!("{RECORDS} records")), "{ck}");
+    assert_eq!(metric(&ck, "sequence_gaps"), 0, "{ck}");
+    assert_eq!(metric(&ck, "bytes"), RECORDS * 64, "{ck}");
 }
 
 #[test]
