@@ -31,7 +31,7 @@ use crate::policy::{Tracker, UnloadReason, ViolationPolicy};
 use crate::tsc;
 
 /// How invocations are checked.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ExecMode {
     Hybrid,

@@ -3,11 +3,11 @@
 //! only where the static bound exceeds the acceptable limit, a violation policy that
 //! unloads a consistently greedy offcode at its next idle moment (never mid-invocation),
 //! and the four capped memory regions of RBClick (thesis §4.2.4). Also the machine
-//! calibration (`sidecore calibrate`) and the `sidecore ext` commands.
+//! calibration (`sidecore calibrate` measures it) and the files an extension comes with.
 
 pub mod calibrate;
-pub mod cli;
 pub mod ext;
+pub mod files;
 pub mod host;
 pub mod offcode;
 pub mod policy;

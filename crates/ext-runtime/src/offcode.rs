@@ -119,8 +119,8 @@ impl WasmOffcode {
         let p: WasmParams = sidecore_offcode::parse_params(params)?;
         let cfg = p.config().map_err(OffcodeError::Params)?;
         let bytes =
-            crate::cli::read_module(module).map_err(|e| OffcodeError::failed(e.to_string()))?;
-        let (cal, _) = crate::cli::load_calibration(p.calibration.as_deref())
+            crate::files::read_module(module).map_err(|e| OffcodeError::failed(e.to_string()))?;
+        let (cal, _) = crate::files::load_calibration(p.calibration.as_deref())
             .map_err(|e| OffcodeError::failed(e.to_string()))?;
         let admission = verify(&bytes, &cfg.policy, &cal)
             .map_err(|r| OffcodeError::failed(format!("{}: {r}", module.display())))?;

@@ -16,6 +16,7 @@ mod ctl;
 mod daemon;
 mod demo;
 mod devices;
+mod ext_cmd;
 mod fw;
 mod layout;
 mod policy;
@@ -91,9 +92,9 @@ enum Command {
         socket: SocketArgs,
     },
     /// Check and run untrusted Wasm extensions (hybrid resource control).
-    Ext(sidecore_ext::cli::ExtCommand),
+    Ext(ext_cmd::ExtCommand),
     /// Measure this machine's cost model for Wasm extensions.
-    Calibrate(sidecore_ext::cli::CalibrateCommand),
+    Calibrate(ext_cmd::CalibrateCommand),
     /// Run the Sikker simulators: SikkerSim (permission checks) and RateSim (rate control).
     Sim(sidecore_sikker_sim::SimCommand),
     /// Validate Sikker policies and trace what they permit.

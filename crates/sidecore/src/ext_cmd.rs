@@ -2,15 +2,16 @@
 //! `sidecore ext check MODULE.wasm`, `sidecore ext run MODULE.wasm`, and
 //! `sidecore calibrate`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use sidecore_ext_verify::{Calibration, Policy, verify};
+use sidecore_ext::verify::{Calibration, Policy, verify};
 
-use crate::calibrate::{self, Effort};
-use crate::ext::{ExecMode, ExtConfig, ExtEngine, WasmExtension};
+use sidecore_ext::calibrate::{self, Effort};
+use sidecore_ext::ext::{ExecMode, ExtConfig, ExtEngine, WasmExtension};
+use sidecore_ext::files::{load_calibration, read_module};
 
 /// Work with untrusted Wasm extensions.
 #[derive(Debug, Args)]
@@ -72,7 +73,8 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 1)]
     pub repeat: u32,
     /// Execution mode.
-    #[arg(long, value_enum, default_value_t = ExecMode::Hybrid)]
+    /// `hybrid`, `unchecked`, `fuel` or `epoch`.
+    #[arg(long, default_value = "hybrid", value_parser = parse_mode)]
     pub mode: ExecMode,
 }
 
@@ -85,50 +87,6 @@ pub struct CalibrateCommand {
     /// A faster, noisier run.
     #[arg(long)]
     pub quick: bool,
-}
-
-/// Reads a module, accepting Wasm binary or text; errors name the file.
-pub fn read_module(path: &Path) -> anyhow::Result<Vec<u8>> {
-    let bytes = std::fs::read(path).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
-    if bytes.starts_with(b"\0asm") {
-        return Ok(bytes);
-    }
-    wat::parse_bytes(&bytes)
-        .map(std::borrow::Cow::into_owned)
-        .map_err(|e| {
-            anyhow::anyhow!(
-                "{}: neither a Wasm binary nor valid Wasm text: {e}",
-                path.display()
-            )
-        })
-}
-
-/// The calibration to use: the given file, else the default file, else the fallback
-/// figures (with a note saying so).
-pub fn load_calibration(path: Option<&Path>) -> anyhow::Result<(Calibration, String)> {
-    match path {
-        Some(p) => Ok((
-            calibrate::load(p).map_err(|e| anyhow::anyhow!(e))?,
-            p.display().to_string(),
-        )),
-        None => {
-            let p = calibrate::default_path();
-            if p.exists() {
-                Ok((
-                    calibrate::load(&p).map_err(|e| anyhow::anyhow!(e))?,
-                    p.display().to_string(),
-                ))
-            } else {
-                Ok((
-                    Calibration::fallback(),
-                    format!(
-                        "built-in fallback figures (no {}; run `sidecore calibrate`)",
-                        p.display()
-                    ),
-                ))
-            }
-        }
-    }
 }
 
 fn policy(a: &AdmitArgs) -> anyhow::Result<Policy> {
@@ -346,4 +304,10 @@ impl CalibrateCommand {
         }
         Ok(0)
     }
+}
+
+/// An execution mode by its name (the names the manifest's `mode` uses).
+fn parse_mode(s: &str) -> Result<ExecMode, String> {
+    serde_json::from_value(serde_json::Value::String(s.to_string()))
+        .map_err(|_| format!("`{s}` is not an execution mode (hybrid, unchecked, fuel or epoch)"))
 }

@@ -1,28 +1,18 @@
-//! The command structs the `sidecore` binary mounts: parse like the binary would and
-//! check exit statuses and errors.
+//! `sidecore ext` and `sidecore calibrate` through the real binary: exit
+//! statuses and the errors it prints.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
-use clap::Parser;
-use sidecore_ext::cli::{CalibrateCommand, ExtCommand};
+mod common;
 
-#[derive(Parser)]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Top,
-}
-
-#[derive(clap::Subcommand)]
-enum Top {
-    Ext(ExtCommand),
-    Calibrate(CalibrateCommand),
-}
-
-fn run(args: &[&str]) -> anyhow::Result<i32> {
-    let cli = Cli::try_parse_from(std::iter::once("sidecore").chain(args.iter().copied()))
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    match cli.cmd {
-        Top::Ext(e) => e.run(),
-        Top::Calibrate(c) => c.run(),
+/// Runs the real binary: `Ok(exit status)`, or `Err(what it printed)` when it
+/// failed with an error (`error: …` on stderr).
+fn run(args: &[&str]) -> Result<i32, String> {
+    let o = common::run(args);
+    let (_, err) = common::text(&o);
+    if err.contains("error:") {
+        Err(err)
+    } else {
+        Ok(o.status.code().unwrap_or(-1))
     }
 }
 
@@ -46,7 +36,7 @@ fn check_admits_benign_and_rejects_hostile() {
         cal.to_str().unwrap(),
     ])
     .unwrap_err();
-    assert!(e.to_string().contains("none.json"), "{e}");
+    assert!(e.contains("none.json"), "{e}");
     let out = dir.path().join("run.wasm");
     assert_eq!(
         run(&[
@@ -86,7 +76,7 @@ fn check_admits_benign_and_rejects_hostile() {
         "MTU",
     ])
     .unwrap_err();
-    assert!(e.to_string().contains("expected NAME=VALUE"), "{e}");
+    assert!(e.contains("expected NAME=VALUE"), "{e}");
     let e = run(&[
         "ext",
         "check",
@@ -95,12 +85,9 @@ fn check_admits_benign_and_rejects_hostile() {
         "0.5",
     ])
     .unwrap_err();
-    assert!(
-        e.to_string().contains("--inflation must be at least 1"),
-        "{e}"
-    );
+    assert!(e.contains("--inflation must be at least 1"), "{e}");
     let e = run(&["ext", "check", "/nonexistent/x.wasm"]).unwrap_err();
-    assert!(e.to_string().contains("/nonexistent/x.wasm"), "{e}");
+    assert!(e.contains("/nonexistent/x.wasm"), "{e}");
 }
 
 #[test]
@@ -126,7 +113,7 @@ fn run_invokes_and_reports() {
         "0g",
     ])
     .unwrap_err();
-    assert!(e.to_string().contains("not hex"), "{e}");
+    assert!(e.contains("not hex"), "{e}");
     // The lying module is unloaded after its bound is broken (exit status 2).
     let big = "00".repeat(100);
     assert_eq!(
