@@ -3,8 +3,9 @@
 //! An offcode is a packet/record handler: sidecore writes each input buffer into the
 //! module's input region ('A) and calls the handler; the handler may read and rewrite the
 //! buffer, keep per-domain state ('C), cache packets ('B), read shared tables ('D), and
-//! send zero or more buffers to named outputs. See the host ABI in
-//! `sidecore_ext_verify::abi` (crates/ext-verify/src/abi.rs).
+//! send zero or more buffers to named outputs. The host ABI is defined once, in
+//! `sidecore-ext-abi` (crates/ext-abi), re-exported here as [`abi`]; the imports
+//! and exports this SDK spells out are checked against it when it compiles.
 //!
 //! ```ignore
 //! #![no_std]
@@ -33,6 +34,37 @@
 //! `bounds!("handle * PACKET_LEN_MAX")` (see `sidecore ext check` for the loop ordinals).
 //! A declared bound is enforced: running past it traps and the offcode is unloaded.
 #![no_std]
+
+/// The host ABI, from its one definition.
+pub use sidecore_ext_abi as abi;
+
+// Attributes and exported function names need literals, so the SDK spells
+// them out; these compile-time checks keep every one equal to the ABI's
+// definition (the import module, each host function's signature, the export
+// names the macros define, and the batch region's layout).
+const _: () = {
+    use abi::ValType::{I32, I64};
+    let h = abi::HOST_ABI;
+    assert!(abi::same(abi::MODULE, "sc"));
+    assert!(h.len() == 9);
+    assert!(h[0].is("output", &[I32, I32], &[I32]));
+    assert!(h[1].is("emit", &[I32, I32, I32], &[I32]));
+    assert!(h[2].is("state_get", &[I64, I32, I32], &[I32]));
+    assert!(h[3].is("state_put", &[I64, I32, I32], &[I32]));
+    assert!(h[4].is("state_del", &[I64], &[I32]));
+    assert!(h[5].is("cache_put", &[I32, I32, I32], &[I32]));
+    assert!(h[6].is("cache_get", &[I32, I32, I32], &[I32]));
+    assert!(h[7].is("shared_lookup", &[I32, I32], &[I32]));
+    assert!(h[8].is("shared_read", &[I32, I32, I32, I32], &[I32]));
+    assert!(abi::same(abi::EXPORT_INPUT_PTR, "sc_input_ptr"));
+    assert!(abi::same(abi::EXPORT_INPUT_CAP, "sc_input_cap"));
+    assert!(abi::same(abi::EXPORT_BATCH_MAX, "sc_batch_max"));
+    assert!(abi::same(abi::EXPORT_BATCH_PTR, "sc_batch_ptr"));
+    assert!(abi::same(abi::HANDLER, "handle"));
+    assert!(abi::same(abi::BATCH_ENTRY, "batch"));
+    assert!(core::mem::offset_of!(BatchRegion<1, 16>, desc) == abi::BATCH_HEADER);
+    assert!(core::mem::size_of::<[u32; 4]>() == abi::BATCH_DESC);
+};
 
 /// Raw host imports (module `sc`).
 pub mod sys {

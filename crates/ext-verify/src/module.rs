@@ -359,7 +359,7 @@ fn check_import(m: &mut ModuleInfo<'_>, module: &str, name: &str, ty: &FuncType)
         });
         return;
     };
-    if ty.params() != h.params || ty.results() != h.results {
+    if !abi::same_signature(ty.params(), ty.results(), h) {
         m.problems.push(Reason::BadImport {
             import: full,
             why: format!(
