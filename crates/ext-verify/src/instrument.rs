@@ -56,6 +56,9 @@ struct Rewriter<'p> {
     param_count: BTreeMap<u32, u32>,
 }
 
+/// Loop ordinal → the locals of its (declared-bound, poll) counters.
+type LoopCounters = BTreeMap<u32, (Option<u32>, Option<u32>)>;
+
 impl Rewriter<'_> {
     fn poll_idx(&self) -> u32 {
         self.plan.n_imported
@@ -74,6 +77,46 @@ impl Rewriter<'_> {
             abi::INJECT_BOUND,
             EntityType::Function(self.n_types + 1),
         );
+    }
+}
+
+impl Rewriter<'_> {
+    /// Per loop ordinal of function `fidx`, the locals its declared-bound and
+    /// poll counters get (allocated from `next_local`), for the loops that have
+    /// either or an entry check.
+    fn loop_counters(
+        &self,
+        fidx: u32,
+        func: &wasmparser::FunctionBody<'_>,
+        next_local: &mut u32,
+    ) -> Result<LoopCounters, ReError<String>> {
+        let mut counters = BTreeMap::new();
+        let mut rd = func.get_operators_reader()?;
+        let mut ord = 0u32;
+        while !rd.eof() {
+            if let wasmparser::Operator::Loop { .. } = rd.read()? {
+                let key = (fidx, ord);
+                let d = if self.plan.declared.contains_key(&key)
+                    && !self.plan.entry_checks.contains_key(&key)
+                {
+                    *next_local += 1;
+                    Some(*next_local - 1)
+                } else {
+                    None
+                };
+                let p = if self.plan.polls.contains_key(&key) {
+                    *next_local += 1;
+                    Some(*next_local - 1)
+                } else {
+                    None
+                };
+                if d.is_some() || p.is_some() || self.plan.entry_checks.contains_key(&key) {
+                    counters.insert(ord, (d, p));
+                }
+                ord += 1;
+            }
+        }
+        Ok(counters)
     }
 }
 
@@ -145,7 +188,6 @@ impl Reencode for Rewriter<'_> {
         utils::parse_custom_section(self, module, section)
     }
 
-    #[allow(clippy::too_many_lines)] // TODO(issue 10): split; one pass over shared analysis state, left whole this session
     fn parse_function_body(
         &mut self,
         code: &mut wasm_encoder::CodeSection,
@@ -164,34 +206,7 @@ impl Reencode for Rewriter<'_> {
         let n_params = self.param_count.get(&fidx).copied().unwrap_or(0);
         let mut next_local = n_params + n_locals;
         // Pre-count loops to allocate counters.
-        let mut counters: BTreeMap<u32, (Option<u32>, Option<u32>)> = BTreeMap::new();
-        {
-            let mut rd = func.get_operators_reader()?;
-            let mut ord = 0u32;
-            while !rd.eof() {
-                if let wasmparser::Operator::Loop { .. } = rd.read()? {
-                    let key = (fidx, ord);
-                    let d = if self.plan.declared.contains_key(&key)
-                        && !self.plan.entry_checks.contains_key(&key)
-                    {
-                        next_local += 1;
-                        Some(next_local - 1)
-                    } else {
-                        None
-                    };
-                    let p = if self.plan.polls.contains_key(&key) {
-                        next_local += 1;
-                        Some(next_local - 1)
-                    } else {
-                        None
-                    };
-                    if d.is_some() || p.is_some() || self.plan.entry_checks.contains_key(&key) {
-                        counters.insert(ord, (d, p));
-                    }
-                    ord += 1;
-                }
-            }
-        }
+        let counters = self.loop_counters(fidx, &func, &mut next_local)?;
         let extra = next_local - n_params - n_locals;
         if extra > 0 {
             locals.push((extra, ValType::I32));
@@ -231,29 +246,10 @@ impl Reencode for Rewriter<'_> {
             f.instruction(&inst);
             if let Some(d) = d {
                 let id = self.plan.declared_id(key).unwrap_or(0);
-                f.instruction(&Instruction::LocalGet(d));
-                f.instruction(&Instruction::I32Eqz);
-                f.instruction(&Instruction::If(BlockType::Empty));
-                f.instruction(&Instruction::I32Const(id as i32));
-                f.instruction(&Instruction::Call(self.bound_idx()));
-                f.instruction(&Instruction::Unreachable);
-                f.instruction(&Instruction::End);
-                f.instruction(&Instruction::LocalGet(d));
-                f.instruction(&Instruction::I32Const(1));
-                f.instruction(&Instruction::I32Sub);
-                f.instruction(&Instruction::LocalSet(d));
+                count_down_bound(&mut f, d, id, self.bound_idx());
             }
             if let (Some(p), Some(period)) = (p, period) {
-                f.instruction(&Instruction::LocalGet(p));
-                f.instruction(&Instruction::I32Const(1));
-                f.instruction(&Instruction::I32Sub);
-                f.instruction(&Instruction::LocalTee(p));
-                f.instruction(&Instruction::I32Eqz);
-                f.instruction(&Instruction::If(BlockType::Empty));
-                f.instruction(&Instruction::Call(self.poll_idx()));
-                f.instruction(&Instruction::I32Const(period as i32));
-                f.instruction(&Instruction::LocalSet(p));
-                f.instruction(&Instruction::End);
+                count_down_poll(&mut f, p, period, self.poll_idx());
             }
         }
         code.function(&f);
@@ -387,4 +383,35 @@ pub fn rewrite(bytes: &[u8], plan: &Plan) -> Result<Vec<u8>, String> {
     rw.parse_core_module(&mut module, wasmparser::Parser::new(0), bytes)
         .map_err(|e| format!("instrumentation failed: {e:?}"))?;
     Ok(module.finish())
+}
+
+/// At a loop's head: trap through `bound_exceeded(id)` when the declared-bound
+/// counter in local `d` has run out, else count it down.
+fn count_down_bound(f: &mut Function, d: u32, id: u32, bound_idx: u32) {
+    f.instruction(&Instruction::LocalGet(d));
+    f.instruction(&Instruction::I32Eqz);
+    f.instruction(&Instruction::If(BlockType::Empty));
+    f.instruction(&Instruction::I32Const(id as i32));
+    f.instruction(&Instruction::Call(bound_idx));
+    f.instruction(&Instruction::Unreachable);
+    f.instruction(&Instruction::End);
+    f.instruction(&Instruction::LocalGet(d));
+    f.instruction(&Instruction::I32Const(1));
+    f.instruction(&Instruction::I32Sub);
+    f.instruction(&Instruction::LocalSet(d));
+}
+
+/// At a loop's head: count the poll counter in local `p` down and, every
+/// `period` iterations, call the budget poll and start again.
+fn count_down_poll(f: &mut Function, p: u32, period: u64, poll_idx: u32) {
+    f.instruction(&Instruction::LocalGet(p));
+    f.instruction(&Instruction::I32Const(1));
+    f.instruction(&Instruction::I32Sub);
+    f.instruction(&Instruction::LocalTee(p));
+    f.instruction(&Instruction::I32Eqz);
+    f.instruction(&Instruction::If(BlockType::Empty));
+    f.instruction(&Instruction::Call(poll_idx));
+    f.instruction(&Instruction::I32Const(period as i32));
+    f.instruction(&Instruction::LocalSet(p));
+    f.instruction(&Instruction::End);
 }
