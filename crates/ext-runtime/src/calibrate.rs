@@ -330,7 +330,7 @@ fn host_costs(
     bench: &Bench,
     effort: Effort,
     base: f64,
-) -> anyhow::Result<(f64, BTreeMap<String, f64>, f64)> {
+) -> Result<(f64, BTreeMap<String, f64>, f64), CalibrateError> {
     // Accounted invocation of an empty handler, then host calls measured the same way:
     // one call per invocation, minus the empty invocation (so each call is priced in the
     // context real handlers make it in, not amortised over a tight loop).
@@ -389,8 +389,18 @@ fn host_costs(
     Ok((invoke, host_base, per_byte))
 }
 
+/// Why a calibration run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrateError {
+    #[error(transparent)]
+    Engine(#[from] crate::ext::EngineError),
+    /// A probe module the calibration builds would not load or run.
+    #[error("calibration probe: {0}")]
+    Probe(String),
+}
+
 /// Runs the calibration.
-pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
+pub fn calibrate(effort: Effort) -> Result<Calibration, CalibrateError> {
     let tsc_per_ns = tsc::ticks_per_ns(Duration::from_millis(if effort.reps > 5 {
         200
     } else {
@@ -416,7 +426,7 @@ pub fn calibrate(effort: Effort) -> anyhow::Result<Calibration> {
 
 /// Median cycles of an accounted invocation of a handler whose body is `body` (with the
 /// whole host ABI imported and a shared area and a state entry present).
-fn invoke_cost(engine: &ExtEngine, body: &str, effort: Effort) -> anyhow::Result<f64> {
+fn invoke_cost(engine: &ExtEngine, body: &str, effort: Effort) -> Result<f64, CalibrateError> {
     let imports = abi_imports_wat();
     let wat = format!(
         r#"(module
@@ -427,7 +437,7 @@ fn invoke_cost(engine: &ExtEngine, body: &str, effort: Effort) -> anyhow::Result
       (func (export "sc_init") (drop (call $state_put (i64.const 1) (i32.const 64) (i32.const 16))))
       (func (export "handle") (param i32) (result i32) {body} (local.get 0)))"#
     );
-    let bytes = wat::parse_str(&wat)?;
+    let bytes = wat::parse_str(&wat).map_err(|e| CalibrateError::Probe(e.to_string()))?;
     let cfg = ExtConfig {
         violations: crate::policy::ViolationPolicy {
             k: u32::MAX,
@@ -444,14 +454,17 @@ fn invoke_cost(engine: &ExtEngine, body: &str, effort: Effort) -> anyhow::Result
         Arc::<[u8]>::from(vec![7u8; 8192]),
     )]);
     let mut ext = WasmExtension::load(engine, &bytes, &cfg, &Calibration::fallback(), shared)
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
+        .map_err(|e| CalibrateError::Probe(e.to_string()))?;
     for _ in 0..1000 {
-        ext.invoke(0, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
+        ext.invoke(0, &[])
+            .map_err(|e| CalibrateError::Probe(e.to_string()))?;
     }
     let n = 2000 * effort.reps;
     let mut v = Vec::with_capacity(n);
     for _ in 0..n {
-        let o = ext.invoke(0, &[]).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let o = ext
+            .invoke(0, &[])
+            .map_err(|e| CalibrateError::Probe(e.to_string()))?;
         v.push(o.cycles as f64);
     }
     Ok(median(&mut v))

@@ -80,7 +80,7 @@ impl ExtEngine {
         mode: ExecMode,
         max_stack_bytes: u64,
         epoch_tick: Duration,
-    ) -> anyhow::Result<ExtEngine> {
+    ) -> Result<ExtEngine, EngineError> {
         let mut cfg = Config::new();
         // Backstop for the static stack check: a guest that still overflows traps.
         cfg.max_wasm_stack((max_stack_bytes as usize * 2).max(64 << 10));
@@ -93,9 +93,9 @@ impl ExtEngine {
             }
             ExecMode::Hybrid | ExecMode::Unchecked => {}
         }
-        let engine = Engine::new(&cfg).map_err(anyhow::Error::from)?;
+        let engine = Engine::new(&cfg).map_err(EngineError)?;
         let mut linker = Linker::new(&engine);
-        host::link(&mut linker)?;
+        host::link(&mut linker).map_err(EngineError)?;
         let stop = Arc::new(AtomicBool::new(false));
         let ticker = (mode == ExecMode::Epoch).then(|| {
             let (e, s) = (engine.clone(), stop.clone());
@@ -127,6 +127,12 @@ impl Drop for ExtEngine {
         }
     }
 }
+
+/// Why wasmtime could not be set up (its configuration or the host ABI's
+/// linking), in wasmtime's words.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot set up wasmtime: {0:#}")]
+pub struct EngineError(pub wasmtime::Error);
 
 /// Why a module could not be loaded.
 #[derive(Debug, thiserror::Error)]

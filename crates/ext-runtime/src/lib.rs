@@ -14,8 +14,8 @@ pub mod policy;
 pub mod tsc;
 
 pub use ext::{
-    BadVerdict, BatchItem, ExecMode, ExtConfig, ExtEngine, InvokeError, LoadError, Outcome,
-    WasmExtension,
+    BadVerdict, BatchItem, EngineError, ExecMode, ExtConfig, ExtEngine, InvokeError, LoadError,
+    Outcome, WasmExtension,
 };
 pub use host::{BoundExceeded, SharedAreas};
 pub use policy::{Tracker, UnloadReason, ViolationPolicy};
