@@ -80,24 +80,30 @@ pub fn load(path: &Path) -> Result<RuleSet, RulesError> {
     }
 }
 
+/// What is wrong with one field of a rule (the caller adds where).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct FieldError(pub String);
+
 /// Parses a protocol field.
-pub fn proto(s: &str) -> Result<Proto, String> {
+pub fn proto(s: &str) -> Result<Proto, FieldError> {
     match s.to_ascii_lowercase().as_str() {
         "*" | "any" | "ip" => Ok(Proto::Any),
         "tcp" => Ok(Proto::Is(PROTO_TCP)),
         "udp" => Ok(Proto::Is(PROTO_UDP)),
         "icmp" => Ok(Proto::Is(PROTO_ICMP)),
-        n => n
-            .parse::<u8>()
-            .map(Proto::Is)
-            .map_err(|_| format!("`{s}` is not a protocol (tcp, udp, icmp, any, or 0-255)")),
+        n => n.parse::<u8>().map(Proto::Is).map_err(|_| {
+            FieldError(format!(
+                "`{s}` is not a protocol (tcp, udp, icmp, any, or 0-255)"
+            ))
+        }),
     }
 }
 
 /// Parses an address field: `any`, `*`, CIDR, a single address, or dotted
 /// octets with trailing `*`s.
-pub fn prefix(s: &str) -> Result<Prefix, String> {
-    let bad = |why: &str| format!("`{s}` is not an address: {why}");
+pub fn prefix(s: &str) -> Result<Prefix, FieldError> {
+    let bad = |why: &str| FieldError(format!("`{s}` is not an address: {why}"));
     if s == "*" || s.eq_ignore_ascii_case("any") {
         return Ok(Prefix::ANY);
     }
@@ -132,11 +138,15 @@ pub fn prefix(s: &str) -> Result<Prefix, String> {
 }
 
 /// Parses a port field: `any`, `*`, a port or a range `lo-hi`.
-pub fn ports(s: &str) -> Result<Ports, String> {
+pub fn ports(s: &str) -> Result<Ports, FieldError> {
     if s == "*" || s.eq_ignore_ascii_case("any") {
         return Ok(Ports::ANY);
     }
-    let bad = || format!("`{s}` is not a port or a range (`80`, `1024-65535`, `any`)");
+    let bad = || {
+        FieldError(format!(
+            "`{s}` is not a port or a range (`80`, `1024-65535`, `any`)"
+        ))
+    };
     let (lo, hi) = match s.split_once('-') {
         Some((a, b)) => (a.trim(), b.trim()),
         None => (s, s),
@@ -144,13 +154,13 @@ pub fn ports(s: &str) -> Result<Ports, String> {
     let lo: u16 = lo.parse().map_err(|_| bad())?;
     let hi: u16 = hi.parse().map_err(|_| bad())?;
     if lo > hi {
-        return Err(format!("port range `{s}` runs backwards"));
+        return Err(FieldError(format!("port range `{s}` runs backwards")));
     }
     Ok(Ports { lo, hi })
 }
 
 /// Parses an action field; `-log` or `+log` suffixes ask for logging.
-pub fn action(s: &str) -> Result<(Action, bool), String> {
+pub fn action(s: &str) -> Result<(Action, bool), FieldError> {
     let lower = s.to_ascii_lowercase();
     let (base, log) = match lower
         .strip_suffix("-log")
@@ -163,9 +173,9 @@ pub fn action(s: &str) -> Result<(Action, bool), String> {
         "accept" | "allow" | "permit" | "pass" => Action::Accept,
         "deny" | "reject" | "drop" | "block" => Action::Deny,
         _ => {
-            return Err(format!(
+            return Err(FieldError(format!(
                 "`{s}` is not an action (accept or deny, optionally -log)"
-            ));
+            )));
         }
     };
     Ok((a, log))
@@ -234,9 +244,10 @@ pub fn parse_toml(file: &str, text: &str) -> Result<RuleSet, RulesError> {
     for r in raw.rule {
         let (line, _) = line_col(text, r.span().start);
         let r = r.into_inner();
-        let mut field = |f: &Option<Spanned<Field>>, parse: &dyn Fn(&str) -> Result<(), String>| {
+        let mut field = |f: &Option<Spanned<Field>>,
+                         parse: &dyn Fn(&str) -> Result<(), FieldError>| {
             if let Some(f) = f
-                && let Err(message) = parse(&f.get_ref().text())
+                && let Err(FieldError(message)) = parse(&f.get_ref().text())
             {
                 let (line, column) = line_col(text, f.span().start);
                 problems.push(Problem {
@@ -257,7 +268,7 @@ pub fn parse_toml(file: &str, text: &str) -> Result<RuleSet, RulesError> {
             problems.push(Problem {
                 line,
                 column,
-                message: message.clone(),
+                message: message.0.clone(),
             });
         }
         let get =
@@ -340,7 +351,7 @@ fn table_rule(line: usize, words: &[(usize, &str)]) -> Result<(u64, Rule), Probl
         .1
         .parse()
         .map_err(|_| at(0, format!("`{}` is not an order number", words[0].1)))?;
-    let (action, mut log) = action(words[6].1).map_err(|m| at(6, m))?;
+    let (action, mut log) = action(words[6].1).map_err(|m| at(6, m.0))?;
     if let Some((_, w)) = words.get(7) {
         if w.eq_ignore_ascii_case("log") {
             log = true;
@@ -355,11 +366,11 @@ fn table_rule(line: usize, words: &[(usize, &str)]) -> Result<(u64, Rule), Probl
         order,
         Rule {
             line,
-            proto: proto(words[1].1).map_err(|m| at(1, m))?,
-            src: prefix(words[2].1).map_err(|m| at(2, m))?,
-            sport: ports(words[3].1).map_err(|m| at(3, m))?,
-            dst: prefix(words[4].1).map_err(|m| at(4, m))?,
-            dport: ports(words[5].1).map_err(|m| at(5, m))?,
+            proto: proto(words[1].1).map_err(|m| at(1, m.0))?,
+            src: prefix(words[2].1).map_err(|m| at(2, m.0))?,
+            sport: ports(words[3].1).map_err(|m| at(3, m.0))?,
+            dst: prefix(words[4].1).map_err(|m| at(4, m.0))?,
+            dport: ports(words[5].1).map_err(|m| at(5, m.0))?,
             action,
             log,
         },
@@ -402,11 +413,12 @@ mod tests {
         assert!(
             prefix("10.*.1.*")
                 .unwrap_err()
+                .0
                 .contains("only be followed by `*`")
         );
-        assert!(prefix("10.0.0.0/33").unwrap_err().contains("0 to 32"));
-        assert!(prefix("10.0.0").unwrap_err().contains("four octets"));
-        assert!(prefix("300.1.1.1").unwrap_err().contains("0-255"));
+        assert!(prefix("10.0.0.0/33").unwrap_err().0.contains("0 to 32"));
+        assert!(prefix("10.0.0").unwrap_err().0.contains("four octets"));
+        assert!(prefix("300.1.1.1").unwrap_err().0.contains("0-255"));
         assert_eq!(
             ports("1024-65535").unwrap(),
             Ports {
@@ -414,13 +426,13 @@ mod tests {
                 hi: 65535
             }
         );
-        assert!(ports("9-3").unwrap_err().contains("backwards"));
-        assert!(ports("http").unwrap_err().contains("not a port"));
+        assert!(ports("9-3").unwrap_err().0.contains("backwards"));
+        assert!(ports("http").unwrap_err().0.contains("not a port"));
         assert_eq!(proto("TCP").unwrap(), Proto::Is(PROTO_TCP));
-        assert!(proto("sctpx").unwrap_err().contains("not a protocol"));
+        assert!(proto("sctpx").unwrap_err().0.contains("not a protocol"));
         assert_eq!(action("deny-log").unwrap(), (Action::Deny, true));
         assert_eq!(action("permit").unwrap(), (Action::Accept, false));
-        assert!(action("maybe").unwrap_err().contains("not an action"));
+        assert!(action("maybe").unwrap_err().0.contains("not an action"));
     }
 
     #[test]
