@@ -279,80 +279,136 @@ pub fn parse_policy(name: &str, src: &str) -> Result<Policy, PolicyErrors> {
     let Some(raw) = syntax::<RawPolicy>(&mut ctx, src) else {
         return ctx.finish(Policy::default());
     };
-    let mut pol = Policy::default();
-    // Services: names and IDs first, so grants can refer to any of them.
-    let mut by_name: BTreeMap<String, ServiceId> = BTreeMap::new();
-    // Portals already reported as invalid: grants naming them are not reported again.
-    let mut broken: BTreeSet<(ServiceId, String)> = BTreeSet::new();
-    let mut next_id: ServiceId = 1;
-    let taken: BTreeSet<i64> = raw
-        .service
-        .iter()
-        .filter_map(|s| s.id.as_ref().map(|i| *i.get_ref()))
-        .collect();
-    for rs in &raw.service {
-        let name = rs.name.get_ref().clone();
-        if name.is_empty() {
-            ctx.err(rs.name.span(), "service name is empty");
-            continue;
-        }
-        if by_name.contains_key(&name) {
-            ctx.err(rs.name.span(), format!("service `{name}` is defined twice"));
-            continue;
-        }
-        let id = match &rs.id {
-            Some(i) => {
-                let Some(id) = u32_id(&mut ctx, i, "service id") else {
-                    continue;
-                };
-                if id == NOS_SERVICE {
-                    ctx.err(i.span(), "service id is reserved for the Network OS");
-                    continue;
-                }
-                if pol.services.contains_key(&id) {
-                    ctx.err(i.span(), format!("service id {id} is used twice"));
-                    continue;
-                }
-                id
+    let mut b = PolicyBuilder {
+        ctx,
+        pol: Policy::default(),
+        by_name: BTreeMap::new(),
+        broken: BTreeSet::new(),
+    };
+    // Services first, so grants and rate limits can refer to any of them.
+    b.services(&raw.service);
+    for g in &raw.grant {
+        b.grant(g);
+    }
+    b.rate_limits(&raw.rate_limit);
+    if let Some(n) = &raw.nmu {
+        b.nmu(n);
+    }
+    b.ctx.finish(b.pol)
+}
+
+/// A policy under validation: the errors found so far and what is already known.
+struct PolicyBuilder<'a> {
+    ctx: Ctx<'a>,
+    pol: Policy,
+    /// Service IDs by name.
+    by_name: BTreeMap<String, ServiceId>,
+    /// Portals already reported as invalid: grants naming them are not reported again.
+    broken: BTreeSet<(ServiceId, String)>,
+}
+
+impl PolicyBuilder<'_> {
+    /// Validates every service (name, ID, domains, processes, portals) and adds it.
+    fn services(&mut self, raw: &[RawService]) {
+        let taken: BTreeSet<i64> = raw
+            .iter()
+            .filter_map(|s| s.id.as_ref().map(|i| *i.get_ref()))
+            .collect();
+        let mut next_id: ServiceId = 1;
+        for rs in raw {
+            let name = rs.name.get_ref().clone();
+            if name.is_empty() {
+                self.ctx.err(rs.name.span(), "service name is empty");
+                continue;
             }
-            None => {
-                while taken.contains(&(next_id as i64)) || pol.services.contains_key(&next_id) {
-                    next_id += 1;
-                }
-                next_id
+            if self.by_name.contains_key(&name) {
+                self.ctx
+                    .err(rs.name.span(), format!("service `{name}` is defined twice"));
+                continue;
             }
+            let Some(id) = self.service_id(rs, &taken, &mut next_id) else {
+                continue;
+            };
+            let mut svc = Service {
+                name: name.clone(),
+                id,
+                processes: BTreeMap::new(),
+                domains: BTreeMap::new(),
+                portals: BTreeMap::new(),
+                self_access: rs.self_access.unwrap_or(true),
+            };
+            self.domains(rs, &mut svc);
+            self.processes(rs, &mut svc);
+            for rp in &rs.portal {
+                self.portal(rp, &mut svc);
+            }
+            self.by_name.insert(name, id);
+            self.pol.services.insert(id, svc);
+        }
+    }
+
+    /// The service's ID: the one it gives, checked, or else the lowest free one from
+    /// `next_id` up that no service claims (`taken`).
+    fn service_id(
+        &mut self,
+        rs: &RawService,
+        taken: &BTreeSet<i64>,
+        next_id: &mut ServiceId,
+    ) -> Option<ServiceId> {
+        let Some(i) = &rs.id else {
+            while taken.contains(&(*next_id as i64)) || self.pol.services.contains_key(next_id) {
+                *next_id += 1;
+            }
+            return Some(*next_id);
         };
-        let mut svc = Service {
-            name: name.clone(),
-            id,
-            processes: BTreeMap::new(),
-            domains: BTreeMap::new(),
-            portals: BTreeMap::new(),
-            self_access: rs.self_access.unwrap_or(true),
-        };
+        let id = u32_id(&mut self.ctx, i, "service id")?;
+        if id == NOS_SERVICE {
+            self.ctx
+                .err(i.span(), "service id is reserved for the Network OS");
+            return None;
+        }
+        if self.pol.services.contains_key(&id) {
+            self.ctx
+                .err(i.span(), format!("service id {id} is used twice"));
+            return None;
+        }
+        Some(id)
+    }
+
+    /// Numbers the service's domains in order, reporting empty and repeated names.
+    fn domains(&mut self, rs: &RawService, svc: &mut Service) {
+        let name = &svc.name;
         for (i, d) in rs.domains.iter().enumerate() {
             if d.get_ref().is_empty() {
-                ctx.err(d.span(), format!("service `{name}`: domain name is empty"));
+                self.ctx
+                    .err(d.span(), format!("service `{name}`: domain name is empty"));
             } else if svc.domains.insert(d.get_ref().clone(), i as u32).is_some() {
-                ctx.err(
+                self.ctx.err(
                     d.span(),
                     format!("service `{name}` defines domain `{}` twice", d.get_ref()),
                 );
             }
         }
+    }
+
+    /// Adds the service's processes: `process_count` of them, then each
+    /// `[[service.process]]`, reporting out-of-range and repeated IDs.
+    fn processes(&mut self, rs: &RawService, svc: &mut Service) {
         if let Some(c) = &rs.process_count {
-            match u32_id(&mut ctx, c, "process_count") {
+            match u32_id(&mut self.ctx, c, "process_count") {
                 Some(n) if n <= 1 << 24 => {
                     for p in 0..n {
                         svc.processes.insert(p, ProcessDef::default());
                     }
                 }
-                Some(n) => ctx.err(c.span(), format!("process_count {n} exceeds 16777216")),
+                Some(n) => self
+                    .ctx
+                    .err(c.span(), format!("process_count {n} exceeds 16777216")),
                 None => {}
             }
         }
         for p in &rs.process {
-            let Some(pid) = u32_id(&mut ctx, &p.id, "process id") else {
+            let Some(pid) = u32_id(&mut self.ctx, &p.id, "process id") else {
                 continue;
             };
             let def = ProcessDef {
@@ -360,100 +416,104 @@ pub fn parse_policy(name: &str, src: &str) -> Result<Policy, PolicyErrors> {
                 args: p.args.clone(),
             };
             if svc.processes.insert(pid, def).is_some() {
-                ctx.err(
+                self.ctx.err(
                     p.id.span(),
-                    format!("service `{name}` defines process {pid} twice"),
+                    format!("service `{}` defines process {pid} twice", svc.name),
                 );
             }
         }
-        for rp in &rs.portal {
-            let pname = rp.name.get_ref().clone();
-            let processes = selection_procs(
-                &mut ctx,
-                &svc,
-                rp.processes.as_deref(),
-                rp.all_processes.as_ref(),
-                &format!("portal `{pname}`"),
-                rp.name.span(),
-            );
-            let domains = selection_doms(
-                &mut ctx,
-                &svc,
-                rp.domains.as_deref(),
-                rp.all_domains.as_ref(),
-                &format!("portal `{pname}`"),
-                rp.name.span(),
-            );
-            let password_sha256 = match &rp.password_sha256 {
-                None => None,
-                Some(h) => match parse_hex32(&h.get_ref().to_ascii_lowercase()) {
-                    Some(x) => Some(x),
-                    None => {
-                        ctx.err(
-                            h.span(),
-                            "password_sha256 must be 64 hexadecimal digits (a SHA-256 digest)",
-                        );
-                        None
-                    }
-                },
-            };
-            if processes.is_none() || domains.is_none() {
-                broken.insert((id, pname.clone()));
-            }
-            if let (Some(processes), Some(domains)) = (processes, domains) {
-                let portal = Portal {
-                    name: pname.clone(),
-                    processes,
-                    domains,
-                    password_sha256,
-                };
-                if svc.portals.insert(pname.clone(), portal).is_some() {
-                    ctx.err(
-                        rp.name.span(),
-                        format!("service `{name}` defines portal `{pname}` twice"),
-                    );
-                }
-            }
-        }
-        by_name.insert(name, id);
-        pol.services.insert(id, svc);
     }
-    let lookup = |ctx: &mut Ctx, s: &Spanned<String>, role: &str| -> Option<ServiceId> {
-        match by_name.get(s.get_ref()) {
-            Some(&id) => Some(id),
-            None => {
-                ctx.err(
-                    s.span(),
-                    format!("{role}: unknown service `{}`", s.get_ref()),
-                );
-                None
-            }
-        }
-    };
-    for g in &raw.grant {
-        let from = lookup(&mut ctx, &g.from, "grant `from`");
-        let to = lookup(&mut ctx, &g.to, "grant `to`");
-        let (Some(from), Some(to)) = (from, to) else {
-            continue;
+
+    /// Validates one portal of `svc` and adds it; an invalid one goes to `broken`.
+    fn portal(&mut self, rp: &RawPortal, svc: &mut Service) {
+        let pname = rp.name.get_ref().clone();
+        let what = format!("portal `{pname}`");
+        let processes = selection_procs(
+            &mut self.ctx,
+            svc,
+            rp.processes.as_deref(),
+            rp.all_processes.as_ref(),
+            &what,
+            rp.name.span(),
+        );
+        let domains = selection_doms(
+            &mut self.ctx,
+            svc,
+            rp.domains.as_deref(),
+            rp.all_domains.as_ref(),
+            &what,
+            rp.name.span(),
+        );
+        let password_sha256 = password_digest(&mut self.ctx, rp.password_sha256.as_ref());
+        let (Some(processes), Some(domains)) = (processes, domains) else {
+            self.broken.insert((svc.id, pname));
+            return;
         };
-        let dst = &pol.services[&to];
-        let target = if let Some(portal) = &g.portal {
-            if g.processes.is_some()
-                || g.domains.is_some()
-                || g.all_processes.is_some()
-                || g.all_domains.is_some()
-            {
-                ctx.err(
-                    portal.span(),
-                    "a grant names either a portal or processes and domains, not both",
-                );
-                continue;
-            }
-            let Some(p) = dst.portals.get(portal.get_ref()) else {
-                if broken.contains(&(to, portal.get_ref().clone())) {
-                    continue;
-                }
-                ctx.err(
+        let portal = Portal {
+            name: pname.clone(),
+            processes,
+            domains,
+            password_sha256,
+        };
+        if svc.portals.insert(pname.clone(), portal).is_some() {
+            self.ctx.err(
+                rp.name.span(),
+                format!("service `{}` defines portal `{pname}` twice", svc.name),
+            );
+        }
+    }
+
+    /// The ID of the service `s` names, or an error saying that `role` names none.
+    fn lookup(&mut self, s: &Spanned<String>, role: &str) -> Option<ServiceId> {
+        let id = self.by_name.get(s.get_ref()).copied();
+        if id.is_none() {
+            self.ctx.err(
+                s.span(),
+                format!("{role}: unknown service `{}`", s.get_ref()),
+            );
+        }
+        id
+    }
+
+    /// Validates one grant and adds it.
+    fn grant(&mut self, g: &RawGrant) {
+        let from = self.lookup(&g.from, "grant `from`");
+        let to = self.lookup(&g.to, "grant `to`");
+        let (Some(from), Some(to)) = (from, to) else {
+            return;
+        };
+        let target = match &g.portal {
+            Some(portal) => self.portal_target(g, to, portal),
+            None => self.direct_target(g, to),
+        };
+        if let Some(target) = target {
+            self.pol.grants.push(Grant { from, to, target });
+        }
+    }
+
+    /// A grant through `portal` of service `to`: the portal must exist, be named
+    /// alone, and its password (if it has one) must match.
+    fn portal_target(
+        &mut self,
+        g: &RawGrant,
+        to: ServiceId,
+        portal: &Spanned<String>,
+    ) -> Option<GrantTarget> {
+        if g.processes.is_some()
+            || g.domains.is_some()
+            || g.all_processes.is_some()
+            || g.all_domains.is_some()
+        {
+            self.ctx.err(
+                portal.span(),
+                "a grant names either a portal or processes and domains, not both",
+            );
+            return None;
+        }
+        let dst = &self.pol.services[&to];
+        let Some(p) = dst.portals.get(portal.get_ref()) else {
+            if !self.broken.contains(&(to, portal.get_ref().clone())) {
+                self.ctx.err(
                     portal.span(),
                     format!(
                         "service `{}` has no portal `{}`",
@@ -461,96 +521,87 @@ pub fn parse_policy(name: &str, src: &str) -> Result<Policy, PolicyErrors> {
                         portal.get_ref()
                     ),
                 );
-                continue;
-            };
-            if let Some(want) = p.password_sha256 {
-                match &g.password {
-                    None => {
-                        ctx.err(
-                            portal.span(),
-                            format!("portal `{}` is password-protected: give `password`", p.name),
-                        );
-                        continue;
-                    }
-                    Some(pw) => {
-                        let got: [u8; 32] = Sha256::digest(pw.get_ref().as_bytes()).into();
-                        if got != want {
-                            ctx.err(pw.span(), format!("wrong password for portal `{}`", p.name));
-                            continue;
-                        }
-                    }
-                }
             }
-            GrantTarget::Portal(portal.get_ref().clone())
-        } else {
-            let what = format!("grant {} → {}", g.from.get_ref(), g.to.get_ref());
-            let ps = selection_procs(
-                &mut ctx,
-                dst,
-                g.processes.as_deref(),
-                g.all_processes.as_ref(),
-                &what,
-                g.to.span(),
-            );
-            let ds = selection_doms(
-                &mut ctx,
-                dst,
-                g.domains.as_deref(),
-                g.all_domains.as_ref(),
-                &what,
-                g.to.span(),
-            );
-            let (Some(processes), Some(domains)) = (ps, ds) else {
-                continue;
-            };
-            GrantTarget::Direct { processes, domains }
+            return None;
         };
-        pol.grants.push(Grant { from, to, target });
+        if let Some(want) = p.password_sha256 {
+            let Some(pw) = &g.password else {
+                self.ctx.err(
+                    portal.span(),
+                    format!("portal `{}` is password-protected: give `password`", p.name),
+                );
+                return None;
+            };
+            let got: [u8; 32] = Sha256::digest(pw.get_ref().as_bytes()).into();
+            if got != want {
+                self.ctx
+                    .err(pw.span(), format!("wrong password for portal `{}`", p.name));
+                return None;
+            }
+        }
+        Some(GrantTarget::Portal(portal.get_ref().clone()))
     }
-    let mut pairs = BTreeSet::new();
-    for r in &raw.rate_limit {
-        let from = lookup(&mut ctx, &r.from, "rate_limit `from`");
-        let to = lookup(&mut ctx, &r.to, "rate_limit `to`");
+
+    /// A grant of processes and domains of service `to`, named directly.
+    fn direct_target(&mut self, g: &RawGrant, to: ServiceId) -> Option<GrantTarget> {
+        let what = format!("grant {} → {}", g.from.get_ref(), g.to.get_ref());
+        let dst = &self.pol.services[&to];
+        let ps = selection_procs(
+            &mut self.ctx,
+            dst,
+            g.processes.as_deref(),
+            g.all_processes.as_ref(),
+            &what,
+            g.to.span(),
+        );
+        let ds = selection_doms(
+            &mut self.ctx,
+            dst,
+            g.domains.as_deref(),
+            g.all_domains.as_ref(),
+            &what,
+            g.to.span(),
+        );
+        let (Some(processes), Some(domains)) = (ps, ds) else {
+            return None;
+        };
+        Some(GrantTarget::Direct { processes, domains })
+    }
+
+    /// Validates the rate limits: at most one per ordered pair of services.
+    fn rate_limits(&mut self, raw: &[RawRate]) {
+        let mut pairs = BTreeSet::new();
+        for r in raw {
+            if let Some(limit) = self.rate_limit(r, &mut pairs) {
+                self.pol.rate_limits.push(limit);
+            }
+        }
+    }
+
+    /// Validates one rate limit; its pair of services goes into `pairs` even when
+    /// another field is invalid, so that a repeat is still reported.
+    fn rate_limit(
+        &mut self,
+        r: &RawRate,
+        pairs: &mut BTreeSet<(ServiceId, ServiceId)>,
+    ) -> Option<RateLimit> {
+        let from = self.lookup(&r.from, "rate_limit `from`");
+        let to = self.lookup(&r.to, "rate_limit `to`");
         let gbps = *r.gbps.get_ref();
-        let mut ok = true;
-        if !(gbps.is_finite() && gbps > 0.0) {
-            ctx.err(
+        let gbps_ok = gbps.is_finite() && gbps > 0.0;
+        if !gbps_ok {
+            self.ctx.err(
                 r.gbps.span(),
                 format!("rate_limit gbps must be a positive number, got {gbps}"),
             );
-            ok = false;
         }
-        let algorithm = match &r.algorithm {
-            None => Algorithm::SeTre,
-            Some(a) => match Algorithm::parse(a.get_ref()) {
-                Some(x) => x,
-                None => {
-                    ctx.err(
-                        a.span(),
-                        format!(
-                            "unknown rate-control algorithm `{}` (one of ne, re, se-fa, se-te, se-re, se-tre)",
-                            a.get_ref()
-                        ),
-                    );
-                    ok = false;
-                    Algorithm::SeTre
-                }
-            },
-        };
-        let bucket_bytes = match &r.bucket_bytes {
-            None => 25_000,
-            Some(b) if *b.get_ref() > 0 => *b.get_ref() as u64,
-            Some(b) => {
-                ctx.err(b.span(), "bucket_bytes must be positive");
-                ok = false;
-                0
-            }
-        };
+        let algorithm = rate_algorithm(&mut self.ctx, r.algorithm.as_ref());
+        let bucket_bytes = bucket_bytes(&mut self.ctx, r.bucket_bytes.as_ref());
         let (Some(from), Some(to)) = (from, to) else {
-            continue;
+            return None;
         };
         if !pairs.insert((from, to)) {
-            ctx.err(
+            self.ctx.err(
                 r.from.span(),
                 format!(
                     "a rate limit from `{}` to `{}` is already defined",
@@ -558,35 +609,77 @@ pub fn parse_policy(name: &str, src: &str) -> Result<Policy, PolicyErrors> {
                     r.to.get_ref()
                 ),
             );
-            continue;
+            return None;
         }
-        if ok {
-            pol.rate_limits.push(RateLimit {
-                from,
-                to,
-                gbps,
-                algorithm,
-                bucket_bytes,
-            });
-        }
+        Some(RateLimit {
+            from,
+            to,
+            gbps: gbps_ok.then_some(gbps)?,
+            algorithm: algorithm?,
+            bucket_bytes: bucket_bytes?,
+        })
     }
-    if let Some(n) = &raw.nmu {
+
+    /// Applies the `[nmu]` settings, each of which must be positive.
+    fn nmu(&mut self, n: &RawNmu) {
         if let Some(t) = &n.otp_ttl_ms {
             if *t.get_ref() <= 0 {
-                ctx.err(t.span(), "otp_ttl_ms must be positive");
+                self.ctx.err(t.span(), "otp_ttl_ms must be positive");
             } else {
-                pol.nmu.otp_ttl_ms = *t.get_ref() as u64;
+                self.pol.nmu.otp_ttl_ms = *t.get_ref() as u64;
             }
         }
         if let Some(c) = &n.otp_cap {
             if *c.get_ref() <= 0 {
-                ctx.err(c.span(), "otp_cap must be positive");
+                self.ctx.err(c.span(), "otp_cap must be positive");
             } else {
-                pol.nmu.otp_cap = *c.get_ref() as usize;
+                self.pol.nmu.otp_cap = *c.get_ref() as usize;
             }
         }
     }
-    ctx.finish(pol)
+}
+
+/// A portal's `password_sha256`, which must be 64 hexadecimal digits.
+fn password_digest(ctx: &mut Ctx, h: Option<&Spanned<String>>) -> Option<[u8; 32]> {
+    let h = h?;
+    let digest = parse_hex32(&h.get_ref().to_ascii_lowercase());
+    if digest.is_none() {
+        ctx.err(
+            h.span(),
+            "password_sha256 must be 64 hexadecimal digits (a SHA-256 digest)",
+        );
+    }
+    digest
+}
+
+/// A rate limit's algorithm: SE-TRE unless it names another (`None`: unknown name).
+fn rate_algorithm(ctx: &mut Ctx, a: Option<&Spanned<String>>) -> Option<Algorithm> {
+    let Some(a) = a else {
+        return Some(Algorithm::SeTre);
+    };
+    let alg = Algorithm::parse(a.get_ref());
+    if alg.is_none() {
+        ctx.err(
+            a.span(),
+            format!(
+                "unknown rate-control algorithm `{}` (one of ne, re, se-fa, se-te, se-re, se-tre)",
+                a.get_ref()
+            ),
+        );
+    }
+    alg
+}
+
+/// A rate limit's bucket size in bytes: 25,000 unless given (`None`: not positive).
+fn bucket_bytes(ctx: &mut Ctx, b: Option<&Spanned<i64>>) -> Option<u64> {
+    match b {
+        None => Some(25_000),
+        Some(b) if *b.get_ref() > 0 => Some(*b.get_ref() as u64),
+        Some(b) => {
+            ctx.err(b.span(), "bucket_bytes must be positive");
+            None
+        }
+    }
 }
 
 fn selection_procs(
