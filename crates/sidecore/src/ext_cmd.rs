@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use sidecore_ext::verify::{Calibration, Policy, verify};
+use sidecore_ext::verify::{Policy, verify};
 
 use sidecore_ext::calibrate::{self, Effort};
 use sidecore_ext::ext::{ExecMode, ExtConfig, ExtEngine, WasmExtension};

@@ -10,7 +10,7 @@ use std::process::ExitCode;
 use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use sidecore_sikker_nmu::{DomainId, ProcessId, TableStats, Triple};
-use sidecore_sikker_policy::{Nos, Policy, Service, parse_placement, parse_policy};
+use sidecore_sikker_policy::{Nos, Policy, Sacl, Service, parse_placement, parse_policy};
 
 /// `sidecore policy …`.
 #[derive(Args, Debug)]
@@ -109,6 +109,56 @@ fn domain_names(s: &Service, ids: &std::collections::BTreeSet<DomainId>) -> Vec<
         .collect()
 }
 
+/// `policy check --json`: the services, the SACL and the NMU tables per host.
+fn print_check_json(
+    policy: &Policy,
+    sacl: &Sacl,
+    hosts: &[(String, TableStats)],
+) -> anyhow::Result<()> {
+    let services: Vec<serde_json::Value> = policy
+        .services
+        .values()
+        .map(|s| {
+            serde_json::json!({
+                "name": s.name, "id": s.id, "processes": s.processes.len(),
+                "domains": s.domains.keys().collect::<Vec<_>>(),
+                "portals": s.portals.keys().collect::<Vec<_>>(),
+            })
+        })
+        .collect();
+    let entries: Vec<serde_json::Value> = sacl
+        .iter()
+        .map(|((from, to), e)| {
+            let dst = &policy.services[to];
+            serde_json::json!({
+                "from": svc_name(policy, *from),
+                "to": dst.name,
+                "processes": e.processes,
+                "domains": domain_names(dst, &e.domains),
+                "rate_gbps": e.rate_slot.map(|i| policy.rate_limits[i as usize].gbps),
+            })
+        })
+        .collect();
+    let hosts: Vec<serde_json::Value> = hosts
+        .iter()
+        .map(|(h, st)| {
+            serde_json::json!({
+                "host": h, "processes": st.processes, "services": st.services,
+                "sacl_entries": st.sacl_entries, "process_entries": st.process_entries,
+                "domain_entries": st.domain_entries, "bytes": st.total_bytes,
+            })
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::json!({
+            "services": services, "grants": policy.grants.len(),
+            "rate_limits": policy.rate_limits.len(), "sacl": entries, "hosts": hosts,
+        }))?
+    );
+    Ok(())
+}
+
 fn check(path: &Path, placement: Option<&Path>, json: bool) -> anyhow::Result<ExitCode> {
     let policy = load_policy(path)?;
     let nos = placement.map(|pl| load_nos(pl, &policy)).transpose()?;
@@ -134,47 +184,7 @@ fn check(path: &Path, placement: Option<&Path>, json: bool) -> anyhow::Result<Ex
         })
         .collect();
     if json {
-        let services: Vec<serde_json::Value> = policy
-            .services
-            .values()
-            .map(|s| {
-                serde_json::json!({
-                    "name": s.name, "id": s.id, "processes": s.processes.len(),
-                    "domains": s.domains.keys().collect::<Vec<_>>(),
-                    "portals": s.portals.keys().collect::<Vec<_>>(),
-                })
-            })
-            .collect();
-        let entries: Vec<serde_json::Value> = sacl
-            .iter()
-            .map(|((from, to), e)| {
-                let dst = &policy.services[to];
-                serde_json::json!({
-                    "from": svc_name(&policy, *from),
-                    "to": dst.name,
-                    "processes": e.processes,
-                    "domains": domain_names(dst, &e.domains),
-                    "rate_gbps": e.rate_slot.map(|i| policy.rate_limits[i as usize].gbps),
-                })
-            })
-            .collect();
-        let hosts: Vec<serde_json::Value> = hosts
-            .iter()
-            .map(|(h, st)| {
-                serde_json::json!({
-                    "host": h, "processes": st.processes, "services": st.services,
-                    "sacl_entries": st.sacl_entries, "process_entries": st.process_entries,
-                    "domain_entries": st.domain_entries, "bytes": st.total_bytes,
-                })
-            })
-            .collect();
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&serde_json::json!({
-                "services": services, "grants": policy.grants.len(),
-                "rate_limits": policy.rate_limits.len(), "sacl": entries, "hosts": hosts,
-            }))?
-        );
+        print_check_json(&policy, sacl, &hosts)?;
         return Ok(ExitCode::SUCCESS);
     }
     println!(
