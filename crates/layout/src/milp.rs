@@ -62,6 +62,13 @@ struct Row {
     hi: f64,
 }
 
+impl Row {
+    /// A row without variables whose bounds exclude zero: no assignment satisfies it.
+    fn cannot_hold(&self) -> bool {
+        self.terms.is_empty() && (self.lo > EMPTY_ROW_TOLERANCE || self.hi < -EMPTY_ROW_TOLERANCE)
+    }
+}
+
 /// A built model: variables per group candidate, optional flow variables, rows.
 struct Mip {
     vars: ProblemVariables,
@@ -266,6 +273,11 @@ fn solver_error<E: std::fmt::Debug>(what: &str) -> impl Fn(E) -> LayoutError + '
 
 /// Solve `mip` with `extra_rows`; returns the outcome with the numbers of columns and
 /// rows.
+///
+/// HiGHS's presolve can reduce a model to empty, call it optimal and then find the
+/// solution it maps back violates a row; it then reports an error status instead of a
+/// result (found by the property test, HiGHS 1.x). A run that errs with presolve on is
+/// therefore run once more with presolve off, which solves the model as given.
 fn run(
     mip: Mip,
     extra_rows: Vec<Row>,
@@ -273,42 +285,53 @@ fn run(
 ) -> Result<(Run, usize, usize), LayoutError> {
     let ncols = mip.vars.len();
     let objective = nonzero_objective(spec.objective.clone(), &mip);
-    let unsolved = if spec.sense_max {
-        mip.vars.maximise(objective)
-    } else {
-        mip.vars.minimise(objective)
-    };
-    let mut hp = unsolved.using(highs);
-    let mut nrows = 0;
-    for row in mip.rows.into_iter().chain(extra_rows) {
-        if row.terms.is_empty() {
-            if row.lo > EMPTY_ROW_TOLERANCE || row.hi < -EMPTY_ROW_TOLERANCE {
-                return Ok((Run::Infeasible, ncols, nrows));
-            }
-            continue;
-        }
-        let e: Expression = row.terms.iter().map(|&(v, c)| c * v).sum();
-        if row.lo == row.hi {
-            hp.add_constraint(e.eq(row.hi));
-        } else {
-            if row.lo.is_finite() {
-                hp.add_constraint(e.clone().geq(row.lo));
-            }
-            if row.hi.is_finite() {
-                hp.add_constraint(e.leq(row.hi));
-            }
-        }
-        nrows += 1;
+    let rows: Vec<Row> = mip.rows.into_iter().chain(extra_rows).collect();
+    if rows.iter().any(Row::cannot_hold) {
+        return Ok((Run::Infeasible, ncols, 0));
     }
-    let mut model = hp
-        .try_into_inner()
-        .map_err(|e| LayoutError::Solver(format!("building the HiGHS model: {e}")))?;
-    configure(&mut model, &spec, ncols)?;
-    let solved = model.try_solve().map_err(|e| {
-        LayoutError::Solver(format!(
-            "HiGHS failed ({e:?}) on a model of {ncols} columns and {nrows} rows"
-        ))
-    })?;
+    let build = |presolve_off: bool| -> Result<(highs::Model, usize), LayoutError> {
+        let unsolved = if spec.sense_max {
+            mip.vars.clone().maximise(objective.clone())
+        } else {
+            mip.vars.clone().minimise(objective.clone())
+        };
+        let mut hp = unsolved.using(highs);
+        let mut nrows = 0;
+        for row in rows.iter().filter(|r| !r.terms.is_empty()) {
+            let e: Expression = row.terms.iter().map(|&(v, c)| c * v).sum();
+            if row.lo == row.hi {
+                hp.add_constraint(e.eq(row.hi));
+            } else {
+                if row.lo.is_finite() {
+                    hp.add_constraint(e.clone().geq(row.lo));
+                }
+                if row.hi.is_finite() {
+                    hp.add_constraint(e.leq(row.hi));
+                }
+            }
+            nrows += 1;
+        }
+        let mut model = hp
+            .try_into_inner()
+            .map_err(|e| LayoutError::Solver(format!("building the HiGHS model: {e}")))?;
+        configure(&mut model, &spec, presolve_off, ncols)?;
+        Ok((model, nrows))
+    };
+    let (model, nrows) = build(spec.presolve_off)?;
+    let solved = match model.try_solve() {
+        Ok(solved) => solved,
+        Err(_) if !spec.presolve_off => build(true)?.0.try_solve().map_err(|e| {
+            LayoutError::Solver(format!(
+                "HiGHS failed ({e:?}) on a model of {ncols} columns and {nrows} rows, \
+                 with presolve and without"
+            ))
+        })?,
+        Err(e) => {
+            return Err(LayoutError::Solver(format!(
+                "HiGHS failed ({e:?}) on a model of {ncols} columns and {nrows} rows"
+            )));
+        }
+    };
     Ok((outcome(&solved)?, ncols, nrows))
 }
 
@@ -332,6 +355,7 @@ fn nonzero_objective(objective: Expression, mip: &Mip) -> Expression {
 fn configure(
     model: &mut highs::Model,
     spec: &RunSpec<'_>,
+    presolve_off: bool,
     ncols: usize,
 ) -> Result<(), LayoutError> {
     model
@@ -347,7 +371,7 @@ fn configure(
             .and_then(|()| model.try_set_option("log_to_console", true))
             .map_err(solver_error("setting HiGHS options"))?;
     }
-    if spec.presolve_off {
+    if presolve_off {
         // Measured: at ~37k columns HiGHS's presolve spends 1.5 s to remove a dozen
         // columns, and without it the root LP and rounding come 4x sooner.
         model

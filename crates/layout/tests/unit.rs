@@ -845,3 +845,74 @@ fn bad_link_caps_are_refused_with_their_origin() {
     let e = solve(&p, &SolveOptions::default()).unwrap_err().to_string();
     assert!(e.contains("is not a finite non-negative number"), "{e}");
 }
+
+/// A case proptest found in CI (seed 0439ec95…): twin cores, an asymmetric gang and a
+/// gang chained through o1, zero weights. Infeasible; HiGHS's presolve mis-solved one
+/// feasibility check of the explanation and returned an error status. The solve must
+/// succeed or explain, never fail.
+#[test]
+fn twin_cores_with_chained_gangs_solve() {
+    let small = |id: &str, kind, cpu, memory_bytes| PeSpec {
+        id: String::from(id),
+        kind,
+        cpu,
+        memory_bytes,
+        slots: None,
+    };
+    let cand = |pe, cpu, memory_bytes| Candidate {
+        pe,
+        cpu,
+        memory_bytes,
+    };
+    let off = |name: &str, candidates| OffcodeSpec {
+        name: name.into(),
+        weight: 0,
+        candidates,
+    };
+    let p = Problem {
+        pes: vec![
+            small("pe0", PeKind::Host, 0.25, 0),
+            small("pe1", PeKind::Core, 0.75, 2),
+            small("pe2", PeKind::Core, 0.75, 2),
+        ],
+        offcodes: vec![
+            off("o0", vec![cand(1, 0.25, 1), cand(2, 0.25, 1)]),
+            off(
+                "o1",
+                vec![cand(0, 0.0, 0), cand(1, 0.25, 2), cand(2, 0.25, 2)],
+            ),
+            off(
+                "o2",
+                vec![cand(0, 0.0, 0), cand(1, 0.25, 0), cand(2, 0.25, 0)],
+            ),
+            off(
+                "o3",
+                vec![cand(0, 0.0, 1), cand(1, 0.75, 0), cand(2, 0.75, 0)],
+            ),
+            off(
+                "o4",
+                vec![cand(0, 0.0, 0), cand(1, 0.25, 1), cand(2, 0.25, 1)],
+            ),
+        ],
+        constraints: vec![
+            con(ConstraintKind::AsymGang, 1, 4, 1),
+            con(ConstraintKind::Gang, 3, 1, 2),
+        ],
+        flows: vec![],
+        links: vec![],
+    };
+    for aggregate in [true, false] {
+        let opts = SolveOptions {
+            aggregate,
+            explain: false,
+            ..SolveOptions::default()
+        };
+        match solve(&p, &opts) {
+            Ok(l) => {
+                check(&p, &l.assignment).expect("a valid layout");
+            }
+            Err(LayoutError::Infeasible(_)) => {}
+            Err(e) => panic!("aggregate={aggregate}: {e}"),
+        }
+    }
+}
