@@ -20,6 +20,7 @@ mod ext_cmd;
 mod fw;
 mod layout;
 mod policy;
+mod sim_cmd;
 mod testbed_cmd;
 mod up;
 
@@ -96,7 +97,7 @@ enum Command {
     /// Measure this machine's cost model for Wasm extensions.
     Calibrate(ext_cmd::CalibrateCommand),
     /// Run the Sikker simulators: SikkerSim (permission checks) and RateSim (rate control).
-    Sim(sidecore_sikker_sim::SimCommand),
+    Sim(sim_cmd::SimCommand),
     /// Validate Sikker policies and trace what they permit.
     Policy(policy::PolicyCommand),
     /// The SCIRON firewall console: analyse, check and live-load rule files.
@@ -134,7 +135,7 @@ fn main() -> ExitCode {
         Command::Events { app, socket } => ctl::events(&socket, app),
         Command::Ext(c) => c.run().map(|code| ExitCode::from(code as u8)),
         Command::Calibrate(c) => c.run().map(|code| ExitCode::from(code as u8)),
-        Command::Sim(cmd) => sidecore_sikker_sim::run(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Sim(cmd) => sim_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Policy(cmd) => policy::run(cmd),
         Command::Fw(cmd) => fw::run(cmd),
         Command::Demo(cmd) => demo::run(cmd),

@@ -306,6 +306,14 @@ impl SeSender {
             }
             self.bucket.rate -= rate;
         }
+        // Conservation: a give never exceeds what the giver holds, so an exchange
+        // moves tokens and rate and never creates them (F_mr ≤ 1, Th_t ≥ 0).
+        assert!(
+            self.bucket.tokens >= 0.0 && self.bucket.rate >= 0.0,
+            "SE sender gave more than it held: tokens {} rate {} left (gave {tokens}, {rate})",
+            self.bucket.tokens,
+            self.bucket.rate
+        );
         Response {
             id: req.id,
             tokens,

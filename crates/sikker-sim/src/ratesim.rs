@@ -239,6 +239,9 @@ pub struct RateSimResult {
     pub max_rate_sum: f64,
 }
 
+/// Relative floating-point slack of the rate-conservation assertion.
+const RATE_SUM_TOLERANCE: f64 = 1e-9;
+
 /// Percentiles of the latency-percentile plot.
 pub const PERCENTILES: [f64; 8] = [50.0, 90.0, 99.0, 99.9, 99.99, 99.999, 99.9999, 100.0];
 
@@ -571,6 +574,13 @@ impl<'a> Sim<'a> {
                     self.senders[i].wake_gen += 1;
                     self.try_send(i, t);
                     let s = self.rate_sum();
+                    // Rate conservation (§5.5): senders' rates plus rate in flight
+                    // never exceed R_a, the sum they started with.
+                    assert!(
+                        s <= self.cfg.r_a * (1.0 + RATE_SUM_TOLERANCE),
+                        "rate created at cycle {t}: Σ R_t + in flight = {s} > R_a = {}",
+                        self.cfg.r_a
+                    );
                     if s > self.max_rate_sum {
                         self.max_rate_sum = s;
                     }

@@ -10,6 +10,7 @@ use serde::Serialize;
 use sidecore_sikker_nmu::{Address, LocalIndex, NmuConfig, NmuTables, TableStats, Triple};
 use std::time::{Duration, Instant};
 
+use crate::error::{SimError, bad};
 use crate::timing;
 
 /// Table 4.1 and the host count.
@@ -567,6 +568,51 @@ pub struct SikkerSimOptions {
     pub memory_bytes: usize,
 }
 
+impl SikkerSimOptions {
+    /// Checks every option's range; the error names the option as `sidecore sim
+    /// sikker` spells it.
+    pub fn validate(&self) -> Result<(), SimError> {
+        if let Some(h) = self.hosts.iter().find(|&&h| h < 32 || !h.is_power_of_two()) {
+            return Err(bad(
+                "--hosts",
+                format!(
+                    "{h} is not a power of two of at least 32 (Table 4.1 needs whole \
+                     services of 512 processes at 16 per host)"
+                ),
+            ));
+        }
+        if self.checks == 0 {
+            return Err(bad("--checks", "must be at least 1"));
+        }
+        if self.batch == 0 || self.batch > self.checks {
+            return Err(bad("--batch", "must be between 1 and --checks"));
+        }
+        if !(self.knobs.sigma_frac > 0.0 && self.knobs.sigma_frac.is_finite()) {
+            return Err(bad(
+                "--sigma",
+                format!("must be a positive number, got {}", self.knobs.sigma_frac),
+            ));
+        }
+        if !(MEMORY_MIN_BYTES..=MEMORY_MAX_BYTES).contains(&self.memory_bytes) {
+            return Err(bad(
+                "--memory-mib",
+                format!(
+                    "must be between {} and {} MiB, got {} bytes",
+                    MEMORY_MIN_BYTES >> 20,
+                    MEMORY_MAX_BYTES >> 20,
+                    self.memory_bytes
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The smallest `Memory` control buffer: 1 MiB.
+pub const MEMORY_MIN_BYTES: usize = 1 << 20;
+/// The largest `Memory` control buffer: 16 GiB (the machine has 24).
+pub const MEMORY_MAX_BYTES: usize = 16 << 30;
+
 fn load_average() -> f64 {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
@@ -574,8 +620,9 @@ fn load_average() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-/// Runs SikkerSim for each host count.
-pub fn run(o: &SikkerSimOptions) -> Vec<SikkerSimRow> {
+/// Runs SikkerSim for each host count, after [`SikkerSimOptions::validate`].
+pub fn run(o: &SikkerSimOptions) -> Result<Vec<SikkerSimRow>, SimError> {
+    o.validate()?;
     let npt = timing::ns_per_tick(Duration::from_millis(200));
     let mut rows = Vec::new();
     let mut memory = None;
@@ -631,7 +678,7 @@ pub fn run(o: &SikkerSimOptions) -> Vec<SikkerSimRow> {
             latency,
         });
     }
-    rows
+    Ok(rows)
 }
 
 #[cfg(test)]
