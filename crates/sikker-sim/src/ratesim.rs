@@ -621,84 +621,94 @@ impl<'a> Sim<'a> {
 }
 
 /// Runs one simulation.
-#[allow(clippy::too_many_lines)] // TODO(issue 10): split; one flow of the simulator's set-up and report, left whole this session
 pub fn simulate(cfg: &RateSimConfig, algo: AlgoConfig) -> RateSimResult {
-    let n = cfg.senders;
-    let init_rate = cfg.r_a / n as f64;
-    let re = ReParams {
-        r_a: cfg.r_a,
-        r_r: algo.r_r,
-        bucket_size: algo.se.bucket_size,
-        credits: algo.credits,
-    };
-    let senders = (0..n)
-        .map(|i| Sender {
-            queue: VecDeque::new(),
-            busy_until: 0.0,
-            link_pending: false,
-            se: algo.alg.se_variant().map(|v| {
-                let peers = (0..n as u32).filter(|&j| j as usize != i).collect();
-                SeSender::new(v, algo.se, init_rate, peers, 0.0)
-            }),
-            credits: Credits::new(algo.credits),
-            wake_gen: 0,
-            wake_at: 0.0,
-            creating: true,
-        })
-        .collect();
-    let relays = if algo.alg == Algorithm::Re {
-        (0..re.relays())
-            .map(|_| RelayNode {
-                relay: Relay::new(&re, 0.0),
+    let mut sim = Sim::new(cfg, algo);
+    sim.run();
+    sim.into_result()
+}
+
+impl<'a> Sim<'a> {
+    /// Senders (and RE's relays) at their initial rates, every source's first packet
+    /// and the three period changes scheduled.
+    fn new(cfg: &'a RateSimConfig, algo: AlgoConfig) -> Self {
+        let n = cfg.senders;
+        let init_rate = cfg.r_a / n as f64;
+        let re = ReParams {
+            r_a: cfg.r_a,
+            r_r: algo.r_r,
+            bucket_size: algo.se.bucket_size,
+            credits: algo.credits,
+        };
+        let senders = (0..n)
+            .map(|i| Sender {
                 queue: VecDeque::new(),
-                busy: false,
+                busy_until: 0.0,
+                link_pending: false,
+                se: algo.alg.se_variant().map(|v| {
+                    let peers = (0..n as u32).filter(|&j| j as usize != i).collect();
+                    SeSender::new(v, algo.se, init_rate, peers, 0.0)
+                }),
+                credits: Credits::new(algo.credits),
                 wake_gen: 0,
                 wake_at: 0.0,
+                creating: true,
             })
-            .collect()
-    } else {
-        Vec::new()
-    };
-    let end = cfg.end() + cfg.drain;
-    let bins = (end / cfg.bin).ceil() as usize + 1;
-    let mut sim = Sim {
-        cfg,
-        algo,
-        rng: ChaCha8Rng::seed_from_u64(cfg.seed),
-        heap: BinaryHeap::new(),
-        seq: 0,
-        senders,
-        relays,
-        hist: (0..3)
-            .map(|_| Histogram::new(3).expect("histogram"))
-            .collect(),
-        created: vec![0; 3],
-        delivered: vec![0; 3],
-        overhead: [0.0; 3],
-        series: (0..bins)
-            .map(|i| Bin {
-                t: i as f64 * cfg.bin,
-                ..Default::default()
-            })
-            .collect(),
-        rate_in_flight: 0.0,
-        max_rate_sum: 0.0,
-        events: 0,
-        queued: 0.0,
-    };
-    for i in 0..n {
-        let phase = sim.rng.random::<f64>() * 43.5 / cfg.rate(i, 0.0);
-        sim.push(phase, Ev::Create(i as u32));
+            .collect();
+        let relays = if algo.alg == Algorithm::Re {
+            (0..re.relays())
+                .map(|_| RelayNode {
+                    relay: Relay::new(&re, 0.0),
+                    queue: VecDeque::new(),
+                    busy: false,
+                    wake_gen: 0,
+                    wake_at: 0.0,
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let end = cfg.end() + cfg.drain;
+        let bins = (end / cfg.bin).ceil() as usize + 1;
+        let mut sim = Sim {
+            cfg,
+            algo,
+            rng: ChaCha8Rng::seed_from_u64(cfg.seed),
+            heap: BinaryHeap::new(),
+            seq: 0,
+            senders,
+            relays,
+            hist: (0..3)
+                .map(|_| Histogram::new(3).expect("histogram"))
+                .collect(),
+            created: vec![0; 3],
+            delivered: vec![0; 3],
+            overhead: [0.0; 3],
+            series: (0..bins)
+                .map(|i| Bin {
+                    t: i as f64 * cfg.bin,
+                    ..Default::default()
+                })
+                .collect(),
+            rate_in_flight: 0.0,
+            max_rate_sum: 0.0,
+            events: 0,
+            queued: 0.0,
+        };
+        for i in 0..n {
+            let phase = sim.rng.random::<f64>() * 43.5 / cfg.rate(i, 0.0);
+            sim.push(phase, Ev::Create(i as u32));
+        }
+        for k in 0..3 {
+            sim.push(cfg.warmup + k as f64 * cfg.interval, Ev::Tick);
+        }
+        sim.max_rate_sum = sim.rate_sum();
+        sim
     }
-    for k in 0..3 {
-        sim.push(cfg.warmup + k as f64 * cfg.interval, Ev::Tick);
-    }
-    sim.max_rate_sum = sim.rate_sum();
-    sim.run();
 
-    let mut periods = Vec::new();
-    let mut worst = vec![0.0f64; PERCENTILES.len()];
-    for k in 0..3 {
+    /// Period `k`'s statistics; raises `worst` to its latency at each of
+    /// [`PERCENTILES`].
+    fn period(&self, k: usize, worst: &mut [f64]) -> PeriodStats {
+        let (sim, cfg) = (self, self.cfg);
         let h = &sim.hist[k];
         let created = sim.created[k];
         let undelivered = created.saturating_sub(sim.delivered[k]);
@@ -739,7 +749,7 @@ pub fn simulate(cfg: &RateSimConfig, algo: AlgoConfig) -> RateSimResult {
             };
             worst[j] = worst[j].max(v);
         }
-        periods.push(PeriodStats {
+        PeriodStats {
             packets: created,
             undelivered,
             p9999_ns: if unbounded { f64::INFINITY } else { measured },
@@ -747,38 +757,46 @@ pub fn simulate(cfg: &RateSimConfig, algo: AlgoConfig) -> RateSimResult {
             backlog_growth: growth,
             unbounded,
             measured_p9999_ns: measured,
-        });
+        }
     }
-    let l = periods.iter().map(|p| p.p9999_ns).fold(0.0, f64::max);
-    let b = periods[0]
-        .overhead
-        .max(periods[1].overhead)
-        .max(2.0 * periods[2].overhead);
-    let bmax = periods.iter().map(|p| p.overhead).fold(0.0, f64::max);
-    let bmean = periods.iter().map(|p| p.overhead).sum::<f64>() / periods.len() as f64;
-    let n_tb = match algo.alg {
-        Algorithm::Ne => 0,
-        Algorithm::Re => sim.relays.len(),
-        _ => n,
-    };
-    for bin in &mut sim.series {
-        bin.sent /= cfg.bin;
-        bin.received /= cfg.bin;
-        bin.at_sources /= cfg.bin;
-        bin.at_relays /= cfg.bin;
-    }
-    RateSimResult {
-        algo,
-        latency_p9999_ns: l,
-        overhead_mean_gbps: bmean * 100.0,
-        overhead_worst_gbps: bmax * 100.0,
-        penalty: l + 75.0 * b,
-        periods,
-        worst_percentiles: PERCENTILES.iter().copied().zip(worst).collect(),
-        series: sim.series,
-        max_burst_bytes: formulas::max_aggregate_burst(algo.se.bucket_size, n_tb) * 100.0 / 8.0,
-        events: sim.events,
-        max_rate_sum: sim.max_rate_sum,
+
+    /// The run's result: per-period statistics, the §8.1 penalty and the series.
+    fn into_result(mut self) -> RateSimResult {
+        let (cfg, algo, n) = (self.cfg, self.algo, self.cfg.senders);
+        let mut worst = vec![0.0f64; PERCENTILES.len()];
+        let periods: Vec<PeriodStats> = (0..3).map(|k| self.period(k, &mut worst)).collect();
+        let sim = &mut self;
+        let l = periods.iter().map(|p| p.p9999_ns).fold(0.0, f64::max);
+        let b = periods[0]
+            .overhead
+            .max(periods[1].overhead)
+            .max(2.0 * periods[2].overhead);
+        let bmax = periods.iter().map(|p| p.overhead).fold(0.0, f64::max);
+        let bmean = periods.iter().map(|p| p.overhead).sum::<f64>() / periods.len() as f64;
+        let n_tb = match algo.alg {
+            Algorithm::Ne => 0,
+            Algorithm::Re => sim.relays.len(),
+            _ => n,
+        };
+        for bin in &mut sim.series {
+            bin.sent /= cfg.bin;
+            bin.received /= cfg.bin;
+            bin.at_sources /= cfg.bin;
+            bin.at_relays /= cfg.bin;
+        }
+        RateSimResult {
+            algo,
+            latency_p9999_ns: l,
+            overhead_mean_gbps: bmean * 100.0,
+            overhead_worst_gbps: bmax * 100.0,
+            penalty: l + 75.0 * b,
+            periods,
+            worst_percentiles: PERCENTILES.iter().copied().zip(worst).collect(),
+            series: std::mem::take(&mut sim.series),
+            max_burst_bytes: formulas::max_aggregate_burst(algo.se.bucket_size, n_tb) * 100.0 / 8.0,
+            events: sim.events,
+            max_rate_sum: sim.max_rate_sum,
+        }
     }
 }
 
