@@ -12,7 +12,7 @@ use wasmparser::Operator;
 
 use crate::cost::{CostModel, OpClass, classify};
 use crate::loops::{FrameKind, Structure};
-use crate::module::ModuleInfo;
+use crate::module::{Body, ModuleInfo};
 
 /// One step of a witness path.
 #[derive(Debug, Clone)]
@@ -146,7 +146,6 @@ struct CFrame {
 
 /// Analyses one function. `callee` gives the bound of any function already analysed;
 /// `indirect` the candidate targets of a `call_indirect` type index.
-#[allow(clippy::too_many_lines)] // TODO(issue 10): split; one pass over shared analysis state, left whole this session
 pub fn analyse_function(
     m: &ModuleInfo<'_>,
     fidx: u32,
@@ -156,21 +155,202 @@ pub fn analyse_function(
     callee: &dyn Fn(u32) -> f64,
     indirect: &dyn Fn(u32) -> f64,
 ) -> FuncCost {
-    let body = m.body(fidx).expect("analysed function has a body");
-    let mut stack: Vec<CFrame> = vec![CFrame::new(0)];
-    // wasmtime charges one fuel unit per function activation beyond its operators
-    // (measured on wasmtime 48); cycles for the call itself are in the caller's `call`.
-    let entry = if model.fuel { 1.0 } else { 0.0 };
-    let mut cur: Option<PV> = Some(PV {
-        cost: entry,
-        path: None,
-    });
-    let mut result: Option<PV> = None;
-    let mut loop_costs = Vec::new();
-    let ops = &body.ops;
+    let mut a = FuncAnalysis::new(m, fidx, st, model, loops, callee, indirect);
+    a.run();
+    a.finish()
+}
 
-    // Routes a branch value to stack frame `t` (index into `stack`).
-    fn route(stack: &mut [CFrame], st: &Structure, t: usize, v: PV) {
+/// The state of one pass over a function body: the open frames, the worst path
+/// reaching the current operator (`None` = unreachable) and what has been found so far.
+struct FuncAnalysis<'a> {
+    m: &'a ModuleInfo<'a>,
+    fidx: u32,
+    st: &'a Structure,
+    model: &'a CostModel,
+    loops: &'a BTreeMap<u32, LoopCfg>,
+    callee: &'a dyn Fn(u32) -> f64,
+    indirect: &'a dyn Fn(u32) -> f64,
+    body: &'a Body<'a>,
+    stack: Vec<CFrame>,
+    cur: Option<PV>,
+    result: Option<PV>,
+    loop_costs: Vec<LoopCost>,
+}
+
+impl<'a> FuncAnalysis<'a> {
+    /// Sets up the pass at the function's entry, with only the function frame open.
+    fn new(
+        m: &'a ModuleInfo<'a>,
+        fidx: u32,
+        st: &'a Structure,
+        model: &'a CostModel,
+        loops: &'a BTreeMap<u32, LoopCfg>,
+        callee: &'a dyn Fn(u32) -> f64,
+        indirect: &'a dyn Fn(u32) -> f64,
+    ) -> Self {
+        let body = m.body(fidx).expect("analysed function has a body");
+        // wasmtime charges one fuel unit per function activation beyond its operators
+        // (measured on wasmtime 48); cycles for the call itself are in the caller's `call`.
+        let entry = if model.fuel { 1.0 } else { 0.0 };
+        FuncAnalysis {
+            m,
+            fidx,
+            st,
+            model,
+            loops,
+            callee,
+            indirect,
+            body,
+            stack: vec![CFrame::new(0)],
+            cur: Some(PV {
+                cost: entry,
+                path: None,
+            }),
+            result: None,
+            loop_costs: Vec::new(),
+        }
+    }
+
+    /// Walks every operator in order: charges its cost to the current path, then
+    /// applies its effect on control flow. Stops early at an `end` with no open frame.
+    fn run(&mut self) {
+        let body = self.body;
+        for (i, (off, op)) in body.ops.iter().enumerate() {
+            let (c, call_step) = self.op_cost(i, op);
+            self.charge(c, call_step);
+            if !self.control(i, *off, op) {
+                break;
+            }
+        }
+    }
+
+    /// Applies the effect of operator `i` (at offset `off`) on control flow. Returns
+    /// false if the walk must stop (an `end` with no open frame).
+    fn control(&mut self, i: usize, off: usize, op: &Operator<'_>) -> bool {
+        match op {
+            Operator::Block { .. } => self.open_block(i),
+            Operator::Loop { .. } => self.open_loop(i),
+            Operator::If { .. } => self.open_if(i, off),
+            Operator::Else => self.enter_else(),
+            Operator::End => return self.end(),
+            Operator::Br { .. }
+            | Operator::BrIf { .. }
+            | Operator::BrTable { .. }
+            | Operator::Return => self.branch(i, off, op),
+            Operator::Unreachable => self.trap(off),
+            _ => {}
+        }
+        true
+    }
+
+    /// The worst path's cost and witness, and the loops found.
+    fn finish(self) -> FuncCost {
+        let r = self.result.unwrap_or(PV {
+            cost: 0.0,
+            path: None,
+        });
+        FuncCost {
+            bound: r.cost,
+            path: r.path,
+            loops: self.loop_costs,
+        }
+    }
+
+    /// The cost of operator `i` (calls add their callee's bound, bulk memory operators
+    /// their length) and, for a call, the witness step naming it.
+    fn op_cost(&self, i: usize, op: &Operator<'_>) -> (f64, Option<Step>) {
+        let class = classify(op).unwrap_or(OpClass::Alu);
+        let mut c = self.model.op(op, class);
+        // Calls add their callee's bound.
+        let mut call_step = None;
+        match op {
+            Operator::Call { function_index } => {
+                let f = *function_index;
+                if f < self.m.n_imported() {
+                    let (h, step) = self.host_call(i, f);
+                    c += h;
+                    call_step = Some(step);
+                } else {
+                    let k = (self.callee)(f);
+                    c += k;
+                    call_step = Some(Step::Call { callee: f, cost: k });
+                }
+            }
+            Operator::CallIndirect { type_index, .. } => {
+                c += (self.indirect)(*type_index);
+            }
+            Operator::MemoryFill { .. } | Operator::MemoryCopy { .. } if !self.model.fuel => {
+                c = self.bulk_memory_cost(i, op);
+            }
+            _ => {}
+        }
+        (c, call_step)
+    }
+
+    /// The value of the `i32.const` right before operator `i`, clamped at 0, if the
+    /// previous operator is one.
+    fn const_before(&self, i: usize) -> Option<u64> {
+        if i > 0 {
+            match &self.body.ops[i - 1].1 {
+                Operator::I32Const { value } => Some((*value).max(0) as u64),
+                _ => None,
+            }
+        } else {
+            None
+        }
+    }
+
+    /// The cost of host import `f` called at operator `i` (its length argument taken
+    /// from a constant pushed last), with its witness step.
+    fn host_call(&self, i: usize, f: u32) -> (f64, Step) {
+        let imp = &self.m.imports[f as usize];
+        let full = format!("{}.{}", imp.module, imp.name);
+        let const_len = self.const_before(i);
+        let h = if self.model.fuel {
+            0.0
+        } else {
+            self.model.host_call(&full, const_len)
+        };
+        (
+            h,
+            Step::Host {
+                name: full,
+                cost: h,
+            },
+        )
+    }
+
+    /// The cycle cost of `memory.fill`/`memory.copy` at operator `i`: per byte of its
+    /// length (a constant pushed last, else the whole memory) plus a call.
+    fn bulk_memory_cost(&self, i: usize, op: &Operator<'_>) -> f64 {
+        let len = if i > 0 {
+            self.const_before(i)
+                .unwrap_or_else(|| self.m.memory.map(|x| x.0).unwrap_or(0))
+        } else {
+            0
+        };
+        self.model.op(op, OpClass::BulkByte) * len as f64 + self.model.op(op, OpClass::Call)
+    }
+
+    /// Adds cost `c` to the current path, recording a call step that costs something.
+    fn charge(&mut self, c: f64, call_step: Option<Step>) {
+        if let Some(p) = self.cur.as_mut() {
+            p.cost += c;
+            if let Some(s) = call_step
+                && let Step::Call { cost, .. } | Step::Host { cost, .. } = &s
+                && *cost > 0.0
+            {
+                p.path = push(&p.path, s);
+            }
+        }
+    }
+
+    /// Routes a branch value to stack frame `t` (index into `stack`): to the innermost
+    /// enclosing loop's pending exits if it lies outside that loop, to the loop's back
+    /// edges if it is the loop, else to the frame's exit.
+    fn route(&mut self, t: usize, v: PV) {
+        let st = self.st;
+        let stack = &mut self.stack;
         let innermost_loop = stack
             .iter()
             .rposition(|f| st.frames[f.frame].kind == FrameKind::Loop);
@@ -181,245 +361,195 @@ pub fn analyse_function(
         }
     }
 
-    for (i, (off, op)) in ops.iter().enumerate() {
-        let class = classify(op).unwrap_or(OpClass::Alu);
-        let mut c = model.op(op, class);
-        // Calls add their callee's bound.
-        let mut call_step = None;
-        match op {
-            Operator::Call { function_index } => {
-                let f = *function_index;
-                if f < m.n_imported() {
-                    let imp = &m.imports[f as usize];
-                    let full = format!("{}.{}", imp.module, imp.name);
-                    let const_len = if i > 0 {
-                        match &ops[i - 1].1 {
-                            Operator::I32Const { value } => Some((*value).max(0) as u64),
-                            _ => None,
-                        }
-                    } else {
-                        None
-                    };
-                    let h = if model.fuel {
-                        0.0
-                    } else {
-                        model.host_call(&full, const_len)
-                    };
-                    c += h;
-                    call_step = Some(Step::Host {
-                        name: full,
-                        cost: h,
-                    });
-                } else {
-                    let k = callee(f);
-                    c += k;
-                    call_step = Some(Step::Call { callee: f, cost: k });
-                }
-            }
-            Operator::CallIndirect { type_index, .. } => {
-                c += indirect(*type_index);
-            }
-            Operator::MemoryFill { .. } | Operator::MemoryCopy { .. } if !model.fuel => {
-                let len = if i > 0 {
-                    match &ops[i - 1].1 {
-                        Operator::I32Const { value } => (*value).max(0) as u64,
-                        _ => m.memory.map(|x| x.0).unwrap_or(0),
-                    }
-                } else {
-                    0
-                };
-                c = model.op(op, OpClass::BulkByte) * len as f64 + model.op(op, OpClass::Call);
-            }
-            _ => {}
-        }
-        if let Some(p) = cur.as_mut() {
-            p.cost += c;
-            if let Some(s) = call_step
-                && let Step::Call { cost, .. } | Step::Host { cost, .. } = &s
-                && *cost > 0.0
-            {
-                p.path = push(&p.path, s);
-            }
-        }
-        match op {
-            Operator::Block { .. } => {
-                stack.push(CFrame::new(st.opened[i].unwrap_or(0)));
-            }
-            Operator::Loop { .. } => {
-                let fr = st.opened[i].unwrap_or(0);
-                let ord = st.frames[fr].ordinal.unwrap_or(0);
-                let lcfg = loops.get(&ord).copied().unwrap_or(LoopCfg {
-                    bound: 1,
-                    ..Default::default()
-                });
-                let mut f = CFrame::new(fr);
-                f.entry = cur.clone().map(|mut p| {
-                    p.cost += lcfg.extra_entry;
-                    p
-                });
-                f.lcfg = lcfg;
-                let reachable = f.entry.is_some();
-                stack.push(f);
-                cur = reachable.then_some(PV {
-                    cost: 0.0,
-                    path: None,
-                });
-            }
-            Operator::If { .. } => {
-                let mut f = CFrame::new(st.opened[i].unwrap_or(0));
-                f.if_start = cur.clone().map(|p| PV {
-                    cost: p.cost,
-                    path: push(
-                        &p.path,
-                        Step::If {
-                            offset: *off,
-                            then: false,
-                        },
-                    ),
-                });
-                cur = cur.map(|p| PV {
-                    cost: p.cost,
-                    path: push(
-                        &p.path,
-                        Step::If {
-                            offset: *off,
-                            then: true,
-                        },
-                    ),
-                });
-                stack.push(f);
-            }
-            Operator::Else => {
-                if let Some(top) = stack.last_mut() {
-                    top.then_end = cur.take();
-                    top.seen_else = true;
-                    cur = top.if_start.take();
-                }
-            }
-            Operator::End => {
-                let Some(top) = stack.pop() else { break };
-                let kind = st.frames[top.frame].kind;
-                match kind {
-                    FrameKind::Func => {
-                        result = pmax(result, pmax(cur.take(), top.exit));
-                        stack.push(CFrame::new(0)); // keep stack non-empty; body ends here
-                    }
-                    FrameKind::Block => cur = pmax(cur.take(), top.exit),
-                    FrameKind::If => {
-                        let other = if top.seen_else {
-                            top.then_end
-                        } else {
-                            top.if_start
-                        };
-                        cur = pmax(pmax(cur.take(), other), top.exit);
-                    }
-                    FrameKind::Loop => {
-                        let fr = &st.frames[top.frame];
-                        let b = top.lcfg.bound.max(1);
-                        let back_cost = top.back.as_ref().map(|p| p.cost + top.lcfg.extra_iter);
-                        let iters_before = (b - 1) as f64;
-                        let repeat = back_cost.map(|c| c * iters_before).unwrap_or(0.0);
-                        let mut worst_exit: Option<f64> = cur.as_ref().map(|p| p.cost);
-                        for (_, v) in &top.pending {
-                            worst_exit = Some(worst_exit.unwrap_or(0.0).max(v.cost));
-                        }
-                        let last = worst_exit.unwrap_or(0.0) + top.lcfg.extra_iter;
-                        let total = repeat + last;
-                        let per_iter = back_cost.unwrap_or(0.0).max(last);
-                        loop_costs.push(LoopCost {
-                            func: fidx,
-                            ordinal: fr.ordinal.unwrap_or(0),
-                            offset: ops[fr.open].0,
-                            iterations: if top.back.is_some() { b } else { 1 },
-                            per_iter,
-                            total,
-                        });
-                        let step = Step::Loop {
-                            func: fidx,
-                            ordinal: fr.ordinal.unwrap_or(0),
-                            offset: ops[fr.open].0,
-                            iterations: if top.back.is_some() { b } else { 1 },
-                            per_iter,
-                            total,
-                        };
-                        let abs = |rel: PV| -> Option<PV> {
-                            let e = top.entry.as_ref()?;
-                            let base = push(&e.path, step.clone());
-                            Some(PV {
-                                cost: e.cost + repeat + rel.cost + top.lcfg.extra_iter,
-                                path: append(&base, &rel.path),
-                            })
-                        };
-                        cur = cur.take().and_then(abs);
-                        for (t, v) in top.pending {
-                            if let Some(a) = abs(v) {
-                                route(&mut stack, st, t, a);
-                            }
-                        }
-                    }
-                }
-            }
-            Operator::Br { .. }
-            | Operator::BrIf { .. }
-            | Operator::BrTable { .. }
-            | Operator::Return => {
-                let conditional = matches!(op, Operator::BrIf { .. });
-                let targets: Vec<usize> = st.branch_targets(body, i);
-                if let Some(v) = cur.clone() {
-                    for (arm, t) in targets.iter().enumerate() {
-                        let Some(si) = stack.iter().rposition(|f| f.frame == *t) else {
-                            continue;
-                        };
-                        let step = match op {
-                            Operator::BrIf { .. } => Some(Step::BrIf { offset: *off }),
-                            Operator::BrTable { .. } => Some(Step::BrTable { offset: *off, arm }),
-                            Operator::Return => Some(Step::Exit {
-                                offset: *off,
-                                trap: false,
-                            }),
-                            _ => None,
-                        };
-                        let pv = PV {
-                            cost: v.cost,
-                            path: match step {
-                                Some(s) => push(&v.path, s),
-                                None => v.path.clone(),
-                            },
-                        };
-                        route(&mut stack, st, si, pv);
-                    }
-                }
-                if !conditional {
-                    cur = None;
-                }
-            }
-            Operator::Unreachable => {
-                // A trap ends the invocation: the path so far is a complete path.
-                if let Some(v) = cur.take() {
-                    let pv = PV {
-                        cost: v.cost,
-                        path: push(
-                            &v.path,
-                            Step::Exit {
-                                offset: *off,
-                                trap: true,
-                            },
-                        ),
-                    };
-                    route(&mut stack, st, 0, pv);
-                }
-            }
-            _ => {}
+    /// `block` at operator `i`: opens its frame.
+    fn open_block(&mut self, i: usize) {
+        self.stack.push(CFrame::new(self.st.opened[i].unwrap_or(0)));
+    }
+
+    /// `loop` at operator `i`: opens its frame, remembering the path entering it, and
+    /// starts measuring one iteration from zero.
+    fn open_loop(&mut self, i: usize) {
+        let fr = self.st.opened[i].unwrap_or(0);
+        let ord = self.st.frames[fr].ordinal.unwrap_or(0);
+        let lcfg = self.loops.get(&ord).copied().unwrap_or(LoopCfg {
+            bound: 1,
+            ..Default::default()
+        });
+        let mut f = CFrame::new(fr);
+        f.entry = self.cur.clone().map(|mut p| {
+            p.cost += lcfg.extra_entry;
+            p
+        });
+        f.lcfg = lcfg;
+        let reachable = f.entry.is_some();
+        self.stack.push(f);
+        self.cur = reachable.then_some(PV {
+            cost: 0.0,
+            path: None,
+        });
+    }
+
+    /// `if` at offset `off` (operator `i`): opens its frame, keeping the path into the
+    /// else arm and continuing with the then arm.
+    fn open_if(&mut self, i: usize, off: usize) {
+        let mut f = CFrame::new(self.st.opened[i].unwrap_or(0));
+        f.if_start = self.cur.clone().map(|p| PV {
+            cost: p.cost,
+            path: push(
+                &p.path,
+                Step::If {
+                    offset: off,
+                    then: false,
+                },
+            ),
+        });
+        self.cur = self.cur.take().map(|p| PV {
+            cost: p.cost,
+            path: push(
+                &p.path,
+                Step::If {
+                    offset: off,
+                    then: true,
+                },
+            ),
+        });
+        self.stack.push(f);
+    }
+
+    /// `else`: keeps the then arm's end and continues with the else arm.
+    fn enter_else(&mut self) {
+        if let Some(top) = self.stack.last_mut() {
+            top.then_end = self.cur.take();
+            top.seen_else = true;
+            self.cur = top.if_start.take();
         }
     }
-    let r = result.unwrap_or(PV {
-        cost: 0.0,
-        path: None,
-    });
-    FuncCost {
-        bound: r.cost,
-        path: r.path,
-        loops: loop_costs,
+
+    /// `end`: closes the innermost frame, joining the paths that leave it. Returns
+    /// false if no frame was open (the walk stops).
+    fn end(&mut self) -> bool {
+        let Some(top) = self.stack.pop() else {
+            return false;
+        };
+        let kind = self.st.frames[top.frame].kind;
+        match kind {
+            FrameKind::Func => {
+                self.result = pmax(self.result.take(), pmax(self.cur.take(), top.exit));
+                self.stack.push(CFrame::new(0)); // keep stack non-empty; body ends here
+            }
+            FrameKind::Block => self.cur = pmax(self.cur.take(), top.exit),
+            FrameKind::If => {
+                let other = if top.seen_else {
+                    top.then_end
+                } else {
+                    top.if_start
+                };
+                self.cur = pmax(pmax(self.cur.take(), other), top.exit);
+            }
+            FrameKind::Loop => self.close_loop(top),
+        }
+        true
+    }
+
+    /// The `end` of a loop: collapses its iterations into `(B-1) × worst back-edge
+    /// iteration + worst exit`, records the loop's cost, and continues every path
+    /// leaving it (falling through or branching out) from the loop's entry.
+    fn close_loop(&mut self, top: CFrame) {
+        let fr = &self.st.frames[top.frame];
+        let b = top.lcfg.bound.max(1);
+        let back_cost = top.back.as_ref().map(|p| p.cost + top.lcfg.extra_iter);
+        let iters_before = (b - 1) as f64;
+        let repeat = back_cost.map(|c| c * iters_before).unwrap_or(0.0);
+        let mut worst_exit: Option<f64> = self.cur.as_ref().map(|p| p.cost);
+        for (_, v) in &top.pending {
+            worst_exit = Some(worst_exit.unwrap_or(0.0).max(v.cost));
+        }
+        let last = worst_exit.unwrap_or(0.0) + top.lcfg.extra_iter;
+        let total = repeat + last;
+        let per_iter = back_cost.unwrap_or(0.0).max(last);
+        let ops = &self.body.ops;
+        self.loop_costs.push(LoopCost {
+            func: self.fidx,
+            ordinal: fr.ordinal.unwrap_or(0),
+            offset: ops[fr.open].0,
+            iterations: if top.back.is_some() { b } else { 1 },
+            per_iter,
+            total,
+        });
+        let step = Step::Loop {
+            func: self.fidx,
+            ordinal: fr.ordinal.unwrap_or(0),
+            offset: ops[fr.open].0,
+            iterations: if top.back.is_some() { b } else { 1 },
+            per_iter,
+            total,
+        };
+        let abs = |rel: PV| -> Option<PV> {
+            let e = top.entry.as_ref()?;
+            let base = push(&e.path, step.clone());
+            Some(PV {
+                cost: e.cost + repeat + rel.cost + top.lcfg.extra_iter,
+                path: append(&base, &rel.path),
+            })
+        };
+        self.cur = self.cur.take().and_then(abs);
+        for (t, v) in top.pending {
+            if let Some(a) = abs(v) {
+                self.route(t, a);
+            }
+        }
+    }
+
+    /// `br`, `br_if`, `br_table` or `return` at offset `off` (operator `i`): routes the
+    /// current path to every target; an unconditional branch leaves nothing reachable.
+    fn branch(&mut self, i: usize, off: usize, op: &Operator<'_>) {
+        let conditional = matches!(op, Operator::BrIf { .. });
+        let targets: Vec<usize> = self.st.branch_targets(self.body, i);
+        if let Some(v) = self.cur.clone() {
+            for (arm, t) in targets.iter().enumerate() {
+                let Some(si) = self.stack.iter().rposition(|f| f.frame == *t) else {
+                    continue;
+                };
+                let step = match op {
+                    Operator::BrIf { .. } => Some(Step::BrIf { offset: off }),
+                    Operator::BrTable { .. } => Some(Step::BrTable { offset: off, arm }),
+                    Operator::Return => Some(Step::Exit {
+                        offset: off,
+                        trap: false,
+                    }),
+                    _ => None,
+                };
+                let pv = PV {
+                    cost: v.cost,
+                    path: match step {
+                        Some(s) => push(&v.path, s),
+                        None => v.path.clone(),
+                    },
+                };
+                self.route(si, pv);
+            }
+        }
+        if !conditional {
+            self.cur = None;
+        }
+    }
+
+    /// `unreachable` at offset `off`: a trap ends the invocation, so the path so far is
+    /// a complete path.
+    fn trap(&mut self, off: usize) {
+        if let Some(v) = self.cur.take() {
+            let pv = PV {
+                cost: v.cost,
+                path: push(
+                    &v.path,
+                    Step::Exit {
+                        offset: off,
+                        trap: true,
+                    },
+                ),
+            };
+            self.route(0, pv);
+        }
     }
 }
 

@@ -287,7 +287,6 @@ const OPS_POLL_ITER: [OpClass; 6] = [
 ];
 
 /// Verifies `bytes` under `policy` with costs from `cal`.
-#[allow(clippy::too_many_lines)] // TODO(issue 10): split; one pass over shared analysis state, left whole this session
 pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admission, Rejection> {
     let reject = |reasons: Vec<Reason>| Rejection {
         reasons,
@@ -296,119 +295,8 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     let m = module::parse(bytes).map_err(|r| reject(vec![r]))?;
     let mut reasons = m.problems.clone();
 
-    if policy.require_abi {
-        check_exports(&m, &mut reasons);
-    }
-    let batch_max = batch_size(&m, &mut reasons);
-    let mut symbols = policy.symbols.clone();
-    if let Some(b) = batch_max {
-        symbols.insert(abi::BATCH_SYMBOL.into(), b as u64);
-    }
-    // Functions exported as batch entries: their parameter `n` is 1..=B.
-    let batch_funcs: BTreeSet<u32> = m
-        .exports
-        .iter()
-        .filter(|(n, f)| abi::is_batch(n) && *f >= m.n_imported())
-        .map(|(_, f)| *f)
-        .collect();
-    if let Some((initial, _)) = m.memory
-        && initial > policy.caps.memory_bytes
-    {
-        reasons.push(Reason::MemoryTooLarge {
-            bytes: initial,
-            cap: policy.caps.memory_bytes,
-        });
-    }
-
-    // Operators: admitted classes only; no memory.grow; bounded call_indirect.
-    let mut structures: BTreeMap<u32, Structure> = BTreeMap::new();
-    let mut edges: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
-    for b in &m.bodies {
-        let fname = m.func_name(b.index);
-        let e = edges.entry(b.index).or_default();
-        for (off, op) in &b.ops {
-            match op {
-                Operator::MemoryGrow { .. } => reasons.push(Reason::MemoryGrow {
-                    func: fname.clone(),
-                    offset: *off,
-                }),
-                Operator::Call { function_index } => {
-                    if *function_index >= m.n_imported() {
-                        e.insert(*function_index);
-                    }
-                }
-                Operator::CallIndirect {
-                    type_index,
-                    table_index,
-                } => {
-                    if let Some(why) = &m.table_unsafe {
-                        reasons.push(Reason::IndirectCall {
-                            func: fname.clone(),
-                            offset: *off,
-                            why: why.clone(),
-                        });
-                    } else if *table_index != 0 || !m.has_table {
-                        reasons.push(Reason::IndirectCall {
-                            func: fname.clone(),
-                            offset: *off,
-                            why: "no such table".into(),
-                        });
-                    } else {
-                        let want = m.types.get(*type_index as usize);
-                        for f in m.table.values() {
-                            if m.func_type(*f) == want {
-                                if *f < m.n_imported() {
-                                    reasons.push(Reason::IndirectCall {
-                                        func: fname.clone(),
-                                        offset: *off,
-                                        why: format!(
-                                            "the table holds host import {}",
-                                            m.func_name(*f)
-                                        ),
-                                    });
-                                } else {
-                                    e.insert(*f);
-                                }
-                            }
-                        }
-                    }
-                }
-                _ => {
-                    if cost::classify(op).is_none() {
-                        let name = format!("{op:?}");
-                        let name = name
-                            .split([' ', '{', '('])
-                            .next()
-                            .unwrap_or("?")
-                            .to_string();
-                        let why = match op {
-                            Operator::TableSet { .. }
-                            | Operator::TableGrow { .. }
-                            | Operator::TableFill { .. }
-                            | Operator::TableCopy { .. }
-                            | Operator::TableInit { .. }
-                            | Operator::ElemDrop { .. }
-                            | Operator::TableGet { .. }
-                            | Operator::TableSize { .. } => {
-                                "tables are immutable for admitted modules"
-                            }
-                            Operator::MemoryInit { .. } | Operator::DataDrop { .. } => {
-                                "passive data segments are not admitted"
-                            }
-                            _ => "not in sidecore's admitted instruction set",
-                        };
-                        reasons.push(Reason::BadOperator {
-                            func: fname.clone(),
-                            offset: *off,
-                            op: name,
-                            why: why.into(),
-                        });
-                    }
-                }
-            }
-        }
-        structures.insert(b.index, Structure::new(b));
-    }
+    let (v, symbols) = Verifier::new(&m, policy, cal, &mut reasons);
+    let (structures, edges) = check_operators(&m, &mut reasons);
     // Acyclic call graph.
     let order = match topo_order(&m, &edges) {
         Ok(o) => o,
@@ -417,151 +305,415 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             return Err(reject(reasons));
         }
     };
-
-    // Loop bounds: proven, else declared, else rejected.
-    let mut declared: BTreeMap<(u32, Option<u32>), (u64, String)> = BTreeMap::new();
-    for d in &m.declared {
-        let f = match &d.func {
-            FuncSel::Index(i) => Some(*i),
-            FuncSel::Name(n) => m
-                .exports
-                .iter()
-                .find(|(e, _)| e == n)
-                .map(|(_, i)| *i)
-                .or_else(|| m.names.iter().find(|(_, v)| *v == n).map(|(k, _)| *k)),
-        };
-        let Some(f) = f.filter(|f| m.body(*f).is_some()) else {
-            reasons.push(Reason::BadDeclaredBound(format!(
-                "line {}: no defined function {:?}",
-                d.line, d.func
-            )));
-            continue;
-        };
-        match d.max.resolve(&symbols) {
-            Ok(v) => {
-                let key = (
-                    f,
-                    match d.lp {
-                        LoopSel::Ordinal(o) => Some(o),
-                        LoopSel::All => None,
-                    },
-                );
-                declared.insert(key, (v, d.max.to_string()));
-            }
-            Err(e) => reasons.push(Reason::BadDeclaredBound(format!("line {}: {e}", d.line))),
-        }
-    }
-    let mut loop_cfgs: BTreeMap<u32, BTreeMap<u32, LoopCfg>> = BTreeMap::new();
-    let mut sources: BTreeMap<(u32, u32), BoundSource> = BTreeMap::new();
-    let mut declared_loops: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    // Declared loops whose limit is known at entry: checked once there, not per iteration.
-    let mut entry_checks: BTreeMap<(u32, u32), loops::Counted> = BTreeMap::new();
-    for b in &m.bodies {
-        let st = &structures[&b.index];
-        let cfgs = loop_cfgs.entry(b.index).or_default();
-        for (ord, &lf) in st.loops.iter().enumerate() {
-            let ord = ord as u32;
-            let off = b.ops[st.frames[lf].open].0;
-            let decl = declared.get(&(b.index, Some(ord)));
-            let known = batch_max
-                .filter(|_| batch_funcs.contains(&b.index))
-                .map(|bm| loops::KnownRange {
-                    local: 0,
-                    lo: 1,
-                    hi: bm as u64,
-                });
-            let proof = loops::prove_in(b, st, lf, known);
-            let (bound, src) = match (proof, decl) {
-                (LoopProof::Proven { iterations, how }, d) => {
-                    // A declaration tighter than the proof is still enforced.
-                    match d {
-                        Some((v, e)) if *v < iterations => {
-                            declared_loops.insert((b.index, ord), *v);
-                            (*v, BoundSource::Declared(e.clone()))
-                        }
-                        _ => (iterations, BoundSource::Proven(how)),
-                    }
-                }
-                (LoopProof::NotProven(why, counted), _) => {
-                    match decl.or_else(|| declared.get(&(b.index, None))) {
-                        Some((v, e)) => {
-                            declared_loops.insert((b.index, ord), *v);
-                            if let Some(c) = counted {
-                                let limit = (v.saturating_sub(1) as i128) * c.step as i128;
-                                let max = if c.wide {
-                                    i64::MAX as i128
-                                } else {
-                                    i32::MAX as i128
-                                };
-                                if limit <= max {
-                                    entry_checks.insert((b.index, ord), c);
-                                }
-                            }
-                            (*v, BoundSource::Declared(e.clone()))
-                        }
-                        None => {
-                            reasons.push(Reason::UnboundedLoop {
-                                func: m.func_name(b.index),
-                                ordinal: ord,
-                                offset: off,
-                                why,
-                            });
-                            continue;
-                        }
-                    }
-                }
-            };
-            if bound > policy.max_declared_bound {
-                reasons.push(Reason::HugeDeclaredBound {
-                    func: m.func_name(b.index),
-                    ordinal: ord,
-                    offset: off,
-                    bound,
-                    max: policy.max_declared_bound,
-                });
-                continue;
-            }
-            cfgs.insert(
-                ord,
-                LoopCfg {
-                    bound,
-                    extra_iter: 0.0,
-                    extra_entry: 0.0,
-                },
-            );
-            sources.insert((b.index, ord), src);
-        }
-    }
+    let declared = resolve_declared(&m, &symbols, &mut reasons);
+    let bounds = v.bound_loops(&structures, &declared, &mut reasons);
     if !reasons.is_empty() {
         return Err(reject(reasons));
     }
 
-    // Cost analysis.
-    let ws = m
-        .memory
-        .map(|x| x.0)
-        .unwrap_or(0)
-        .max(policy.caps.scratch_bytes);
-    let model = CostModel::cycles(cal, ws, host_costs(cal, &policy.caps));
-    let fuel = CostModel::fuel();
-    let limit_cycles = policy.acceptable_limit_ns * cal.tsc_per_ns;
-    let inflated = limit_cycles * policy.inflation;
-    // A batch entry handles up to B inputs, which arrive in no less than B minimum
-    // inter-arrival times: its limit is B × the per-buffer limit.
-    let batch_factor = batch_max.unwrap_or(1) as f64;
-    let limit_of = |f: u32| {
-        if batch_funcs.contains(&f) {
-            limit_cycles * batch_factor
-        } else {
-            limit_cycles
-        }
+    let costs = v.analyse_costs(&structures, &order, &bounds);
+    let depth = stack_depths(&m, &order, &edges);
+    let entries = v.entry_reports(&costs, &depth, &mut reasons);
+    // What to instrument: declared-bound loops and poll points.
+    let plan = instrument::Plan {
+        declared: bounds.declared_loops,
+        entry_checks: bounds.entry_checks,
+        polls: costs.polls,
+        n_imported: m.n_imported(),
     };
+    let mut adm = Admission {
+        entries,
+        loops: loop_reports(&m, &costs.cycles, &bounds.sources, &plan),
+        module: Vec::new(),
+        instrumented: false,
+        batch_max: v.batch_max,
+        limit_cycles: v.limit_cycles(),
+        inflated_cycles: v.limit_cycles() * policy.inflation,
+        calibration: cal.machine.clone(),
+        working_set_bytes: costs.ws,
+        report: String::new(),
+    };
+    adm.report = render_report(&adm, policy, cal);
+    if !reasons.is_empty() {
+        return Err(Rejection {
+            reasons,
+            report: Some(adm.report),
+        });
+    }
+    if plan.is_empty() {
+        adm.module = bytes.to_vec();
+    } else {
+        adm.module =
+            instrument::rewrite(bytes, &plan).map_err(|e| reject(vec![Reason::Malformed(e)]))?;
+        adm.instrumented = true;
+    }
+    Ok(adm)
+}
 
-    let with_extras = |cfgs: &BTreeMap<u32, BTreeMap<u32, LoopCfg>>,
-                       polls: &BTreeMap<(u32, u32), u64>,
-                       model: &CostModel|
-     -> BTreeMap<u32, BTreeMap<u32, LoopCfg>> {
-        let mut out = cfgs.clone();
+/// What every phase of [`verify`] needs: the module, the policy, the calibration and
+/// the module's batch entries.
+struct Verifier<'a> {
+    m: &'a ModuleInfo<'a>,
+    policy: &'a Policy,
+    cal: &'a Calibration,
+    /// The batch size `B`, if the module has batch entries.
+    batch_max: Option<u32>,
+    /// Functions exported as batch entries: their parameter `n` is 1..=B.
+    batch_funcs: BTreeSet<u32>,
+}
+
+/// Loop bounds of every function and how they were established.
+#[derive(Default)]
+struct LoopBounds {
+    /// Per function, per loop ordinal: the bound.
+    cfgs: BTreeMap<u32, BTreeMap<u32, LoopCfg>>,
+    sources: BTreeMap<(u32, u32), BoundSource>,
+    /// Loops whose bound is declared, so enforced by instrumentation.
+    declared_loops: BTreeMap<(u32, u32), u64>,
+    /// Declared loops whose limit is known at entry: checked once there, not per iteration.
+    entry_checks: BTreeMap<(u32, u32), loops::Counted>,
+}
+
+/// Results of the cost analysis.
+struct Costs {
+    /// The cycle cost model.
+    model: CostModel,
+    /// Working set the model's memory latencies are for, bytes.
+    ws: u64,
+    /// Poll points placed: every how many iterations, per (function, loop ordinal).
+    polls: BTreeMap<(u32, u32), u64>,
+    /// Cycle bounds with the poll points in place.
+    cycles: BTreeMap<u32, FuncCost>,
+    /// Fuel bounds with the poll points in place.
+    fuel: BTreeMap<u32, FuncCost>,
+}
+
+/// Deepest stack per function: bytes and the call chain reaching them.
+type Depths = BTreeMap<u32, (u64, Vec<u32>)>;
+
+/// Declared bounds by (function, loop ordinal or `None` for all): (bound, expression).
+type Declared = BTreeMap<(u32, Option<u32>), (u64, String)>;
+
+impl<'a> Verifier<'a> {
+    /// Checks the module's exports, batch size and memory against the policy (pushing
+    /// the problems to `reasons`), and returns the verifier with the symbols declared
+    /// bounds may use.
+    fn new(
+        m: &'a ModuleInfo<'a>,
+        policy: &'a Policy,
+        cal: &'a Calibration,
+        reasons: &mut Vec<Reason>,
+    ) -> (Self, BTreeMap<String, u64>) {
+        if policy.require_abi {
+            check_exports(m, reasons);
+        }
+        let batch_max = batch_size(m, reasons);
+        let mut symbols = policy.symbols.clone();
+        if let Some(b) = batch_max {
+            symbols.insert(abi::BATCH_SYMBOL.into(), b as u64);
+        }
+        // Functions exported as batch entries: their parameter `n` is 1..=B.
+        let batch_funcs: BTreeSet<u32> = m
+            .exports
+            .iter()
+            .filter(|(n, f)| abi::is_batch(n) && *f >= m.n_imported())
+            .map(|(_, f)| *f)
+            .collect();
+        if let Some((initial, _)) = m.memory
+            && initial > policy.caps.memory_bytes
+        {
+            reasons.push(Reason::MemoryTooLarge {
+                bytes: initial,
+                cap: policy.caps.memory_bytes,
+            });
+        }
+        let v = Verifier {
+            m,
+            policy,
+            cal,
+            batch_max,
+            batch_funcs,
+        };
+        (v, symbols)
+    }
+
+    /// The acceptable limit per input buffer, cycles.
+    fn limit_cycles(&self) -> f64 {
+        self.policy.acceptable_limit_ns * self.cal.tsc_per_ns
+    }
+
+    /// The acceptable limit of function `f`, cycles. A batch entry handles up to B
+    /// inputs, which arrive in no less than B minimum inter-arrival times: its limit is
+    /// B × the per-buffer limit.
+    fn limit_of(&self, f: u32) -> f64 {
+        let batch_factor = self.batch_max.unwrap_or(1) as f64;
+        if self.batch_funcs.contains(&f) {
+            self.limit_cycles() * batch_factor
+        } else {
+            self.limit_cycles()
+        }
+    }
+
+    /// Loop bounds: proven, else declared, else rejected (pushed to `reasons`).
+    fn bound_loops(
+        &self,
+        structures: &BTreeMap<u32, Structure>,
+        declared: &Declared,
+        reasons: &mut Vec<Reason>,
+    ) -> LoopBounds {
+        let mut out = LoopBounds::default();
+        for b in &self.m.bodies {
+            let st = &structures[&b.index];
+            out.cfgs.entry(b.index).or_default();
+            for ord in 0..st.loops.len() {
+                self.bound_loop(b, st, ord as u32, declared, &mut out, reasons);
+            }
+        }
+        out
+    }
+
+    /// The bound of loop `ord` of body `b` (structure `st`), recorded in `out`; or why
+    /// it has none acceptable, pushed to `reasons`.
+    fn bound_loop(
+        &self,
+        b: &module::Body<'_>,
+        st: &Structure,
+        ord: u32,
+        declared: &Declared,
+        out: &mut LoopBounds,
+        reasons: &mut Vec<Reason>,
+    ) {
+        let lf = st.loops[ord as usize];
+        let off = b.ops[st.frames[lf].open].0;
+        let decl = declared.get(&(b.index, Some(ord)));
+        let known = self
+            .batch_max
+            .filter(|_| self.batch_funcs.contains(&b.index))
+            .map(|bm| loops::KnownRange {
+                local: 0,
+                lo: 1,
+                hi: bm as u64,
+            });
+        let proof = loops::prove_in(b, st, lf, known);
+        let (bound, src) = match (proof, decl) {
+            (LoopProof::Proven { iterations, how }, d) => {
+                // A declaration tighter than the proof is still enforced.
+                match d {
+                    Some((v, e)) if *v < iterations => {
+                        out.declared_loops.insert((b.index, ord), *v);
+                        (*v, BoundSource::Declared(e.clone()))
+                    }
+                    _ => (iterations, BoundSource::Proven(how)),
+                }
+            }
+            (LoopProof::NotProven(why, counted), _) => {
+                match decl.or_else(|| declared.get(&(b.index, None))) {
+                    Some((v, e)) => {
+                        out.declared_loops.insert((b.index, ord), *v);
+                        if let Some(c) = counted
+                            && entry_check_fits(*v, &c)
+                        {
+                            out.entry_checks.insert((b.index, ord), c);
+                        }
+                        (*v, BoundSource::Declared(e.clone()))
+                    }
+                    None => {
+                        reasons.push(Reason::UnboundedLoop {
+                            func: self.m.func_name(b.index),
+                            ordinal: ord,
+                            offset: off,
+                            why,
+                        });
+                        return;
+                    }
+                }
+            }
+        };
+        if bound > self.policy.max_declared_bound {
+            reasons.push(Reason::HugeDeclaredBound {
+                func: self.m.func_name(b.index),
+                ordinal: ord,
+                offset: off,
+                bound,
+                max: self.policy.max_declared_bound,
+            });
+            return;
+        }
+        out.cfgs.entry(b.index).or_default().insert(
+            ord,
+            LoopCfg {
+                bound,
+                extra_iter: 0.0,
+                extra_entry: 0.0,
+            },
+        );
+        out.sources.insert((b.index, ord), src);
+    }
+
+    /// Cost analysis: bounds without poll points, poll points where an entry exceeds
+    /// the acceptable limit, then cycle and fuel bounds with them in place.
+    fn analyse_costs(
+        &self,
+        structures: &BTreeMap<u32, Structure>,
+        order: &[u32],
+        bounds: &LoopBounds,
+    ) -> Costs {
+        let m = self.m;
+        let ws = m
+            .memory
+            .map(|x| x.0)
+            .unwrap_or(0)
+            .max(self.policy.caps.scratch_bytes);
+        let model = CostModel::cycles(self.cal, ws, host_costs(self.cal, &self.policy.caps));
+        let fuel = CostModel::fuel();
+        let run = |model: &CostModel, cfgs: &BTreeMap<u32, BTreeMap<u32, LoopCfg>>| {
+            analyse_all(m, order, structures, model, cfgs)
+        };
+        let no_polls = BTreeMap::new();
+        let first = run(&model, &bounds.with_extras(&no_polls, &model));
+        let polls = self.place_polls(&first, structures, &model);
+        let cycles = run(&model, &bounds.with_extras(&polls, &model));
+        let fuel_costs = run(&fuel, &bounds.with_extras(&polls, &fuel));
+        Costs {
+            model,
+            ws,
+            polls,
+            cycles,
+            fuel: fuel_costs,
+        }
+    }
+
+    /// Poll points: only if some entry exceeds the acceptable limit, and only in the
+    /// innermost loops whose whole execution exceeds it.
+    fn place_polls(
+        &self,
+        first: &BTreeMap<u32, FuncCost>,
+        structures: &BTreeMap<u32, Structure>,
+        model: &CostModel,
+    ) -> BTreeMap<(u32, u32), u64> {
+        let mut polls: BTreeMap<(u32, u32), u64> = BTreeMap::new();
+        let any_over = entry_points(self.m).iter().any(|(_, f)| {
+            first
+                .get(f)
+                .is_some_and(|c| model.invoke + c.bound > self.limit_of(*f))
+        });
+        if !any_over {
+            return polls;
+        }
+        for (f, fc) in first {
+            let st = &structures[f];
+            // A batch entry's own loops run within the batch's limit (B × the limit).
+            let lim = self.limit_of(*f);
+            for l in &fc.loops {
+                if l.total <= lim || l.iterations <= 1 {
+                    continue;
+                }
+                let lf = st.loops[l.ordinal as usize];
+                let inner_over = fc.loops.iter().any(|o| {
+                    o.ordinal != l.ordinal
+                        && o.total > lim
+                        && o.iterations > 1
+                        && st.within(st.loops[o.ordinal as usize], lf)
+                });
+                if !inner_over {
+                    let every = ((lim / l.per_iter.max(1.0)).floor() as u64).max(1);
+                    polls.insert((*f, l.ordinal), every);
+                }
+            }
+        }
+        polls
+    }
+
+    /// The report of every entry point; an entry too deep or over its budget is
+    /// pushed to `reasons`.
+    fn entry_reports(
+        &self,
+        costs: &Costs,
+        depth: &Depths,
+        reasons: &mut Vec<Reason>,
+    ) -> Vec<EntryReport> {
+        let mut entries = Vec::new();
+        for (name, f) in &entry_points(self.m) {
+            let Some(c) = costs.cycles.get(f) else {
+                continue;
+            };
+            entries.push(self.entry_report(name, *f, c, costs, depth, reasons));
+        }
+        entries
+    }
+
+    /// The report of entry point `name` (function `f`, cycle result `c`), checking its
+    /// stack depth and its bound against its budget.
+    fn entry_report(
+        &self,
+        name: &str,
+        f: u32,
+        c: &FuncCost,
+        costs: &Costs,
+        depth: &Depths,
+        reasons: &mut Vec<Reason>,
+    ) -> EntryReport {
+        const HOST_MARGIN: u64 = 16 << 10;
+        let (m, policy) = (self.m, self.policy);
+        let bound = costs.model.invoke + c.bound;
+        let (stack_bytes, chain) = depth.get(&f).cloned().unwrap_or_default();
+        let stack_bytes = stack_bytes + HOST_MARGIN;
+        if stack_bytes > policy.max_stack_bytes {
+            reasons.push(Reason::StackTooDeep {
+                bytes: stack_bytes,
+                cap: policy.max_stack_bytes,
+                chain: chain
+                    .iter()
+                    .map(|g| m.func_name(*g))
+                    .collect::<Vec<_>>()
+                    .join(" → "),
+            });
+        }
+        let batch = (abi::is_batch(name) && self.batch_funcs.contains(&f))
+            .then_some(self.batch_max)
+            .flatten();
+        let lim = self.limit_of(f);
+        let admitted = bound <= lim * policy.inflation;
+        let handler = abi::is_handler(name);
+        if !admitted {
+            reasons.push(Reason::OverBudget {
+                handler: name.to_string(),
+                batch,
+                bound_cycles: bound,
+                inflated_cycles: lim * policy.inflation,
+                limit_cycles: lim,
+                inflation: policy.inflation,
+            });
+        }
+        let path_steps = analysis::steps(&c.path);
+        let path = path_steps.iter().map(|s| describe_step(m, s)).collect();
+        EntryReport {
+            name: name.to_string(),
+            func: f,
+            handler,
+            batch,
+            bound_cycles: bound,
+            bound_ns: bound / self.cal.tsc_per_ns,
+            bound_fuel: costs.fuel.get(&f).map(|c| c.bound).unwrap_or(0.0),
+            stack_bytes,
+            admitted,
+            over_limit: bound > lim,
+            path,
+            dominant_loops: dominant_loops(m, &costs.cycles, f, bound),
+        }
+    }
+}
+
+impl LoopBounds {
+    /// The loop configurations with the costs instrumentation adds under `model`:
+    /// entry checks, per-iteration counters of declared bounds, and the poll points
+    /// `polls`.
+    fn with_extras(
+        &self,
+        polls: &BTreeMap<(u32, u32), u64>,
+        model: &CostModel,
+    ) -> BTreeMap<u32, BTreeMap<u32, LoopCfg>> {
+        let mut out = self.cfgs.clone();
         let c = |k: OpClass| {
             if model.fuel {
                 1.0
@@ -571,9 +723,9 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
         };
         for (f, ls) in out.iter_mut() {
             for (o, cfg) in ls.iter_mut() {
-                if entry_checks.contains_key(&(*f, *o)) {
+                if self.entry_checks.contains_key(&(*f, *o)) {
                     cfg.extra_entry += OPS_ENTRY_CHECK.iter().map(|k| c(*k)).sum::<f64>();
-                } else if declared_loops.contains_key(&(*f, *o)) {
+                } else if self.declared_loops.contains_key(&(*f, *o)) {
                     cfg.extra_iter += OPS_DECLARED_ITER.iter().map(|k| c(*k)).sum::<f64>();
                     cfg.extra_entry += 2.0 * c(OpClass::Move);
                 }
@@ -594,74 +746,219 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             }
         }
         out
+    }
+}
+
+/// Whether a declared bound `v` of counted loop `c` can be checked once at loop entry:
+/// the counter's last value, `(v-1) × step`, must fit its width.
+fn entry_check_fits(v: u64, c: &loops::Counted) -> bool {
+    let limit = (v.saturating_sub(1) as i128) * c.step as i128;
+    let max = if c.wide {
+        i64::MAX as i128
+    } else {
+        i32::MAX as i128
     };
-    let run = |model: &CostModel,
-               cfgs: &BTreeMap<u32, BTreeMap<u32, LoopCfg>>|
-     -> BTreeMap<u32, FuncCost> {
-        let mut done: BTreeMap<u32, FuncCost> = BTreeMap::new();
-        for &f in &order {
-            let st = &structures[&f];
-            let empty = BTreeMap::new();
-            let lc = cfgs.get(&f).unwrap_or(&empty);
-            let callee = |g: u32| done.get(&g).map(|c| c.bound).unwrap_or(0.0);
-            let indirect = |t: u32| {
-                let want = m.types.get(t as usize);
-                m.table
-                    .values()
-                    .filter(|g| m.func_type(**g) == want)
-                    .map(|g| callee(*g))
-                    .fold(0.0, f64::max)
-            };
-            let r = analyse_function(&m, f, st, model, lc, &callee, &indirect);
-            done.insert(f, r);
-        }
-        done
-    };
-    let no_polls = BTreeMap::new();
-    let first = run(&model, &with_extras(&loop_cfgs, &no_polls, &model));
-    let entries_list = entry_points(&m);
-    // Poll points: only if some entry exceeds the acceptable limit, and only in the
-    // innermost loops whose whole execution exceeds it.
-    let mut polls: BTreeMap<(u32, u32), u64> = BTreeMap::new();
-    let any_over = entries_list.iter().any(|(_, f)| {
-        first
-            .get(f)
-            .is_some_and(|c| model.invoke + c.bound > limit_of(*f))
-    });
-    if any_over {
-        for (f, fc) in &first {
-            let st = &structures[f];
-            // A batch entry's own loops run within the batch's limit (B × the limit).
-            let lim = limit_of(*f);
-            for l in &fc.loops {
-                if l.total <= lim || l.iterations <= 1 {
-                    continue;
+    limit <= max
+}
+
+/// Checks every operator of every body — admitted classes only, no `memory.grow`,
+/// bounded `call_indirect` — pushing problems to `reasons`. Returns each body's control
+/// structure and the call graph (edges from caller to defined callees).
+fn check_operators(
+    m: &ModuleInfo<'_>,
+    reasons: &mut Vec<Reason>,
+) -> (BTreeMap<u32, Structure>, BTreeMap<u32, BTreeSet<u32>>) {
+    let mut structures: BTreeMap<u32, Structure> = BTreeMap::new();
+    let mut edges: BTreeMap<u32, BTreeSet<u32>> = BTreeMap::new();
+    for b in &m.bodies {
+        let fname = m.func_name(b.index);
+        let e = edges.entry(b.index).or_default();
+        for (off, op) in &b.ops {
+            match op {
+                Operator::MemoryGrow { .. } => reasons.push(Reason::MemoryGrow {
+                    func: fname.clone(),
+                    offset: *off,
+                }),
+                Operator::Call { function_index } => {
+                    if *function_index >= m.n_imported() {
+                        e.insert(*function_index);
+                    }
                 }
-                let lf = st.loops[l.ordinal as usize];
-                let inner_over = fc.loops.iter().any(|o| {
-                    o.ordinal != l.ordinal
-                        && o.total > lim
-                        && o.iterations > 1
-                        && st.within(st.loops[o.ordinal as usize], lf)
-                });
-                if !inner_over {
-                    let every = ((lim / l.per_iter.max(1.0)).floor() as u64).max(1);
-                    polls.insert((*f, l.ordinal), every);
+                Operator::CallIndirect {
+                    type_index,
+                    table_index,
+                } => check_indirect_call(m, &fname, *off, (*type_index, *table_index), e, reasons),
+                _ => {
+                    if let Some(r) = bad_operator(&fname, *off, op) {
+                        reasons.push(r);
+                    }
+                }
+            }
+        }
+        structures.insert(b.index, Structure::new(b));
+    }
+    (structures, edges)
+}
+
+/// A `call_indirect` of `(type index, table index)` at offset `off` in function
+/// `fname`: its possible targets become call-graph edges `e`, provided the table is
+/// safe to reason about and holds no host import of that type.
+fn check_indirect_call(
+    m: &ModuleInfo<'_>,
+    fname: &str,
+    off: usize,
+    (type_index, table_index): (u32, u32),
+    e: &mut BTreeSet<u32>,
+    reasons: &mut Vec<Reason>,
+) {
+    if let Some(why) = &m.table_unsafe {
+        reasons.push(Reason::IndirectCall {
+            func: fname.to_string(),
+            offset: off,
+            why: why.clone(),
+        });
+    } else if table_index != 0 || !m.has_table {
+        reasons.push(Reason::IndirectCall {
+            func: fname.to_string(),
+            offset: off,
+            why: "no such table".into(),
+        });
+    } else {
+        let want = m.types.get(type_index as usize);
+        for f in m.table.values() {
+            if m.func_type(*f) == want {
+                if *f < m.n_imported() {
+                    reasons.push(Reason::IndirectCall {
+                        func: fname.to_string(),
+                        offset: off,
+                        why: format!("the table holds host import {}", m.func_name(*f)),
+                    });
+                } else {
+                    e.insert(*f);
                 }
             }
         }
     }
-    let cycles = run(&model, &with_extras(&loop_cfgs, &polls, &model));
-    let fuel_costs = run(&fuel, &with_extras(&loop_cfgs, &polls, &fuel));
+}
 
-    // Stack depth along the deepest call chain.
+/// Why `op` (at offset `off` in function `fname`) is not admitted, if it is not.
+fn bad_operator(fname: &str, off: usize, op: &Operator<'_>) -> Option<Reason> {
+    if cost::classify(op).is_some() {
+        return None;
+    }
+    let name = format!("{op:?}");
+    let name = name
+        .split([' ', '{', '('])
+        .next()
+        .unwrap_or("?")
+        .to_string();
+    let why = match op {
+        Operator::TableSet { .. }
+        | Operator::TableGrow { .. }
+        | Operator::TableFill { .. }
+        | Operator::TableCopy { .. }
+        | Operator::TableInit { .. }
+        | Operator::ElemDrop { .. }
+        | Operator::TableGet { .. }
+        | Operator::TableSize { .. } => "tables are immutable for admitted modules",
+        Operator::MemoryInit { .. } | Operator::DataDrop { .. } => {
+            "passive data segments are not admitted"
+        }
+        _ => "not in sidecore's admitted instruction set",
+    };
+    Some(Reason::BadOperator {
+        func: fname.to_string(),
+        offset: off,
+        op: name,
+        why: why.into(),
+    })
+}
+
+/// The function a declared bound names: by index, export name or `name`-section name.
+fn declared_func(m: &ModuleInfo<'_>, sel: &FuncSel) -> Option<u32> {
+    match sel {
+        FuncSel::Index(i) => Some(*i),
+        FuncSel::Name(n) => m
+            .exports
+            .iter()
+            .find(|(e, _)| e == n)
+            .map(|(_, i)| *i)
+            .or_else(|| m.names.iter().find(|(_, v)| *v == n).map(|(k, _)| *k)),
+    }
+}
+
+/// Resolves the module's declared bounds against `symbols`; a declaration naming no
+/// defined function or using an unknown symbol is pushed to `reasons`.
+fn resolve_declared(
+    m: &ModuleInfo<'_>,
+    symbols: &BTreeMap<String, u64>,
+    reasons: &mut Vec<Reason>,
+) -> Declared {
+    let mut declared: Declared = BTreeMap::new();
+    for d in &m.declared {
+        let f = declared_func(m, &d.func);
+        let Some(f) = f.filter(|f| m.body(*f).is_some()) else {
+            reasons.push(Reason::BadDeclaredBound(format!(
+                "line {}: no defined function {:?}",
+                d.line, d.func
+            )));
+            continue;
+        };
+        match d.max.resolve(symbols) {
+            Ok(v) => {
+                let key = (
+                    f,
+                    match d.lp {
+                        LoopSel::Ordinal(o) => Some(o),
+                        LoopSel::All => None,
+                    },
+                );
+                declared.insert(key, (v, d.max.to_string()));
+            }
+            Err(e) => reasons.push(Reason::BadDeclaredBound(format!("line {}: {e}", d.line))),
+        }
+    }
+    declared
+}
+
+/// Analyses every function in `order` (callees first) under `model` with loop
+/// configurations `cfgs`.
+fn analyse_all(
+    m: &ModuleInfo<'_>,
+    order: &[u32],
+    structures: &BTreeMap<u32, Structure>,
+    model: &CostModel,
+    cfgs: &BTreeMap<u32, BTreeMap<u32, LoopCfg>>,
+) -> BTreeMap<u32, FuncCost> {
+    let mut done: BTreeMap<u32, FuncCost> = BTreeMap::new();
+    for &f in order {
+        let st = &structures[&f];
+        let empty = BTreeMap::new();
+        let lc = cfgs.get(&f).unwrap_or(&empty);
+        let callee = |g: u32| done.get(&g).map(|c| c.bound).unwrap_or(0.0);
+        let indirect = |t: u32| {
+            let want = m.types.get(t as usize);
+            m.table
+                .values()
+                .filter(|g| m.func_type(**g) == want)
+                .map(|g| callee(*g))
+                .fold(0.0, f64::max)
+        };
+        let r = analyse_function(m, f, st, model, lc, &callee, &indirect);
+        done.insert(f, r);
+    }
+    done
+}
+
+/// Stack depth along the deepest call chain from every function.
+fn stack_depths(m: &ModuleInfo<'_>, order: &[u32], edges: &BTreeMap<u32, BTreeSet<u32>>) -> Depths {
     let frame_bytes = |f: u32| -> u64 {
         let b = m.body(f).expect("body");
         let slots = b.ty.params().len() as u64 + b.n_locals as u64 + b.max_height as u64;
         slots * 8 + 64
     };
-    let mut depth: BTreeMap<u32, (u64, Vec<u32>)> = BTreeMap::new();
-    for &f in &order {
+    let mut depth: Depths = BTreeMap::new();
+    for &f in order {
         let mut best = (0u64, Vec::new());
         for g in edges.get(&f).into_iter().flatten() {
             if let Some(d) = depth.get(g)
@@ -674,80 +971,40 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
         chain.extend(best.1);
         depth.insert(f, (frame_bytes(f).saturating_add(best.0), chain));
     }
-    const HOST_MARGIN: u64 = 16 << 10;
+    depth
+}
 
-    let mut entries = Vec::new();
-    for (name, f) in &entries_list {
-        let Some(c) = cycles.get(f) else { continue };
-        let bound = model.invoke + c.bound;
-        let (stack_bytes, chain) = depth.get(f).cloned().unwrap_or_default();
-        let stack_bytes = stack_bytes + HOST_MARGIN;
-        if stack_bytes > policy.max_stack_bytes {
-            reasons.push(Reason::StackTooDeep {
-                bytes: stack_bytes,
-                cap: policy.max_stack_bytes,
-                chain: chain
-                    .iter()
-                    .map(|g| m.func_name(*g))
-                    .collect::<Vec<_>>()
-                    .join(" → "),
-            });
-        }
-        let batch = (abi::is_batch(name) && batch_funcs.contains(f))
-            .then_some(batch_max)
-            .flatten();
-        let lim = limit_of(*f);
-        let admitted = bound <= lim * policy.inflation;
-        let handler = abi::is_handler(name);
-        if !admitted {
-            reasons.push(Reason::OverBudget {
-                handler: name.clone(),
-                batch,
-                bound_cycles: bound,
-                inflated_cycles: lim * policy.inflation,
-                limit_cycles: lim,
-                inflation: policy.inflation,
-            });
-        }
-        let path_steps = analysis::steps(&c.path);
-        let path = path_steps.iter().map(|s| describe_step(&m, s)).collect();
-        let mut doms: Vec<(f64, String)> = Vec::new();
-        collect_loops(&m, &cycles, *f, &mut doms, 1.0, 0);
-        doms.sort_by(|a, b| b.0.total_cmp(&a.0));
-        let dominant_loops = doms
-            .into_iter()
-            .take(3)
-            .map(|(cost, s)| {
-                format!(
-                    "{s}: {cost:.0} cycles ({:.0}% of the bound)",
-                    100.0 * cost / bound.max(1.0)
-                )
-            })
-            .collect();
-        entries.push(EntryReport {
-            name: name.clone(),
-            func: *f,
-            handler,
-            batch,
-            bound_cycles: bound,
-            bound_ns: bound / cal.tsc_per_ns,
-            bound_fuel: fuel_costs.get(f).map(|c| c.bound).unwrap_or(0.0),
-            stack_bytes,
-            admitted,
-            over_limit: bound > lim,
-            path,
-            dominant_loops,
-        });
-    }
-    // What to instrument: declared-bound loops and poll points.
-    let plan = instrument::Plan {
-        declared: declared_loops,
-        entry_checks,
-        polls,
-        n_imported: m.n_imported(),
-    };
+/// The (at most three) loops dominating function `f`'s bound `bound`, described.
+fn dominant_loops(
+    m: &ModuleInfo<'_>,
+    cycles: &BTreeMap<u32, FuncCost>,
+    f: u32,
+    bound: f64,
+) -> Vec<String> {
+    let mut doms: Vec<(f64, String)> = Vec::new();
+    collect_loops(m, cycles, f, &mut doms, 1.0, 0);
+    doms.sort_by(|a, b| b.0.total_cmp(&a.0));
+    doms.into_iter()
+        .take(3)
+        .map(|(cost, s)| {
+            format!(
+                "{s}: {cost:.0} cycles ({:.0}% of the bound)",
+                100.0 * cost / bound.max(1.0)
+            )
+        })
+        .collect()
+}
+
+/// The report of every loop of the module, with how its bound was established and
+/// how `plan` instruments it.
+fn loop_reports(
+    m: &ModuleInfo<'_>,
+    cycles: &BTreeMap<u32, FuncCost>,
+    sources: &BTreeMap<(u32, u32), BoundSource>,
+    plan: &instrument::Plan,
+) -> Vec<LoopReport> {
     let mut loops_out = Vec::new();
-    for (f, fc) in &cycles {
+    for (f, fc) in cycles {
         for l in &fc.loops {
             loops_out.push(LoopReport {
                 func: *f,
@@ -767,33 +1024,7 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
             });
         }
     }
-    let mut adm = Admission {
-        entries,
-        loops: loops_out,
-        module: Vec::new(),
-        instrumented: false,
-        batch_max,
-        limit_cycles,
-        inflated_cycles: inflated,
-        calibration: cal.machine.clone(),
-        working_set_bytes: ws,
-        report: String::new(),
-    };
-    adm.report = render_report(&adm, policy, cal);
-    if !reasons.is_empty() {
-        return Err(Rejection {
-            reasons,
-            report: Some(adm.report),
-        });
-    }
-    if plan.is_empty() {
-        adm.module = bytes.to_vec();
-    } else {
-        adm.module =
-            instrument::rewrite(bytes, &plan).map_err(|e| reject(vec![Reason::Malformed(e)]))?;
-        adm.instrumented = true;
-    }
-    Ok(adm)
+    loops_out
 }
 
 fn collect_loops(

@@ -7,6 +7,8 @@
 //! after it), as `local ± step`. Otherwise the bound must be *declared* (see `bounds.rs`)
 //! and the loop is instrumented so the declaration is enforced.
 
+use std::collections::BTreeMap;
+
 use wasmparser::Operator;
 
 use crate::module::Body;
@@ -260,7 +262,6 @@ pub fn prove(body: &Body<'_>, st: &Structure, lf: usize) -> LoopProof {
 
 /// [`prove`], also accepting a loop whose counter is compared against a local of known
 /// range (a batch entry's `n`): `i < n` with `n ≤ B` is bounded as `i < B` would be.
-#[allow(clippy::too_many_lines)] // TODO(issue 10): split; one pass over shared analysis state, left whole this session
 pub fn prove_in(
     body: &Body<'_>,
     st: &Structure,
@@ -268,41 +269,18 @@ pub fn prove_in(
     known: Option<KnownRange>,
 ) -> LoopProof {
     // The range holds only for a local the function never writes.
-    let known = known.filter(|k| {
-        !body.ops.iter().any(|(_, op)| {
-            matches!(op, Operator::LocalSet { local_index } | Operator::LocalTee { local_index }
-                if *local_index == k.local)
-        })
-    });
+    let known = known.filter(|k| !writes_local(body, k.local));
     let fr = &st.frames[lf];
     let (start, end) = (fr.open + 1, fr.close);
-    // Back edges.
-    let mut back_edges = Vec::new();
-    for i in start..end {
-        if st.branch_targets(body, i).contains(&lf) {
-            back_edges.push(i);
-        }
-    }
+    let back_edges = back_edges(body, st, lf, start, end);
     if back_edges.is_empty() {
         return LoopProof::Proven {
             iterations: 1,
             how: "no back edge".into(),
         };
     }
-    // Writes per local inside the body; candidate = exactly one write, at top level.
-    let mut writes: std::collections::BTreeMap<u32, Vec<usize>> = Default::default();
-    for i in start..end {
-        if let Operator::LocalSet { local_index } | Operator::LocalTee { local_index } =
-            &body.ops[i].1
-        {
-            writes.entry(*local_index).or_default().push(i);
-        }
-    }
-    let candidates: std::collections::BTreeMap<u32, usize> = writes
-        .iter()
-        .filter(|(_, w)| w.len() == 1 && st.op_frame[w[0]] == lf)
-        .map(|(l, w)| (*l, w[0]))
-        .collect();
+    let writes = local_writes(body, start, end);
+    let candidates = induction_candidates(st, lf, &writes);
     if candidates.is_empty() {
         return LoopProof::NotProven(
             "no induction variable (no local is written exactly once at the loop's top level)"
@@ -310,241 +288,400 @@ pub fn prove_in(
             None,
         );
     }
-    // Symbolic pass.
-    let mut steps: std::collections::BTreeMap<u32, i64> = Default::default();
-    let mut stack: Vec<Sym> = Vec::new();
-    // (position, condition-for-branch-taken) of br_ifs
-    let mut conds: Vec<(usize, Sym)> = Vec::new();
-    let pop = |s: &mut Vec<Sym>| s.pop().unwrap_or(Sym::Unknown);
+    let mut pass = SymPass::new(&writes, &candidates);
     for i in start..end {
-        let op = &body.ops[i].1;
+        pass.step(i, &body.ops[i].1);
+    }
+    let guards = Guards::new(body, st, lf, pass);
+    let init = |l: u32| initial_value(body, fr.open, l);
+    guards.prove(body, &back_edges, &init, known)
+}
+
+/// Whether any operator of `body` writes local `local`.
+fn writes_local(body: &Body<'_>, local: u32) -> bool {
+    body.ops.iter().any(|(_, op)| {
+        matches!(op, Operator::LocalSet { local_index } | Operator::LocalTee { local_index }
+            if *local_index == local)
+    })
+}
+
+/// Operators in `start..end` branching to loop frame `lf`: the loop's back edges.
+fn back_edges(body: &Body<'_>, st: &Structure, lf: usize, start: usize, end: usize) -> Vec<usize> {
+    let mut back_edges = Vec::new();
+    for i in start..end {
+        if st.branch_targets(body, i).contains(&lf) {
+            back_edges.push(i);
+        }
+    }
+    back_edges
+}
+
+/// Positions of the writes to each local among operators `start..end`.
+fn local_writes(body: &Body<'_>, start: usize, end: usize) -> BTreeMap<u32, Vec<usize>> {
+    let mut writes: BTreeMap<u32, Vec<usize>> = Default::default();
+    for i in start..end {
+        if let Operator::LocalSet { local_index } | Operator::LocalTee { local_index } =
+            &body.ops[i].1
+        {
+            writes.entry(*local_index).or_default().push(i);
+        }
+    }
+    writes
+}
+
+/// Induction candidates of loop frame `lf`: locals written exactly once in its body,
+/// at its top level, with the position of that write.
+fn induction_candidates(
+    st: &Structure,
+    lf: usize,
+    writes: &BTreeMap<u32, Vec<usize>>,
+) -> BTreeMap<u32, usize> {
+    writes
+        .iter()
+        .filter(|(_, w)| w.len() == 1 && st.op_frame[w[0]] == lf)
+        .map(|(l, w)| (*l, w[0]))
+        .collect()
+}
+
+/// Known initial value of local `l` at the loop opened at operator `open`: a
+/// straight-line `const; local.set` right before the loop (skipping `block` openers,
+/// which do not touch locals).
+fn initial_value(body: &Body<'_>, open: usize, l: u32) -> Option<i64> {
+    let mut i = open;
+    while i > 0 {
+        i -= 1;
+        match &body.ops[i].1 {
+            Operator::Block { .. } => continue,
+            Operator::LocalSet { local_index } | Operator::LocalTee { local_index }
+                if *local_index == l =>
+            {
+                if i > 0 {
+                    match &body.ops[i - 1].1 {
+                        Operator::I32Const { value } => return Some(*value as i64),
+                        Operator::I64Const { value } => return Some(*value),
+                        _ => return None,
+                    }
+                }
+                return None;
+            }
+            Operator::LocalSet { .. }
+            | Operator::LocalTee { .. }
+            | Operator::LocalGet { .. }
+            | Operator::I32Const { .. }
+            | Operator::I64Const { .. }
+            | Operator::Drop
+            | Operator::Nop => continue,
+            _ => return None,
+        }
+    }
+    None
+}
+
+/// The symbolic pass over a loop body: tracks the operand stack as [`Sym`] values,
+/// learns the step of each induction candidate and the condition of each `br_if`.
+struct SymPass<'w> {
+    writes: &'w BTreeMap<u32, Vec<usize>>,
+    candidates: &'w BTreeMap<u32, usize>,
+    steps: BTreeMap<u32, i64>,
+    stack: Vec<Sym>,
+    /// (position, condition-for-branch-taken) of br_ifs
+    conds: Vec<(usize, Sym)>,
+}
+
+impl<'w> SymPass<'w> {
+    /// An empty pass over a body with these local writes and induction candidates.
+    fn new(writes: &'w BTreeMap<u32, Vec<usize>>, candidates: &'w BTreeMap<u32, usize>) -> Self {
+        SymPass {
+            writes,
+            candidates,
+            steps: Default::default(),
+            stack: Vec::new(),
+            conds: Vec::new(),
+        }
+    }
+
+    /// Pops a value, `Unknown` if the tracked stack is empty.
+    fn pop(&mut self) -> Sym {
+        self.stack.pop().unwrap_or(Sym::Unknown)
+    }
+
+    /// Applies operator `op` at position `i` to the symbolic state.
+    fn step(&mut self, i: usize, op: &Operator<'_>) {
         match op {
-            Operator::LocalGet { local_index } => {
-                let l = *local_index;
-                let v = match candidates.get(&l) {
-                    Some(&w) if i < w => Sym::Ind { local: l, delta: 0 },
-                    Some(_) => match steps.get(&l) {
-                        Some(&s) => Sym::Ind { local: l, delta: s },
-                        None => Sym::Unknown,
-                    },
-                    None if !writes.contains_key(&l) => Sym::Inv(l),
-                    None => Sym::Unknown,
-                };
-                stack.push(v);
-            }
+            Operator::LocalGet { local_index } => self.local_get(i, *local_index),
             Operator::LocalSet { local_index } | Operator::LocalTee { local_index } => {
-                let v = pop(&mut stack);
-                if candidates.get(local_index) == Some(&i)
-                    && let Sym::Ind { local, delta } = v
-                    && local == *local_index
-                    && delta != 0
-                {
-                    steps.insert(local, delta);
-                }
-                if matches!(op, Operator::LocalTee { .. }) {
-                    // After the write the value is the new head value + 0 relative to the
-                    // new iteration, i.e. old head + step: keep the symbolic form.
-                    stack.push(v);
-                }
+                self.local_set(i, *local_index, matches!(op, Operator::LocalTee { .. }));
             }
-            Operator::I32Const { value } => stack.push(Sym::Const(*value as i64)),
-            Operator::I64Const { value } => stack.push(Sym::Const(*value)),
+            Operator::I32Const { value } => self.stack.push(Sym::Const(*value as i64)),
+            Operator::I64Const { value } => self.stack.push(Sym::Const(*value)),
             Operator::I32Add | Operator::I64Add | Operator::I32Sub | Operator::I64Sub => {
-                let b = pop(&mut stack);
-                let a = pop(&mut stack);
-                let sub = matches!(op, Operator::I32Sub | Operator::I64Sub);
-                let r = match (a, b) {
-                    (Sym::Ind { local, delta }, Sym::Const(c)) => Sym::Ind {
-                        local,
-                        delta: if sub {
-                            delta.wrapping_sub(c)
-                        } else {
-                            delta.wrapping_add(c)
-                        },
-                    },
-                    (Sym::Const(c), Sym::Ind { local, delta }) if !sub => Sym::Ind {
-                        local,
-                        delta: delta.wrapping_add(c),
-                    },
-                    (Sym::Const(x), Sym::Const(y)) => Sym::Const(if sub {
-                        x.wrapping_sub(y)
-                    } else {
-                        x.wrapping_add(y)
-                    }),
-                    _ => Sym::Unknown,
-                };
-                stack.push(r);
+                self.add_sub(matches!(op, Operator::I32Sub | Operator::I64Sub));
             }
             Operator::I32Eqz | Operator::I64Eqz => {
-                let a = pop(&mut stack);
-                stack.push(negate(a, matches!(op, Operator::I64Eqz)));
+                let a = self.pop();
+                self.stack.push(negate(a, matches!(op, Operator::I64Eqz)));
             }
             _ => {
                 if let Some((rel, wide)) = rel_of(op) {
-                    let b = pop(&mut stack);
-                    let a = pop(&mut stack);
-                    let r = match (a, b) {
-                        (Sym::Ind { local, delta }, Sym::Const(n)) => Sym::Cmp {
-                            rel,
-                            local,
-                            delta,
-                            n,
-                            wide,
-                        },
-                        (Sym::Const(n), Sym::Ind { local, delta }) => Sym::Cmp {
-                            rel: rel.swap(),
-                            local,
-                            delta,
-                            n,
-                            wide,
-                        },
-                        (Sym::Ind { local, delta }, Sym::Inv(m)) => Sym::CmpV {
-                            rel,
-                            local,
-                            delta,
-                            m,
-                            wide,
-                        },
-                        (Sym::Inv(m), Sym::Ind { local, delta }) => Sym::CmpV {
-                            rel: rel.swap(),
-                            local,
-                            delta,
-                            m,
-                            wide,
-                        },
-                        _ => Sym::Unknown,
-                    };
-                    stack.push(r);
+                    self.compare(rel, wide);
                 } else if let Operator::BrIf { .. } = op {
-                    let c = pop(&mut stack);
-                    conds.push((i, c));
+                    let c = self.pop();
+                    self.conds.push((i, c));
                 } else if let Operator::Drop = op {
-                    pop(&mut stack);
+                    self.pop();
                 } else {
                     // Anything else: forget what we know (sound: only recognised values
                     // are ever used).
-                    stack.clear();
+                    self.stack.clear();
                 }
             }
         }
     }
-    // Known initial values: straight-line `const; local.set` right before the loop
-    // (skipping `block` openers, which do not touch locals).
-    let init = |l: u32| -> Option<i64> {
-        let mut i = fr.open;
-        while i > 0 {
-            i -= 1;
-            match &body.ops[i].1 {
-                Operator::Block { .. } => continue,
-                Operator::LocalSet { local_index } | Operator::LocalTee { local_index }
-                    if *local_index == l =>
-                {
-                    if i > 0 {
-                        match &body.ops[i - 1].1 {
-                            Operator::I32Const { value } => return Some(*value as i64),
-                            Operator::I64Const { value } => return Some(*value),
-                            _ => return None,
-                        }
-                    }
-                    return None;
-                }
-                Operator::LocalSet { .. }
-                | Operator::LocalTee { .. }
-                | Operator::LocalGet { .. }
-                | Operator::I32Const { .. }
-                | Operator::I64Const { .. }
-                | Operator::Drop
-                | Operator::Nop => continue,
-                _ => return None,
-            }
-        }
-        None
-    };
-    // Continue-conditions guarding each back edge.
-    let exits_at_top: Vec<(usize, Sym)> = conds
-        .iter()
-        .filter(|(i, _)| {
-            st.op_frame[*i] == lf
-                && st
-                    .branch_targets(body, *i)
-                    .iter()
-                    .all(|t| !st.within(*t, lf))
-        })
-        .map(|(i, c)| (*i, negate(*c, false)))
-        .collect();
-    let mut best_overall: Option<(u64, String)> = None;
-    let mut counted: Option<Counted> = None;
-    let mut all_counted = true;
-    let mut unproven: Option<String> = None;
-    for &b in &back_edges {
-        let mut options: Vec<Sym> = Vec::new();
-        if let Operator::BrIf { .. } = body.ops[b].1
-            && let Some((_, c)) = conds.iter().find(|(i, _)| *i == b)
+
+    /// `local.get l` at position `i`: an induction value (before or after its write),
+    /// a loop-invariant local, or unknown.
+    fn local_get(&mut self, i: usize, l: u32) {
+        let v = match self.candidates.get(&l) {
+            Some(&w) if i < w => Sym::Ind { local: l, delta: 0 },
+            Some(_) => match self.steps.get(&l) {
+                Some(&s) => Sym::Ind { local: l, delta: s },
+                None => Sym::Unknown,
+            },
+            None if !self.writes.contains_key(&l) => Sym::Inv(l),
+            None => Sym::Unknown,
+        };
+        self.stack.push(v);
+    }
+
+    /// `local.set l` / `local.tee l` at position `i`: the candidate's write of
+    /// `local ± step` fixes its step.
+    fn local_set(&mut self, i: usize, l: u32, tee: bool) {
+        let v = self.pop();
+        if self.candidates.get(&l) == Some(&i)
+            && let Sym::Ind { local, delta } = v
+            && local == l
+            && delta != 0
         {
-            options.push(*c);
+            self.steps.insert(local, delta);
         }
-        for (q, c) in &exits_at_top {
-            if *q < b {
-                options.push(*c);
-            }
+        if tee {
+            // After the write the value is the new head value + 0 relative to the
+            // new iteration, i.e. old head + step: keep the symbolic form.
+            self.stack.push(v);
         }
-        let mut best: Option<(u64, String)> = None;
-        let mut this_counted: Option<Counted> = None;
-        for c in options {
-            let r = count(c, &steps, &init)
-                .or_else(|| known.and_then(|k| count_known(c, k, &steps, &init)));
-            if let Some(r) = r
-                && best.as_ref().is_none_or(|x| r.0 < x.0)
-            {
-                best = Some(r);
-            }
-            if let Sym::CmpV {
+    }
+
+    /// `add` / `sub` (`sub` set): an induction value plus or minus a constant, or
+    /// constant folding.
+    fn add_sub(&mut self, sub: bool) {
+        let b = self.pop();
+        let a = self.pop();
+        let r = match (a, b) {
+            (Sym::Ind { local, delta }, Sym::Const(c)) => Sym::Ind {
+                local,
+                delta: if sub {
+                    delta.wrapping_sub(c)
+                } else {
+                    delta.wrapping_add(c)
+                },
+            },
+            (Sym::Const(c), Sym::Ind { local, delta }) if !sub => Sym::Ind {
+                local,
+                delta: delta.wrapping_add(c),
+            },
+            (Sym::Const(x), Sym::Const(y)) => Sym::Const(if sub {
+                x.wrapping_sub(y)
+            } else {
+                x.wrapping_add(y)
+            }),
+            _ => Sym::Unknown,
+        };
+        self.stack.push(r);
+    }
+
+    /// A comparison `rel` (64-bit if `wide`): an induction value against a constant
+    /// or a loop-invariant local, either way round.
+    fn compare(&mut self, rel: Rel, wide: bool) {
+        let b = self.pop();
+        let a = self.pop();
+        let r = match (a, b) {
+            (Sym::Ind { local, delta }, Sym::Const(n)) => Sym::Cmp {
+                rel,
+                local,
+                delta,
+                n,
+                wide,
+            },
+            (Sym::Const(n), Sym::Ind { local, delta }) => Sym::Cmp {
+                rel: rel.swap(),
+                local,
+                delta,
+                n,
+                wide,
+            },
+            (Sym::Ind { local, delta }, Sym::Inv(m)) => Sym::CmpV {
                 rel,
                 local,
                 delta,
                 m,
                 wide,
-            } = c
-                && let Some(&step) = steps.get(&local)
-            {
-                let ok = step > 0
-                    && (rel == Rel::LtU || (rel == Rel::Ne && (step as u64).is_power_of_two()));
-                if ok && this_counted.is_none() {
-                    this_counted = Some(Counted {
-                        local,
-                        delta,
-                        step,
-                        m,
-                        ne: rel == Rel::Ne,
-                        wide,
-                    });
-                }
+            },
+            (Sym::Inv(m), Sym::Ind { local, delta }) => Sym::CmpV {
+                rel: rel.swap(),
+                local,
+                delta,
+                m,
+                wide,
+            },
+            _ => Sym::Unknown,
+        };
+        self.stack.push(r);
+    }
+}
+
+/// What the symbolic pass learned about the conditions under which a loop continues.
+struct Guards {
+    /// Step per iteration of each induction local.
+    steps: BTreeMap<u32, i64>,
+    /// (position, condition-for-branch-taken) of br_ifs
+    conds: Vec<(usize, Sym)>,
+    /// Continue-conditions of the `br_if`s at the loop's top level that leave it.
+    exits_at_top: Vec<(usize, Sym)>,
+}
+
+impl Guards {
+    /// The guards of loop frame `lf` from a finished symbolic pass over its body.
+    fn new(body: &Body<'_>, st: &Structure, lf: usize, pass: SymPass<'_>) -> Self {
+        // Continue-conditions guarding each back edge.
+        let exits_at_top: Vec<(usize, Sym)> = pass
+            .conds
+            .iter()
+            .filter(|(i, _)| {
+                st.op_frame[*i] == lf
+                    && st
+                        .branch_targets(body, *i)
+                        .iter()
+                        .all(|t| !st.within(*t, lf))
+            })
+            .map(|(i, c)| (*i, negate(*c, false)))
+            .collect();
+        Guards {
+            steps: pass.steps,
+            conds: pass.conds,
+            exits_at_top,
+        }
+    }
+
+    /// The loop's bound: every back edge must be guarded by a counted condition; the
+    /// bound is one more than the most back edges any of them allows.
+    fn prove(
+        &self,
+        body: &Body<'_>,
+        back_edges: &[usize],
+        init: &dyn Fn(u32) -> Option<i64>,
+        known: Option<KnownRange>,
+    ) -> LoopProof {
+        let mut best_overall: Option<(u64, String)> = None;
+        let mut counted: Option<Counted> = None;
+        let mut all_counted = true;
+        let mut unproven: Option<String> = None;
+        for &b in back_edges {
+            let (best, this_counted) = self.edge_bound(self.edge_options(body, b), init, known);
+            match (&counted, this_counted) {
+                (_, None) => all_counted = false,
+                (None, Some(c)) => counted = Some(c),
+                (Some(a), Some(c)) if *a == c => {}
+                _ => all_counted = false,
+            }
+            let Some(best) = best else {
+                unproven.get_or_insert(format!(
+                    "back edge at offset {:#x} is not guarded by a comparison of a counter against a constant",
+                    body.ops[b].0
+                ));
+                continue;
+            };
+            if best_overall.as_ref().is_none_or(|x| best.0 > x.0) {
+                best_overall = Some(best);
             }
         }
-        match (&counted, this_counted) {
-            (_, None) => all_counted = false,
-            (None, Some(c)) => counted = Some(c),
-            (Some(a), Some(c)) if *a == c => {}
-            _ => all_counted = false,
+        if let Some(why) = unproven {
+            return LoopProof::NotProven(why, if all_counted { counted } else { None });
         }
-        let Some(best) = best else {
-            unproven.get_or_insert(format!(
-                "back edge at offset {:#x} is not guarded by a comparison of a counter against a constant",
-                body.ops[b].0
-            ));
-            continue;
-        };
-        if best_overall.as_ref().is_none_or(|x| best.0 > x.0) {
-            best_overall = Some(best);
+        let (back, how) = best_overall.unwrap_or((0, String::new()));
+        LoopProof::Proven {
+            iterations: back.saturating_add(1),
+            how,
         }
     }
-    if let Some(why) = unproven {
-        return LoopProof::NotProven(why, if all_counted { counted } else { None });
+
+    /// The conditions that must hold for back edge `b` to be taken: its own `br_if`
+    /// condition, and the continue-conditions of the top-level exits before it.
+    fn edge_options(&self, body: &Body<'_>, b: usize) -> Vec<Sym> {
+        let mut options: Vec<Sym> = Vec::new();
+        if let Operator::BrIf { .. } = body.ops[b].1
+            && let Some((_, c)) = self.conds.iter().find(|(i, _)| *i == b)
+        {
+            options.push(*c);
+        }
+        for (q, c) in &self.exits_at_top {
+            if *q < b {
+                options.push(*c);
+            }
+        }
+        options
     }
-    let (back, how) = best_overall.unwrap_or((0, String::new()));
-    LoopProof::Proven {
-        iterations: back.saturating_add(1),
-        how,
+
+    /// The tightest count any of a back edge's `options` allows, and the first of them
+    /// that makes it a [`Counted`] loop.
+    fn edge_bound(
+        &self,
+        options: Vec<Sym>,
+        init: &dyn Fn(u32) -> Option<i64>,
+        known: Option<KnownRange>,
+    ) -> (Option<(u64, String)>, Option<Counted>) {
+        let mut best: Option<(u64, String)> = None;
+        let mut this_counted: Option<Counted> = None;
+        for c in options {
+            let r = count(c, &self.steps, init)
+                .or_else(|| known.and_then(|k| count_known(c, k, &self.steps, init)));
+            if let Some(r) = r
+                && best.as_ref().is_none_or(|x| r.0 < x.0)
+            {
+                best = Some(r);
+            }
+            if this_counted.is_none() {
+                this_counted = self.counted(c);
+            }
+        }
+        (best, this_counted)
+    }
+
+    /// `c` as a counted loop with a loop-invariant limit, if it is one: counting up by
+    /// a positive step while `< m` (unsigned), or `!= m` with a power-of-two step.
+    fn counted(&self, c: Sym) -> Option<Counted> {
+        if let Sym::CmpV {
+            rel,
+            local,
+            delta,
+            m,
+            wide,
+        } = c
+            && let Some(&step) = self.steps.get(&local)
+        {
+            let ok = step > 0
+                && (rel == Rel::LtU || (rel == Rel::Ne && (step as u64).is_power_of_two()));
+            if ok {
+                return Some(Counted {
+                    local,
+                    delta,
+                    step,
+                    m,
+                    ne: rel == Rel::Ne,
+                    wide,
+                });
+            }
+        }
+        None
     }
 }
 
@@ -623,7 +760,7 @@ fn rel_of(op: &Operator<'_>) -> Option<(Rel, bool)> {
 fn count_known(
     c: Sym,
     k: KnownRange,
-    steps: &std::collections::BTreeMap<u32, i64>,
+    steps: &BTreeMap<u32, i64>,
     init: &dyn Fn(u32) -> Option<i64>,
 ) -> Option<(u64, String)> {
     let Sym::CmpV {
@@ -685,10 +822,9 @@ fn count_known(
 }
 
 /// Most back edges a continue-condition allows, with an explanation.
-#[allow(clippy::too_many_lines)] // TODO(issue 10): split; one pass over shared analysis state, left whole this session
 fn count(
     c: Sym,
-    steps: &std::collections::BTreeMap<u32, i64>,
+    steps: &BTreeMap<u32, i64>,
     init: &dyn Fn(u32) -> Option<i64>,
 ) -> Option<(u64, String)> {
     let Sym::Cmp {
@@ -702,96 +838,167 @@ fn count(
         return None;
     };
     let step = *steps.get(&local)?;
-    let bits: u32 = if wide { 64 } else { 32 };
-    let modulus: i128 = 1i128 << bits;
-    let umask = |v: i128| -> i128 { v.rem_euclid(modulus) };
-    let sext = |v: i128| -> i128 {
-        let u = umask(v);
-        if u >= modulus / 2 { u - modulus } else { u }
-    };
-    let s = step as i128;
-    let d = delta as i128;
-    let i0 = init(local).map(|v| v as i128);
-    let ceil_div = |a: i128, b: i128| -> i128 { if a <= 0 { 0 } else { (a + b - 1) / b } };
-    let desc = |what: &str, k: i128| -> (u64, String) {
+    let k = Count::new(local, delta, step, n, wide, init(local));
+    use Rel::*;
+    match (rel, k.s > 0) {
+        (LtU | LeU, true) => k.up_unsigned(rel == LeU),
+        (LtS | LeS, true) => k.up_signed(rel == LeS),
+        (Ne, true) => k.up_to(),
+        (GtU | GeU, false) => k.down_unsigned(rel == GeU),
+        (GtS | GeS, false) => k.down_signed(rel == GeS),
+        (Ne, false) => k.down_to(),
+        _ => None,
+    }
+}
+
+/// `ceil(a / b)` for a positive `b`, 0 when `a` is not positive.
+fn ceil_div(a: i128, b: i128) -> i128 {
+    if a <= 0 { 0 } else { (a + b - 1) / b }
+}
+
+/// A counter `local` stepping by `step` compared (at 32 or 64 bits) as `local + delta`
+/// against the constant `n`: the arithmetic [`count`] does for each relation.
+struct Count {
+    local: u32,
+    delta: i64,
+    step: i64,
+    n: i64,
+    modulus: i128,
+    /// `step` widened.
+    s: i128,
+    /// `delta` widened.
+    d: i128,
+    /// The counter's known initial value.
+    i0: Option<i128>,
+}
+
+impl Count {
+    /// The counter's facts, compared at 64 bits if `wide`, with initial value `init`.
+    fn new(local: u32, delta: i64, step: i64, n: i64, wide: bool, init: Option<i64>) -> Self {
+        let bits: u32 = if wide { 64 } else { 32 };
+        Count {
+            local,
+            delta,
+            step,
+            n,
+            modulus: 1i128 << bits,
+            s: step as i128,
+            d: delta as i128,
+            i0: init.map(|v| v as i128),
+        }
+    }
+
+    /// `v` as an unsigned value of the comparison's width.
+    fn umask(&self, v: i128) -> i128 {
+        v.rem_euclid(self.modulus)
+    }
+
+    /// `v` as a signed value of the comparison's width.
+    fn sext(&self, v: i128) -> i128 {
+        let u = self.umask(v);
+        if u >= self.modulus / 2 {
+            u - self.modulus
+        } else {
+            u
+        }
+    }
+
+    /// The count `k` (clamped to `u64`) with its explanation `what`.
+    fn desc(&self, what: &str, k: i128) -> (u64, String) {
         (
             k.clamp(0, u64::MAX as i128) as u64,
-            format!("local {local} steps by {step}, continues while {what}"),
+            format!(
+                "local {} steps by {}, continues while {what}",
+                self.local, self.step
+            ),
         )
-    };
-    use Rel::*;
-    let r = match (rel, s > 0) {
-        (LtU | LeU, true) => {
-            let nn = umask(n as i128) + if rel == LeU { 1 } else { 0 };
-            if nn + s > modulus {
-                return None;
-            }
-            match i0 {
-                Some(c0) => {
-                    let first = umask(c0 + d);
-                    desc(
-                        &format!("+{delta} < {nn} (from {c0})"),
-                        ceil_div(nn - first, s),
-                    )
-                }
-                None => desc(&format!("+{delta} < {nn} (unsigned)"), ceil_div(nn, s)),
-            }
+    }
+
+    /// Counting up while `< n` (`<= n` if `inclusive`), unsigned.
+    fn up_unsigned(&self, inclusive: bool) -> Option<(u64, String)> {
+        let (s, delta) = (self.s, self.delta);
+        let nn = self.umask(self.n as i128) + if inclusive { 1 } else { 0 };
+        if nn + s > self.modulus {
+            return None;
         }
-        (LtS | LeS, true) => {
-            let c0 = i0?;
-            let nn = sext(n as i128) + if rel == LeS { 1 } else { 0 };
-            if nn + s > modulus / 2 {
-                return None;
+        Some(match self.i0 {
+            Some(c0) => {
+                let first = self.umask(c0 + self.d);
+                self.desc(
+                    &format!("+{delta} < {nn} (from {c0})"),
+                    ceil_div(nn - first, s),
+                )
             }
-            let first = sext(c0 + d);
-            desc(
-                &format!("+{delta} < {nn} (signed, from {c0})"),
-                ceil_div(nn - first, s),
-            )
+            None => self.desc(&format!("+{delta} < {nn} (unsigned)"), ceil_div(nn, s)),
+        })
+    }
+
+    /// Counting up while `< n` (`<= n` if `inclusive`), signed.
+    fn up_signed(&self, inclusive: bool) -> Option<(u64, String)> {
+        let (s, delta) = (self.s, self.delta);
+        let c0 = self.i0?;
+        let nn = self.sext(self.n as i128) + if inclusive { 1 } else { 0 };
+        if nn + s > self.modulus / 2 {
+            return None;
         }
-        (Ne, true) => {
-            let c0 = i0?;
-            let first = umask(c0 + d);
-            let nn = umask(n as i128);
-            if first > nn || (nn - first) % s != 0 {
-                return None;
-            }
-            desc(&format!("+{delta} != {nn} (from {c0})"), (nn - first) / s)
+        let first = self.sext(c0 + self.d);
+        Some(self.desc(
+            &format!("+{delta} < {nn} (signed, from {c0})"),
+            ceil_div(nn - first, s),
+        ))
+    }
+
+    /// Counting up while `!= n`: needs to reach `n` exactly.
+    fn up_to(&self) -> Option<(u64, String)> {
+        let (s, delta) = (self.s, self.delta);
+        let c0 = self.i0?;
+        let first = self.umask(c0 + self.d);
+        let nn = self.umask(self.n as i128);
+        if first > nn || (nn - first) % s != 0 {
+            return None;
         }
-        (GtU | GeU, false) => {
-            let c0 = i0?;
-            let m = umask(n as i128) - if rel == GeU { 1 } else { 0 };
-            if m < 0 || -s > m + 1 {
-                return None;
-            }
-            let first = umask(c0 + d);
-            desc(
-                &format!("+{delta} > {m} (from {c0})"),
-                ceil_div(first - m, -s),
-            )
+        Some(self.desc(&format!("+{delta} != {nn} (from {c0})"), (nn - first) / s))
+    }
+
+    /// Counting down while `> n` (`>= n` if `inclusive`), unsigned.
+    fn down_unsigned(&self, inclusive: bool) -> Option<(u64, String)> {
+        let (s, delta) = (self.s, self.delta);
+        let c0 = self.i0?;
+        let m = self.umask(self.n as i128) - if inclusive { 1 } else { 0 };
+        if m < 0 || -s > m + 1 {
+            return None;
         }
-        (GtS | GeS, false) => {
-            let c0 = i0?;
-            let m = sext(n as i128) - if rel == GeS { 1 } else { 0 };
-            if m + s < -(modulus / 2) {
-                return None;
-            }
-            let first = sext(c0 + d);
-            desc(
-                &format!("+{delta} > {m} (signed, from {c0})"),
-                ceil_div(first - m, -s),
-            )
+        let first = self.umask(c0 + self.d);
+        Some(self.desc(
+            &format!("+{delta} > {m} (from {c0})"),
+            ceil_div(first - m, -s),
+        ))
+    }
+
+    /// Counting down while `> n` (`>= n` if `inclusive`), signed.
+    fn down_signed(&self, inclusive: bool) -> Option<(u64, String)> {
+        let (s, delta) = (self.s, self.delta);
+        let c0 = self.i0?;
+        let m = self.sext(self.n as i128) - if inclusive { 1 } else { 0 };
+        if m + s < -(self.modulus / 2) {
+            return None;
         }
-        (Ne, false) => {
-            let c0 = i0?;
-            let first = umask(c0 + d);
-            let m = umask(n as i128);
-            if first < m || (first - m) % (-s) != 0 {
-                return None;
-            }
-            desc(&format!("+{delta} != {m} (from {c0})"), (first - m) / (-s))
+        let first = self.sext(c0 + self.d);
+        Some(self.desc(
+            &format!("+{delta} > {m} (signed, from {c0})"),
+            ceil_div(first - m, -s),
+        ))
+    }
+
+    /// Counting down while `!= n`: needs to reach `n` exactly.
+    fn down_to(&self) -> Option<(u64, String)> {
+        let (s, delta) = (self.s, self.delta);
+        let c0 = self.i0?;
+        let first = self.umask(c0 + self.d);
+        let m = self.umask(self.n as i128);
+        if first < m || (first - m) % (-s) != 0 {
+            return None;
         }
-        _ => return None,
-    };
-    Some(r)
+        Some(self.desc(&format!("+{delta} != {m} (from {c0})"), (first - m) / (-s)))
+    }
 }
