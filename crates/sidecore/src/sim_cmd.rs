@@ -341,8 +341,24 @@ fn print_table_8_1(rep: &RateReport) {
         "overhead: mean of the three periods (Table 8.1's column, read as the run's aggregate); \
          worst period beside it; one figure per seed"
     );
-    println!(
-        "{:<7} {:<7} {:>18} {:>8} {:>18} {:>8} {:>18} {:>12}",
+    let rows: Vec<Vec<String>> = rep
+        .table_8_1
+        .iter()
+        .map(|r| {
+            let (pl, pb) = report::paper_8_1(r.algo.alg);
+            vec![
+                r.algo.alg.name().to_string(),
+                (if r.algo.alg.correct() { "yes" } else { "no" }).to_string(),
+                per_seed(r, |x| ns(x.latency_p9999_ns)),
+                pl.map_or_else(|| "∞".into(), ns),
+                per_seed(r, |x| format!("{:.0}", x.overhead_mean_gbps)),
+                format!("{pb:.0}"),
+                per_seed(r, |x| format!("{:.0}", x.overhead_worst_gbps)),
+                format!("{:.0}", r.mean(|x| x.penalty)),
+            ]
+        })
+        .collect();
+    let header = [
         "alg",
         "correct",
         "99.99th ns",
@@ -351,20 +367,39 @@ fn print_table_8_1(rep: &RateReport) {
         "paper",
         "worst period",
         "mean penalty",
-    );
-    for r in &rep.table_8_1 {
-        let (pl, pb) = report::paper_8_1(r.algo.alg);
-        println!(
-            "{:<7} {:<7} {:>18} {:>8} {:>18} {:>8.0} {:>18} {:>12.0}",
-            r.algo.alg.name(),
-            if r.algo.alg.correct() { "yes" } else { "no" },
-            per_seed(r, |x| ns(x.latency_p9999_ns)),
-            pl.map_or_else(|| "∞".into(), ns),
-            per_seed(r, |x| format!("{:.0}", x.overhead_mean_gbps)),
-            pb,
-            per_seed(r, |x| format!("{:.0}", x.overhead_worst_gbps)),
-            r.mean(|x| x.penalty),
-        );
+    ];
+    print_aligned(&header, &rows, 2);
+}
+
+/// Prints `rows` under `header` in columns as wide as their widest cell, the first
+/// `left` left-aligned and the rest right-aligned. (Hand-written: a table crate for
+/// two tables of plain text is more than this needs.)
+fn print_aligned(header: &[&str], rows: &[Vec<String>], left: usize) {
+    let width = |c: usize| {
+        rows.iter()
+            .map(|r| r[c].chars().count())
+            .chain([header[c].chars().count()])
+            .max()
+            .unwrap_or(0)
+    };
+    let widths: Vec<usize> = (0..header.len()).map(width).collect();
+    let line = |cells: &mut dyn Iterator<Item = &str>| {
+        let padded: Vec<String> = cells
+            .enumerate()
+            .map(|(c, x)| {
+                let pad = " ".repeat(widths[c].saturating_sub(x.chars().count()));
+                if c < left {
+                    format!("{x}{pad}")
+                } else {
+                    format!("{pad}{x}")
+                }
+            })
+            .collect();
+        println!("{}", padded.join("  ").trim_end());
+    };
+    line(&mut header.iter().copied());
+    for r in rows {
+        line(&mut r.iter().map(String::as_str));
     }
 }
 
@@ -378,25 +413,34 @@ fn print_table_8_2(rep: &RateReport) {
         rep.seeds
     );
     println!("burst MB is Eq. 8.1 (S_b × N_tb × 100 bits / 8): derived, not measured");
-    println!(
-        "{:>6} {:>18} {:>8} {:>18} {:>8} {:>18} {:>8}",
-        "S_b", "99.99th ns", "paper", "overhead Gbps", "paper", "burst MB (Eq8.1)", "paper"
-    );
-    for r in &rep.table_8_2 {
-        let b = r.algo.se.bucket_size;
-        let paper = PAPER_8_2.iter().find(|p| p.0 == b);
-        let burst = r.runs.first().map_or(f64::NAN, |x| x.max_burst_bytes / 1e6);
-        println!(
-            "{:>6.0} {:>18} {:>8} {:>18} {:>8} {:>18.2} {:>8}",
-            b,
-            per_seed(r, |x| ns(x.latency_p9999_ns)),
-            paper.map(|p| format!("{:.0}", p.1)).unwrap_or_default(),
-            per_seed(r, |x| format!("{:.0}", x.overhead_mean_gbps)),
-            paper.map(|p| format!("{:.0}", p.2)).unwrap_or_default(),
-            burst,
-            paper.map(|p| format!("{:.1}", p.3)).unwrap_or_default(),
-        );
-    }
+    let rows: Vec<Vec<String>> = rep
+        .table_8_2
+        .iter()
+        .map(|r| {
+            let b = r.algo.se.bucket_size;
+            let paper = PAPER_8_2.iter().find(|p| p.0 == b);
+            let burst = r.runs.first().map_or(f64::NAN, |x| x.max_burst_bytes / 1e6);
+            vec![
+                format!("{b:.0}"),
+                per_seed(r, |x| ns(x.latency_p9999_ns)),
+                paper.map(|p| format!("{:.0}", p.1)).unwrap_or_default(),
+                per_seed(r, |x| format!("{:.0}", x.overhead_mean_gbps)),
+                paper.map(|p| format!("{:.0}", p.2)).unwrap_or_default(),
+                format!("{burst:.2}"),
+                paper.map(|p| format!("{:.1}", p.3)).unwrap_or_default(),
+            ]
+        })
+        .collect();
+    let header = [
+        "S_b",
+        "99.99th ns",
+        "paper",
+        "overhead Gbps",
+        "paper",
+        "burst MB (Eq8.1)",
+        "paper",
+    ];
+    print_aligned(&header, &rows, 0);
 }
 
 fn print_one_ms(runs: &[RateSimResult]) {
