@@ -11,7 +11,7 @@ pub mod source;
 
 use std::sync::Arc;
 
-use sidecore_offcode::{Implementation, Registry};
+use sidecore_offcode::{Implementation, Interfaces, Registry};
 use sidecore_types::PeKind;
 
 /// Adds every built-in offcode to `reg`.
@@ -26,6 +26,7 @@ pub fn register(reg: &mut Registry) {
         outputs: Some(vec!["out".into()]),
         factory: Arc::new(|spec| Ok(Box::new(source::RecordSource::new(spec.params)?))),
         validate: Some(Arc::new(|p| source::RecordSource::new(p).map(drop))),
+        interfaces: Interfaces::default(),
     });
     reg.register(Implementation {
         name: "inet-checksum".into(),
@@ -35,5 +36,6 @@ pub fn register(reg: &mut Registry) {
         outputs: Some(vec!["out".into()]),
         factory: Arc::new(|spec| Ok(Box::new(checksum::InetChecksum::new(spec.params)?))),
         validate: Some(Arc::new(|p| checksum::InetChecksum::new(p).map(drop))),
+        interfaces: Interfaces::default(),
     });
 }

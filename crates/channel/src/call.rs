@@ -115,6 +115,16 @@ pub enum CallError {
     Timeout(CallStatus),
     #[error("the callee failed the call with code {0}")]
     Failed(u16),
+    #[error("no call binding to interface `{0}`")]
+    NoBinding(String),
+    #[error("interface `{interface}` has no method `{method}` this offcode may call")]
+    UnknownMethod { interface: String, method: String },
+    #[error("the provider of `{0}` is gone (its reply channel closed)")]
+    ProviderGone(String),
+    #[error(
+        "a synchronous call to `{0}` would wait on its own executor, which serves the provider; use an asynchronous call"
+    )]
+    WouldDeadlock(String),
 }
 
 struct Entry {
@@ -239,6 +249,21 @@ impl CallTable {
         Ok((code, out))
     }
 
+    /// Frees the entry of a call that never reached the callee.
+    pub fn abandon(&self, id: CallId) {
+        let _ = self.finish(id, u16::MAX, &[]);
+        let _ = self.complete(id);
+    }
+
+    /// Applies a reply that came back over a channel (a callee on another
+    /// core or node): ACKED moves the call forward, FINISHED stores the result.
+    pub fn apply(&self, reply: &Reply<'_>) -> Result<(), CallError> {
+        match reply.status {
+            CallStatus::Finished => self.finish(reply.id, reply.code, reply.result),
+            s => self.advance(reply.id, s),
+        }
+    }
+
     /// Calls currently in flight.
     pub fn in_flight(&self) -> usize {
         self.entries.len() - self.lock_free().len()
@@ -259,6 +284,11 @@ pub struct PendingCall {
 }
 
 impl PendingCall {
+    /// A call begun in `table` (see [`CallTable::begin`]).
+    pub fn new(id: CallId, table: Arc<CallTable>) -> Self {
+        PendingCall { id, table }
+    }
+
     /// Current status.
     pub fn status(&self) -> Result<CallStatus, CallError> {
         self.table.status(self.id)
@@ -315,35 +345,21 @@ impl Caller {
     ) -> Result<PendingCall, CallError> {
         let id = self.table.begin()?;
         let mut enc_err = None;
+        let header = RequestHeader {
+            id,
+            method,
+            ty,
+            invocation: inv,
+        };
         let sent = self.sender.try_send_with(|slot| {
-            if slot.len() < CALL_HEADER {
-                enc_err = Some("slot smaller than the call header".to_string());
-                return 0;
-            }
-            slot[0..8].copy_from_slice(&id.0.to_le_bytes());
-            slot[8..10].copy_from_slice(&method.to_le_bytes());
-            slot[10] = match ty {
-                CallType::In => 1,
-                CallType::InOut => 2,
-            };
-            slot[11] = match inv {
-                Invocation::Simple => 0,
-                Invocation::Extended => 1,
-            };
-            slot[12] = ENC_POSTCARD;
-            slot[13..16].fill(0);
-            match postcard::to_slice(args, &mut slot[CALL_HEADER..]) {
-                Ok(used) => CALL_HEADER + used.len(),
-                Err(e) => {
-                    enc_err = Some(e.to_string());
-                    // Commit nothing useful: an empty message is dropped below.
-                    0
-                }
-            }
+            write_request(slot, &header, args).unwrap_or_else(|e| {
+                enc_err = Some(e);
+                // Commit nothing useful: an empty message is dropped below.
+                0
+            })
         });
         let fail = |table: &CallTable, e: CallError| {
-            let _ = table.finish(id, u16::MAX, &[]);
-            let _ = table.complete(id);
+            table.abandon(id);
             Err(e)
         };
         match sent {
@@ -357,7 +373,10 @@ impl Caller {
             Ok(SendOutcome::Sent) => {
                 // The zero-length message we committed is ignored by the callee.
                 self.sender.publish();
-                fail(&self.table, CallError::Encode(enc_err.unwrap_or_default()))
+                fail(
+                    &self.table,
+                    enc_err.unwrap_or(CallError::Encode(String::new())),
+                )
             }
             Ok(SendOutcome::Full) | Ok(SendOutcome::Dropped) => {
                 fail(&self.table, CallError::ChannelFull)
@@ -365,6 +384,118 @@ impl Caller {
             Err(e) => fail(&self.table, CallError::Send(e)),
         }
     }
+}
+
+/// The fixed part of a request: who, which method, what kind of call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestHeader {
+    pub id: CallId,
+    pub method: u16,
+    pub ty: CallType,
+    pub invocation: Invocation,
+}
+
+/// Writes a request (header, then postcard-encoded `args`) into `slot`, the
+/// slot of whichever transport carries it; returns the bytes written.
+pub fn write_request<A: Serialize>(
+    slot: &mut [u8],
+    h: &RequestHeader,
+    args: &A,
+) -> Result<usize, CallError> {
+    if slot.len() < CALL_HEADER {
+        return Err(CallError::Encode(format!(
+            "a {}-byte slot is smaller than the {CALL_HEADER}-byte call header",
+            slot.len()
+        )));
+    }
+    slot[0..8].copy_from_slice(&h.id.0.to_le_bytes());
+    slot[8..10].copy_from_slice(&h.method.to_le_bytes());
+    slot[10] = match h.ty {
+        CallType::In => 1,
+        CallType::InOut => 2,
+    };
+    slot[11] = match h.invocation {
+        Invocation::Simple => 0,
+        Invocation::Extended => 1,
+    };
+    slot[12] = ENC_POSTCARD;
+    slot[13..16].fill(0);
+    let room = slot.len() - CALL_HEADER;
+    postcard::to_slice(args, &mut slot[CALL_HEADER..])
+        .map(|used| CALL_HEADER + used.len())
+        .map_err(|e| {
+            CallError::Encode(format!(
+                "{e} (the arguments must fit the {room} bytes after the header)"
+            ))
+        })
+}
+
+/// A status change travelling back from a callee to its caller's table: the
+/// reply channel of a call binding carries these (in HYDRA, the device's DMA
+/// write of the `call_t` status word). Layout: call id (u64), status code
+/// (u16), result code (u16), 4 reserved bytes, then the result.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Reply<'a> {
+    pub id: CallId,
+    pub status: CallStatus,
+    /// 0 for success, else the callee's failure code (with FINISHED).
+    pub code: u16,
+    /// The encoded result (with FINISHED).
+    pub result: &'a [u8],
+}
+
+/// Bytes of a reply's header.
+pub const REPLY_HEADER: usize = 16;
+
+/// Writes `reply` into `slot`; returns the bytes written.
+pub fn write_reply(slot: &mut [u8], reply: &Reply<'_>) -> Result<usize, CallError> {
+    let n = REPLY_HEADER + reply.result.len();
+    if slot.len() < n {
+        return Err(CallError::Encode(format!(
+            "a result of {} bytes does not fit a {}-byte reply slot; raise the binding's slot_size",
+            reply.result.len(),
+            slot.len()
+        )));
+    }
+    slot[0..8].copy_from_slice(&reply.id.0.to_le_bytes());
+    slot[8..10].copy_from_slice(&reply.status.code().to_le_bytes());
+    slot[10..12].copy_from_slice(&reply.code.to_le_bytes());
+    slot[12..16].fill(0);
+    slot[REPLY_HEADER..n].copy_from_slice(reply.result);
+    Ok(n)
+}
+
+/// Parses a reply. Never panics on any input.
+pub fn parse_reply(msg: &[u8]) -> Result<Reply<'_>, CallError> {
+    let Some((head, result)) = msg.split_first_chunk::<REPLY_HEADER>() else {
+        return Err(CallError::Malformed(format!(
+            "{} bytes is shorter than the {REPLY_HEADER}-byte reply header",
+            msg.len()
+        )));
+    };
+    let mut id = [0u8; 8];
+    id.copy_from_slice(&head[0..8]);
+    let code = u16::from_le_bytes([head[8], head[9]]);
+    let status = match CallStatus::from_code(code) {
+        Some(s @ (CallStatus::Acked | CallStatus::Finished)) => s,
+        _ => {
+            return Err(CallError::Malformed(format!(
+                "reply status {code:#x} is neither ACKED ({STATUS_ACKED:#x}) nor FINISHED ({STATUS_FINISHED:#x})"
+            )));
+        }
+    };
+    if status == CallStatus::Acked && !result.is_empty() {
+        return Err(CallError::Malformed(format!(
+            "an ACKED reply carries {} bytes of result",
+            result.len()
+        )));
+    }
+    Ok(Reply {
+        id: CallId(u64::from_le_bytes(id)),
+        status,
+        code: u16::from_le_bytes([head[10], head[11]]),
+        result,
+    })
 }
 
 /// A request as the callee sees it, in place in the slot.

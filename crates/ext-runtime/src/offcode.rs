@@ -26,8 +26,8 @@ use std::time::Duration;
 use serde::Deserialize;
 use sidecore_ext_verify::{Admission, RegionCaps, verify};
 use sidecore_offcode::{
-    BuildSpec, Drained, Implementation, InitCx, Inlet, InputId, Metric, Offcode, OffcodeError,
-    OutputId, Registry, RunCx,
+    BuildSpec, Drained, Implementation, InitCx, Inlet, InputId, Interfaces, Metric, Offcode,
+    OffcodeError, OutputId, Registry, RunCx,
 };
 use sidecore_types::PeKind;
 
@@ -324,6 +324,7 @@ pub fn loader() -> Implementation {
             let p: WasmParams = sidecore_offcode::parse_params(params)?;
             p.config().map(|_| ()).map_err(OffcodeError::Params)
         })),
+        interfaces: Interfaces::default(),
     }
 }
 

@@ -53,6 +53,7 @@ fn wasm_offcode_runs_through_the_offcode_trait_into_a_ring() {
         pe_kind: PeKind::Wasm,
         inputs: vec!["in".into()],
         outputs: vec!["out".into()],
+        calls: vec![],
     };
     let params = toml::Table::new();
     let metrics = Metrics::default();
@@ -130,6 +131,7 @@ fn a_batch_capable_module_takes_a_burst_from_the_ring_in_batches_of_b() {
         pe_kind: PeKind::Wasm,
         inputs: vec!["in".into()],
         outputs: vec!["out".into()],
+        calls: vec![],
     };
     let params = toml::Table::new();
     let metrics = Metrics::default();

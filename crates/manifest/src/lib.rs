@@ -26,13 +26,15 @@
 //! constraint = "gang"
 //! ```
 
+mod calls;
 mod diag;
 mod load;
 mod model;
+mod props;
 mod raw;
 
+pub use calls::{CALL_SLOT_SIZE, CALL_SLOTS};
 pub use diag::{FileId, ManifestError, Origin, Sources};
-pub use load::{
-    DEFAULT_CPU, DEFAULT_MEMORY, MAX_IMPORT_DEPTH, MAX_SLOT_SIZE, MAX_SLOTS, load, parse_str,
-};
+pub use load::{DEFAULT_CPU, DEFAULT_MEMORY, MAX_IMPORT_DEPTH, load, parse_str};
 pub use model::*;
+pub use props::{MAX_SLOT_SIZE, MAX_SLOTS};

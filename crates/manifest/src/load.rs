@@ -7,18 +7,14 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sidecore_types::{
-    Bandwidth, Cast, ChannelProps, ConstraintKind, Delivery, Guid, Order, PeKind, Priority,
-};
+use sidecore_types::{Cast, ChannelProps, ConstraintKind, Delivery, Guid, Order, PeKind, Priority};
 
+use crate::calls::{self, UsesOf};
 use crate::diag::{FileId, ManifestError, Report, Sources, also, note};
 use crate::model::*;
+use crate::props;
 use crate::raw::*;
 
-/// Largest number of slots a channel may declare.
-pub const MAX_SLOTS: i64 = 1 << 20;
-/// Largest slot size a channel may declare.
-pub const MAX_SLOT_SIZE: i64 = 1 << 20;
 /// Default CPU share of an offcode: a whole core.
 pub const DEFAULT_CPU: f64 = 1.0;
 /// Default memory of an offcode.
@@ -48,6 +44,7 @@ struct Pending {
     name_span: Range<usize>,
     id_span: Range<usize>,
     imports: Vec<S<RawImport>>,
+    uses: Vec<S<RawUse>>,
 }
 
 struct Loader {
@@ -489,6 +486,7 @@ impl Loader {
             name_span: raw.name.span(),
             id_span: raw.id.span(),
             imports: raw.import,
+            uses: raw.uses,
         });
     }
 
@@ -548,18 +546,21 @@ impl Loader {
                 let ty = |r: &mut Report, t: &S<String>| keyword::<ValueType>(r, file, t, "type");
                 let params: Vec<_> = m.params.iter().map(|p| ty(r, p)).collect();
                 let returns = m.returns.as_ref().map(|t| ty(r, t));
+                let origin = self.sources.origin(file, &itf.methods[mi].span());
                 match (mid, params.iter().all(Option::is_some), returns) {
                     (Some(id), true, Some(Some(ret))) => methods.push(Method {
                         name: m.name.get_ref().clone(),
                         id,
                         params: params.into_iter().flatten().collect(),
                         returns: Some(ret),
+                        origin,
                     }),
                     (Some(id), true, None) => methods.push(Method {
                         name: m.name.get_ref().clone(),
                         id,
                         params: params.into_iter().flatten().collect(),
                         returns: None,
+                        origin,
                     }),
                     _ => ok = false,
                 }
@@ -744,7 +745,31 @@ impl Loader {
 
     fn finish(mut self, root: &Path) -> Result<Manifest, ManifestError> {
         let constraints = self.resolve_imports();
-        let channels = self.resolve_channels();
+        let mut channels = self.resolve_channels();
+        let name_spans: Vec<_> = self
+            .pending
+            .iter()
+            .map(|p| (p.file, p.name_span.clone()))
+            .collect();
+        let uses: Vec<UsesOf> = self
+            .pending
+            .iter_mut()
+            .enumerate()
+            .map(|(offcode, p)| UsesOf {
+                offcode,
+                file: p.file,
+                uses: std::mem::take(&mut p.uses),
+            })
+            .collect();
+        let mut offcodes: Vec<Offcode> = self.pending.into_iter().map(|p| p.offcode).collect();
+        let calls = calls::bind(
+            &mut self.report,
+            &self.sources,
+            &mut offcodes,
+            &name_spans,
+            uses,
+            &mut channels,
+        );
         if self.report.has_errors() {
             return Err(ManifestError {
                 sources: self.sources,
@@ -764,9 +789,10 @@ impl Loader {
             description,
             root: root.to_path_buf(),
             library: self.library,
-            offcodes: self.pending.into_iter().map(|p| p.offcode).collect(),
+            offcodes,
             constraints,
             channels,
+            calls,
             sources: self.sources,
         })
     }
@@ -955,71 +981,6 @@ impl Loader {
         (props, ok)
     }
 
-    /// A channel's `slots` and `slot_size`, checked and set in `props`; false
-    /// when either is out of range.
-    fn ring_size(&mut self, file: FileId, ch: &RawChannel, props: &mut ChannelProps) -> bool {
-        let mut ok = true;
-        if let Some(s) = &ch.slots {
-            let v = *s.get_ref();
-            if !(2..=MAX_SLOTS).contains(&v) || (v as u64).count_ones() != 1 {
-                self.report.error(
-                    file,
-                    s.span(),
-                    format!("`slots` must be a power of two between 2 and {MAX_SLOTS}, got {v}"),
-                    "bad slot count",
-                );
-                ok = false;
-            } else {
-                props.slots = v as u32;
-            }
-        }
-        if let Some(s) = &ch.slot_size {
-            let v = *s.get_ref();
-            if !(32..=MAX_SLOT_SIZE).contains(&v) || v % 16 != 0 {
-                self.report.error(
-                    file,
-                    s.span(),
-                    format!("`slot_size` must be a multiple of 16 between 32 and {MAX_SLOT_SIZE} bytes, got {v}"),
-                    "bad slot size",
-                );
-                ok = false;
-            } else {
-                props.slot_size = v as u32;
-            }
-        }
-        ok
-    }
-
-    /// A channel's traffic estimate (`bandwidth`, with its unit); the old
-    /// `bandwidth_mbps` key is refused with what replaced it.
-    fn channel_bandwidth(&mut self, file: FileId, ch: &RawChannel) -> (Bandwidth, bool) {
-        let mut ok = true;
-        if let Some(old) = &ch.bandwidth_mbps {
-            self.report.error(
-                file,
-                old.span(),
-                "`bandwidth_mbps` was replaced by `bandwidth`, which carries its unit: \
-                 write `bandwidth = \"100 Mbit/s\"`"
-                    .to_string(),
-                "old key",
-            );
-            ok = false;
-        }
-        let bandwidth = match &ch.bandwidth {
-            Some(b) => match b.get_ref().parse::<Bandwidth>() {
-                Ok(v) => v,
-                Err(e) => {
-                    self.report
-                        .error(file, b.span(), format!("`bandwidth`: {e}"), "bad bandwidth");
-                    ok = false;
-                    Bandwidth::default()
-                }
-            },
-            None => Bandwidth::default(),
-        };
-        (bandwidth, ok)
-    }
-
     fn resolve_channels(&mut self) -> Vec<Channel> {
         let mut out = Vec::new();
         let channels = std::mem::take(&mut self.channels);
@@ -1072,8 +1033,16 @@ impl Loader {
                 .map(|t| self.endpoint(file, t, false))
                 .collect();
             let (mut props, props_ok) = self.channel_props(file, raw, to_raw.len());
-            let size_ok = self.ring_size(file, ch, &mut props);
-            let (bandwidth, bandwidth_ok) = self.channel_bandwidth(file, ch);
+            let r = &mut self.report;
+            let size_ok = props::ring_size(
+                r,
+                file,
+                ch.slots.as_ref(),
+                ch.slot_size.as_ref(),
+                &mut props,
+            );
+            let (bandwidth, bandwidth_ok) =
+                props::bandwidth(r, file, ch.bandwidth.as_ref(), ch.bandwidth_mbps.as_ref());
             ok &= props_ok && size_ok && bandwidth_ok;
             // One producer per port, one channel per input port.
             if let Some(e) = &from {

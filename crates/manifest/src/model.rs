@@ -8,7 +8,10 @@ use std::time::Duration;
 
 pub use sidecore_types::PropValue;
 pub use sidecore_types::ValueType;
-use sidecore_types::{Bandwidth, ChannelProps, ConstraintKind, Guid, PeKind, Priority};
+use sidecore_types::{
+    Bandwidth, CallPortSpec, CallRole, ChannelProps, ConstraintKind, Guid, MethodSpec, PeKind,
+    Priority,
+};
 
 use crate::diag::{Origin, Sources};
 
@@ -24,7 +27,10 @@ pub struct Manifest {
     pub library: Vec<PathBuf>,
     pub offcodes: Vec<Offcode>,
     pub constraints: Vec<Constraint>,
+    /// Declared channels, then the two channels of each call binding.
     pub channels: Vec<Channel>,
+    /// Call bindings (`[[offcode.uses]]`), each carried by two of `channels`.
+    pub calls: Vec<CallBinding>,
     /// The source files, for later diagnostics.
     pub sources: Sources,
 }
@@ -33,6 +39,65 @@ impl Manifest {
     /// The index of the offcode named `name`.
     pub fn offcode_index(&self, name: &str) -> Option<usize> {
         self.offcodes.iter().position(|o| o.name == name)
+    }
+
+    /// The call bindings offcode `i` takes part in, as the runtime hands them
+    /// to it: its role, the interface, the other end, the methods, and the
+    /// indices of the binding's two ports among its inputs and outputs.
+    pub fn call_ports(&self, i: usize) -> Vec<CallPortSpec> {
+        let port = |list: &[String], name: &str| {
+            list.iter()
+                .position(|p| p == name)
+                .expect("binding added this port")
+        };
+        let mut out = Vec::new();
+        for b in self
+            .calls
+            .iter()
+            .filter(|b| b.caller == i || b.provider == i)
+        {
+            let itf = &self.offcodes[b.provider].interfaces[b.interface];
+            let methods = itf
+                .methods
+                .iter()
+                .filter(|m| b.methods.contains(&m.id))
+                .map(|m| MethodSpec {
+                    id: m.id,
+                    name: m.name.clone(),
+                    params: m.params.clone(),
+                    returns: m.returns,
+                })
+                .collect();
+            let (me, request, reply) = (
+                &self.offcodes[i],
+                &self.channels[b.request],
+                &self.channels[b.reply],
+            );
+            let (role, peer, input, output) = if b.caller == i {
+                (
+                    CallRole::Caller,
+                    b.provider,
+                    port(&me.inputs, &reply.to[0].port),
+                    port(&me.outputs, &request.from.port),
+                )
+            } else {
+                (
+                    CallRole::Provider,
+                    b.caller,
+                    port(&me.inputs, &request.to[0].port),
+                    port(&me.outputs, &reply.from.port),
+                )
+            };
+            out.push(CallPortSpec {
+                role,
+                interface: itf.name.clone(),
+                peer: self.offcodes[peer].name.clone(),
+                methods,
+                input,
+                output,
+            });
+        }
+        out
     }
 }
 
@@ -91,6 +156,28 @@ pub struct Method {
     pub id: u16,
     pub params: Vec<ValueType>,
     pub returns: Option<ValueType>,
+    /// Where it was declared.
+    pub origin: Origin,
+}
+
+/// A call binding (HYDRA §4.1.5, §5.5): `caller` invokes methods of one of
+/// `provider`'s interfaces. It is carried by two ordinary channels, so the
+/// layout, the transports and peer nodes treat it like any other traffic: the
+/// requests (caller → provider) and the replies (provider → caller).
+#[derive(Debug, Clone)]
+pub struct CallBinding {
+    pub caller: usize,
+    pub provider: usize,
+    /// Index into the provider's `interfaces`.
+    pub interface: usize,
+    /// Ids of the methods the caller invokes.
+    pub methods: Vec<u16>,
+    /// Index of the request channel in `Manifest::channels`.
+    pub request: usize,
+    /// Index of the reply channel in `Manifest::channels`.
+    pub reply: usize,
+    /// The `[[offcode.uses]]` entry that declared it.
+    pub origin: Origin,
 }
 
 /// A kind of PE an offcode can run on, with what it requires there.

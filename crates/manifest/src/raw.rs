@@ -49,6 +49,25 @@ pub struct RawOffcode {
     pub import: Vec<S<RawImport>>,
     #[serde(default)]
     pub target: Vec<S<RawTarget>>,
+    /// Interfaces of other offcodes this one calls.
+    #[serde(default)]
+    pub uses: Vec<S<RawUse>>,
+}
+
+/// `[[offcode.uses]]`: a call binding to an interface another offcode provides.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RawUse {
+    /// The providing offcode.
+    pub offcode: S<String>,
+    /// One of the interfaces it declares.
+    pub interface: S<String>,
+    /// The methods this offcode calls (every method of the interface if absent).
+    pub methods: Option<Vec<S<String>>>,
+    pub slots: Option<S<i64>>,
+    pub slot_size: Option<S<i64>>,
+    /// Estimated traffic of the requests, with its unit.
+    pub bandwidth: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]

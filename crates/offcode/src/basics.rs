@@ -19,6 +19,8 @@ pub enum OffcodeError {
     Send(#[from] sidecore_channel::SendError),
     #[error("channel: {0}")]
     Channel(String),
+    #[error("call: {0}")]
+    Call(#[from] sidecore_channel::call::CallError),
     #[error("{0}")]
     Failed(String),
 }

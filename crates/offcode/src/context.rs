@@ -4,12 +4,17 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 use sidecore_channel::SendOutcome;
-use sidecore_types::PeKind;
+use sidecore_channel::call::{
+    CallError, CallStatus, CallType, Invocation, PendingCall, RequestHeader, write_request,
+};
+use sidecore_types::{CallPortSpec, PeKind};
 
+use crate::calls::Calls;
 use crate::ports::Outlet;
 use crate::{InputId, OffcodeError, OutputId};
 
@@ -24,6 +29,8 @@ pub struct OffcodeInfo {
     pub pe_kind: PeKind,
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
+    /// The call bindings it takes part in (`[[offcode.uses]]`, either side).
+    pub calls: Vec<CallPortSpec>,
 }
 
 /// A named counter or gauge the offcode publishes (read by `sidecore ps`).
@@ -140,16 +147,38 @@ pub fn parse_params<T: DeserializeOwned>(params: &toml::Table) -> Result<T, Offc
         .map_err(|e: toml::de::Error| OffcodeError::Params(e.message().trim().to_string()))
 }
 
-/// Context of the running phases (start, handle, poll, control, stop).
+/// Context of the running phases (start, handle, poll, serve, control, stop).
 pub struct RunCx<'a> {
     info: &'a OffcodeInfo,
     outlets: &'a mut [Outlet],
+    calls: Option<&'a mut Calls>,
     now: Instant,
 }
 
 impl<'a> RunCx<'a> {
+    /// A context with no call bindings.
     pub fn new(info: &'a OffcodeInfo, outlets: &'a mut [Outlet], now: Instant) -> Self {
-        RunCx { info, outlets, now }
+        RunCx {
+            info,
+            outlets,
+            calls: None,
+            now,
+        }
+    }
+
+    /// A context whose offcode may call the interfaces it is bound to.
+    pub fn with_calls(
+        info: &'a OffcodeInfo,
+        outlets: &'a mut [Outlet],
+        calls: &'a mut Calls,
+        now: Instant,
+    ) -> Self {
+        RunCx {
+            info,
+            outlets,
+            calls: Some(calls),
+            now,
+        }
     }
 
     /// Who and where this offcode is.
@@ -209,6 +238,137 @@ impl<'a> RunCx<'a> {
     /// Largest message an output accepts.
     pub fn capacity(&mut self, out: OutputId) -> Result<usize, OffcodeError> {
         Ok(self.outlet(out)?.capacity())
+    }
+
+    /// Invokes `method` of `interface` asynchronously: the request goes out now
+    /// and the call starts PENDING; [`RunCx::call_status`] shows it move to
+    /// ACKED and FINISHED, and [`RunCx::call_result`] takes the result.
+    /// `ChannelFull` means nothing was sent: try again on a later turn.
+    pub fn call<A: Serialize>(
+        &mut self,
+        interface: &str,
+        method: &str,
+        args: &A,
+        invocation: Invocation,
+    ) -> Result<PendingCall, CallError> {
+        let calls = self
+            .calls
+            .as_deref_mut()
+            .ok_or_else(|| CallError::NoBinding(interface.to_string()))?;
+        let (_, spec) = calls.binding(interface)?;
+        let m = spec
+            .method(method)
+            .ok_or_else(|| CallError::UnknownMethod {
+                interface: interface.to_string(),
+                method: method.to_string(),
+            })?;
+        let header = RequestHeader {
+            id: calls.table().begin()?,
+            method: m.id,
+            ty: if m.returns.is_some() {
+                CallType::InOut
+            } else {
+                CallType::In
+            },
+            invocation,
+        };
+        let table = Arc::clone(calls.table());
+        let Some(outlet) = self.outlets.get_mut(spec.output) else {
+            table.abandon(header.id);
+            return Err(CallError::NoBinding(interface.to_string()));
+        };
+        let mut enc = None;
+        let sent = outlet.send_with(|slot| {
+            write_request(slot, &header, args).unwrap_or_else(|e| {
+                enc = Some(e);
+                0 // an empty request: the provider skips it
+            })
+        });
+        let error = match (sent, enc) {
+            (Ok(SendOutcome::Sent), None) => match outlet.publish() {
+                Ok(()) => return Ok(PendingCall::new(header.id, table)),
+                Err(e) => CallError::Malformed(e.to_string()),
+            },
+            (_, Some(e)) => e,
+            (Ok(SendOutcome::Full | SendOutcome::Dropped), None) => CallError::ChannelFull,
+            (Err(e), None) => CallError::Malformed(e.to_string()),
+        };
+        table.abandon(header.id);
+        Err(error)
+    }
+
+    /// Where a call is now (replies that arrived are applied first).
+    pub fn call_status(&mut self, call: &PendingCall) -> Result<CallStatus, CallError> {
+        if let Some(c) = self.calls.as_deref_mut() {
+            c.pump()?;
+        }
+        call.status()
+    }
+
+    /// The result of a call once FINISHED (`None` before); taking it frees
+    /// the call. A provider's failure is `CallError::Failed` with its code.
+    pub fn call_result<R: DeserializeOwned>(
+        &mut self,
+        interface: &str,
+        call: &PendingCall,
+    ) -> Result<Option<R>, CallError> {
+        let calls = self
+            .calls
+            .as_deref_mut()
+            .ok_or_else(|| CallError::NoBinding(interface.to_string()))?;
+        let u = calls.binding_of(interface)?;
+        calls.poll_one(u, call)
+    }
+
+    /// Invokes `method` of `interface` and waits up to `timeout` for its result
+    /// (HYDRA's synchronous call). Refused when the provider runs on this very
+    /// executor, which could never serve it while this turn waits.
+    pub fn call_wait<A: Serialize, R: DeserializeOwned>(
+        &mut self,
+        interface: &str,
+        method: &str,
+        args: &A,
+        timeout: Duration,
+    ) -> Result<R, CallError> {
+        {
+            let calls = self
+                .calls
+                .as_deref()
+                .ok_or_else(|| CallError::NoBinding(interface.to_string()))?;
+            let (u, _) = calls.binding(interface)?;
+            if calls.colocated(u) {
+                return Err(CallError::WouldDeadlock(interface.to_string()));
+            }
+        }
+        let deadline = Instant::now() + timeout;
+        let backoff = crossbeam_utils::Backoff::new();
+        let call = loop {
+            match self.call(interface, method, args, Invocation::Extended) {
+                Err(CallError::ChannelFull | CallError::TableFull(_))
+                    if Instant::now() < deadline =>
+                {
+                    backoff.snooze();
+                }
+                r => break r?,
+            }
+        };
+        loop {
+            if let Some(r) = self.call_result(interface, &call)? {
+                return Ok(r);
+            }
+            if Instant::now() >= deadline {
+                let status = call.status()?;
+                if let Some(t) = self.calls.as_deref().map(Calls::table) {
+                    t.abandon(call.id);
+                }
+                return Err(CallError::Timeout(status));
+            }
+            if backoff.is_completed() {
+                std::thread::yield_now();
+            } else {
+                backoff.snooze();
+            }
+        }
     }
 
     /// Publishes everything sent so far on every output.

@@ -7,8 +7,10 @@
 //!    (parameters, memory, port names); peers may not exist yet.
 //! 2. [`Offcode::start`] once every related offcode is in place: channels are
 //!    connected and sending is allowed.
-//! 3. [`Offcode::handle`] for each message on an input, and [`Offcode::poll`]
-//!    on every turn of the run-to-completion loop (sources produce here).
+//! 3. [`Offcode::handle`] for each message on an input, [`Offcode::serve`]
+//!    for each call on an interface it provides, and [`Offcode::poll`] on
+//!    every turn of the run-to-completion loop (sources produce here). Its
+//!    [`RunCx`] lets it call the interfaces it uses, synchronously or not.
 //! 4. [`Offcode::stop`] when it is taken down.
 //!
 //! HYDRA's COM-style vtables, `AddRef`/`Release` and `QueryInterface` become a
@@ -18,15 +20,21 @@
 //! library), per PE kind.
 
 mod basics;
+mod calls;
 mod context;
 mod offcode;
 mod ports;
 mod registry;
 
 pub use basics::{InputId, OffcodeError, OutputId, Progress};
+pub use calls::{CALLS_IN_FLIGHT, CallFault, Calls, IncomingCall, encode_result};
 pub use offcode::Offcode;
+pub use sidecore_channel::call::{CallError, CallStatus, Invocation, PendingCall};
 
 pub use context::parse_params;
 pub use context::{InitCx, Metric, Metrics, OffcodeInfo, RunCx};
 pub use ports::{Drained, Inlet, Outlet, STREAM_MESSAGE_BYTES};
-pub use registry::{BuildSpec, Factory, ImplError, Implementation, Registry, Validator};
+pub use registry::{
+    BuildSpec, Factory, ImplError, Implementation, InterfaceSig, Interfaces, MethodSig, Registry,
+    Validator, is_call_port, signature,
+};

@@ -1,9 +1,10 @@
 //! The [`Offcode`] trait: the life cycle the runtime drives an offcode
-//! through (initialize, start, handle, poll, control, stop).
+//! through (initialize, start, handle, serve, poll, control, stop).
 
 use sidecore_channel::oob::OobMessage;
 
 use crate::basics::{InputId, OffcodeError, Progress};
+use crate::calls::{CallFault, IncomingCall};
 use crate::context::{InitCx, RunCx};
 use crate::ports::{Drained, Inlet};
 
@@ -41,6 +42,19 @@ pub trait Offcode: Send {
         max: usize,
     ) -> Result<Drained, OffcodeError> {
         inlet.drain(max, |m| self.handle(cx, input, m))
+    }
+
+    /// A call on an interface this offcode provides (HYDRA §5.5). Return the
+    /// encoded result ([`crate::encode_result`]; empty for a method with no
+    /// return value) or the fault the caller gets. The runtime moves the call
+    /// to ACKED before this runs (for an extended call) and to FINISHED with
+    /// what it returns.
+    fn serve(
+        &mut self,
+        _cx: &mut RunCx<'_>,
+        _call: &IncomingCall<'_>,
+    ) -> Result<Vec<u8>, CallFault> {
+        Err(CallFault::NOT_SERVED)
     }
 
     /// A turn of the run-to-completion loop; sources produce here.

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use sidecore_types::PeKind;
+use sidecore_types::{PeKind, ValueType};
 
 use crate::{Offcode, OffcodeError};
 
@@ -45,6 +45,47 @@ pub struct Implementation {
     pub factory: Factory,
     /// Checks parameters without building (for `sidecore check`).
     pub validate: Option<Validator>,
+    /// The interfaces it serves and calls, as compiled.
+    pub interfaces: Interfaces,
+}
+
+/// A method as an implementation was compiled to serve or call it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MethodSig {
+    pub name: &'static str,
+    pub params: &'static [ValueType],
+    pub returns: Option<ValueType>,
+}
+
+/// An interface as an implementation was compiled against it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InterfaceSig {
+    pub name: &'static str,
+    pub methods: &'static [MethodSig],
+}
+
+/// The interfaces an implementation provides and uses. A manifest that
+/// declares one of them must agree with it method by method.
+#[derive(Debug, Clone, Default)]
+pub struct Interfaces {
+    pub provides: Vec<InterfaceSig>,
+    pub requires: Vec<InterfaceSig>,
+}
+
+/// Whether a port was added by a call binding (its name carries `:`, which a
+/// manifest's own port names cannot): an implementation's fixed port list
+/// does not name those.
+pub fn is_call_port(name: &str) -> bool {
+    name.contains(':')
+}
+
+/// `(u32, string) -> u64`, as method signatures are printed.
+pub fn signature(params: &[ValueType], returns: Option<ValueType>) -> String {
+    let p: Vec<String> = params.iter().map(ToString::to_string).collect();
+    match returns {
+        Some(r) => format!("({}) -> {r}", p.join(", ")),
+        None => format!("({})", p.join(", ")),
+    }
 }
 
 impl std::fmt::Debug for Implementation {
@@ -85,7 +126,7 @@ impl Implementation {
     pub fn check_ports(&self, inputs: &[String], outputs: &[String]) -> Result<(), ImplError> {
         let check = |have: &Option<Vec<String>>, want: &[String], direction| {
             if let Some(have) = have
-                && let Some(p) = want.iter().find(|p| !have.contains(p))
+                && let Some(p) = want.iter().find(|p| !have.contains(p) && !is_call_port(p))
             {
                 return Err(ImplError::NoPort {
                     implementation: self.name.clone(),

@@ -16,7 +16,7 @@ mod util;
 
 use std::sync::Arc;
 
-use sidecore_offcode::{Implementation, Registry};
+use sidecore_offcode::{Implementation, Interfaces, Registry};
 use sidecore_types::PeKind;
 
 /// Adds the packet offcodes to `reg`.
@@ -29,6 +29,7 @@ pub fn register(reg: &mut Registry) {
         outputs: Some(vec!["log".into()]),
         factory: Arc::new(firewall::build),
         validate: Some(Arc::new(|p| firewall::Params::parse(p).map(drop))),
+        interfaces: Interfaces::default(),
     });
     reg.register(Implementation {
         name: "traffic-generator".into(),
@@ -38,6 +39,7 @@ pub fn register(reg: &mut Registry) {
         outputs: Some(vec![]),
         factory: Arc::new(generator::build),
         validate: Some(Arc::new(|p| generator::Params::parse(p).map(drop))),
+        interfaces: Interfaces::default(),
     });
     reg.register(Implementation {
         name: "traffic-analyser".into(),
@@ -47,5 +49,6 @@ pub fn register(reg: &mut Registry) {
         outputs: Some(vec![]),
         factory: Arc::new(analyser::build),
         validate: Some(Arc::new(|p| analyser::Params::parse(p).map(drop))),
+        interfaces: Interfaces::default(),
     });
 }

@@ -19,12 +19,13 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use sidecore_channel::oob::{OobEndpoint, OobMessage};
 use sidecore_offcode::{
-    InitCx, Inlet, InputId, Offcode, OffcodeError, OffcodeInfo, Outlet, Progress, RunCx,
+    Calls, InitCx, Inlet, InputId, Offcode, OffcodeError, OffcodeInfo, Outlet, Progress, RunCx,
 };
 use sidecore_types::OffcodeState;
 
 use crate::events::{EventKind, EventLog};
 use crate::handle::OffcodeHandle;
+use crate::serve::serve_burst;
 
 /// Messages drained from one input per turn.
 pub const BURST: usize = 256;
@@ -54,6 +55,8 @@ pub struct Slot {
     pub inlets: Vec<Inlet>,
     pub outlets: Vec<Outlet>,
     pub oob: Option<OobEndpoint>,
+    /// Its call bindings: the caller's table and return ports, the provider's serve ports.
+    pub calls: Calls,
     inputs_closed: Vec<bool>,
 }
 
@@ -76,8 +79,17 @@ impl Slot {
             inlets,
             outlets,
             oob,
+            calls: Calls::none(),
             inputs_closed: vec![false; n],
         }
+    }
+
+    /// Binds the calls its info lists: return ports leave `inlets` for the
+    /// call table. `colocated` says whether a provider shares its executor.
+    #[must_use]
+    pub fn with_calls(mut self, colocated: impl Fn(&str) -> bool) -> Self {
+        self.calls = Calls::new(&self.info.calls, &mut self.inlets, colocated);
+        self
     }
 }
 
@@ -358,7 +370,7 @@ impl Executor {
             });
         };
         let s = &mut *r.slot;
-        let mut cx = RunCx::new(&s.info, &mut s.outlets, Instant::now());
+        let mut cx = RunCx::with_calls(&s.info, &mut s.outlets, &mut s.calls, Instant::now());
         match s.offcode.start(&mut cx).and_then(|()| cx.flush()) {
             Ok(()) => {
                 r.started = true;
@@ -480,16 +492,19 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
         inlets,
         outlets,
         oob,
+        calls,
         inputs_closed,
         ..
     } = slot;
     let now = Instant::now();
     let mut handled = 0usize;
-    // Out-of-band messages first: they are rare and may change behaviour.
+    // Replies to this offcode's own calls first: they change what it will see.
+    calls.pump()?;
+    // Out-of-band messages next: they are rare and may change behaviour.
     if let Some(oob) = oob.as_ref()
         && let Some(msg) = oob.try_recv()
     {
-        let mut cx = RunCx::new(info, outlets, now);
+        let mut cx = RunCx::with_calls(info, outlets, calls, now);
         let answer = offcode.control(&mut cx, &msg)?;
         // A control message's answer goes back to whoever sent it (a gone
         // sender, e.g. a `ctl` request that timed out, is not an error).
@@ -512,11 +527,15 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
     let burst = usize::try_from(room).map_or(BURST, |r| r.min(BURST));
     if burst > 0 {
         for (i, inlet) in inlets.iter_mut().enumerate() {
-            if inputs_closed[i] {
+            if inputs_closed[i] || calls.is_return_input(i) {
                 continue;
             }
-            let mut cx = RunCx::new(info, outlets, now);
-            let d = offcode.handle_burst(&mut cx, InputId(i), inlet, burst)?;
+            let served = calls.served_on(i);
+            let mut cx = RunCx::with_calls(info, outlets, calls, now);
+            let d = match served {
+                Some(spec) => serve_burst(offcode.as_mut(), &mut cx, &spec, inlet, burst)?,
+                None => offcode.handle_burst(&mut cx, InputId(i), inlet, burst)?,
+            };
             assert!(
                 d.messages <= burst,
                 "offcode `{}` took {} messages from input {i} in a burst of {burst}",
@@ -529,13 +548,20 @@ fn turn(slot: &mut Slot) -> Result<TurnOutcome, OffcodeError> {
             }
         }
     }
-    let mut cx = RunCx::new(info, outlets, now);
+    let mut cx = RunCx::with_calls(info, outlets, calls, now);
     let p = offcode.poll(&mut cx)?;
     cx.flush()?;
     if handled > 0 {
         handle.handled.fetch_add(handled as u64, Ordering::Relaxed);
     }
-    let all_inputs_closed = !inputs_closed.is_empty() && inputs_closed.iter().all(|c| *c);
+    // Return ports do not count: a caller's inputs are the ones it handles.
+    let mut data_inputs = inputs_closed
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| !calls.is_return_input(*i))
+        .map(|(_, c)| *c)
+        .peekable();
+    let all_inputs_closed = data_inputs.peek().is_some() && data_inputs.all(|c| c);
     Ok(match p {
         Progress::Done => TurnOutcome::Done,
         Progress::Idle if all_inputs_closed && handled == 0 => TurnOutcome::Done,
@@ -572,11 +598,12 @@ fn finish(
     reason: Option<String>,
     state: OffcodeState,
 ) {
-    let mut cx = RunCx::new(&slot.info, &mut slot.outlets, Instant::now());
-    if let Err(e) = slot.offcode.stop(&mut cx) {
+    let s = &mut *slot;
+    let mut cx = RunCx::with_calls(&s.info, &mut s.outlets, &mut s.calls, Instant::now());
+    if let Err(e) = s.offcode.stop(&mut cx) {
         events.emit(
             app,
-            &slot.info.name,
+            &s.info.name,
             EventKind::Failed {
                 error: format!("stop: {e}"),
             },

@@ -18,7 +18,10 @@
 //! offcode as the control plane sees it), [`executor`] (run-to-completion
 //! loops on pinned cores and host threads), [`transport`] (the channel
 //! factory); [`resolve`], [`place`], [`plan`]; [`node`] (parts on peer nodes:
-//! the origin's side and the peer's); [`start`], [`supervisor`], [`app`];
+//! the origin's side and the peer's); [`interfaces`] (manifest interfaces
+//! against the library, used by resolve and `sidecore check`); [`serve`]
+//! (the provider's side of calls, used by the executor); [`start`],
+//! [`supervisor`], [`app`];
 //! [`runtime`] (the [`Runtime`] itself); [`error`] is shared by all.
 
 pub mod app;
@@ -26,11 +29,13 @@ pub mod error;
 pub mod events;
 pub mod executor;
 pub mod handle;
+pub mod interfaces;
 pub mod node;
 pub mod place;
 pub mod plan;
 pub mod resolve;
 pub mod runtime;
+pub mod serve;
 pub mod start;
 pub mod supervisor;
 pub mod transport;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use sidecore_layout::Layout;
 use sidecore_manifest::{Channel, Manifest};
 use sidecore_offcode::Implementation;
-use sidecore_types::{ChannelProps, PeKind, Priority, PropValue};
+use sidecore_types::{CallPortSpec, ChannelProps, PeKind, Priority, PropValue};
 
 use crate::error::PlanError;
 use crate::place::Placed;
@@ -39,6 +39,8 @@ pub struct PlannedOffcode {
     pub params: toml::Table,
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
+    /// The call bindings it takes part in, with their port indices.
+    pub calls: Vec<CallPortSpec>,
     pub module: Option<PathBuf>,
     /// Why it went there (from the layout).
     pub reason: String,
@@ -159,6 +161,7 @@ fn planned_offcode(placed: &Placed<'_>, i: usize) -> Result<PlannedOffcode, Plan
         params: oc.params.clone(),
         inputs: oc.inputs.clone(),
         outputs: oc.outputs.clone(),
+        calls: r.manifest.call_ports(i),
         module,
         reason,
         fallback,

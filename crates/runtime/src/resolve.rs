@@ -62,6 +62,16 @@ pub fn resolve<'a>(
     inventory: &'a Inventory,
     registry: &'a Registry,
 ) -> Result<Resolved<'a>, PlanError> {
+    if let Some(p) = crate::interfaces::check(manifest, registry)
+        .into_iter()
+        .next()
+    {
+        return Err(PlanError::Offcode {
+            offcode: p.offcode,
+            origin: p.origin,
+            problem: p.problem,
+        });
+    }
     let mut offcodes = Vec::new();
     let mut excluded = Vec::new();
     for oc in &manifest.offcodes {

@@ -405,6 +405,15 @@ fn land(
         pe_kind: o.pe_kind,
         inputs: o.inputs.clone(),
         outputs: o.outputs.clone(),
+        calls: o.calls.clone(),
+    };
+    // A provider on this very executor cannot serve a call its caller waits on.
+    let here = exec_name(plan, i);
+    let colocated = |peer: &str| {
+        plan.offcodes
+            .iter()
+            .position(|p| p.name == peer)
+            .is_some_and(|p| plan.offcodes[p].pe_kind != PeKind::Node && exec_name(plan, p) == here)
     };
     let slot = Slot::new(
         Arc::clone(handle),
@@ -414,7 +423,8 @@ fn land(
         std::mem::take(&mut ports.inlets[i]),
         std::mem::take(&mut ports.outlets[i]),
         Some(oob),
-    );
+    )
+    .with_calls(colocated);
     ask(&exec.tx, |r| Command::Land(Box::new(slot), r)).map_err(|e| fail(e.to_string()))?;
     // The offcode's node: tearing it down stops it on its executor.
     let (txc, name) = (exec.tx.clone(), o.name.clone());

@@ -12,7 +12,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sidecore_offcode::{
-    Implementation, InitCx, InputId, Offcode, OffcodeError, OutputId, Progress, Registry, RunCx,
+    Implementation, InitCx, InputId, Interfaces, Offcode, OffcodeError, OutputId, Progress,
+    Registry, RunCx,
 };
 use sidecore_pe::DiscoverOptions;
 use sidecore_runtime::{Runtime, RuntimeConfig};
@@ -101,6 +102,7 @@ fn registry(seen: &Seen) -> Registry {
             }))
         }),
         validate: None,
+        interfaces: Interfaces::default(),
     });
     let seen = seen.clone();
     r.register(Implementation {
@@ -129,6 +131,7 @@ fn registry(seen: &Seen) -> Registry {
             }))
         }),
         validate: None,
+        interfaces: Interfaces::default(),
     });
     r
 }

@@ -12,7 +12,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sidecore_offcode::{Implementation, InitCx, Offcode, OffcodeError, Progress, Registry, RunCx};
+use sidecore_offcode::{
+    Implementation, InitCx, Interfaces, Offcode, OffcodeError, Progress, Registry, RunCx,
+};
 use sidecore_pe::{DiscoverOptions, Inventory};
 use sidecore_runtime::{AppState, EventKind, OffcodeState, Runtime, RuntimeConfig};
 use sidecore_types::PeKind;
@@ -90,6 +92,7 @@ fn registry(stall_flag: Option<Arc<AtomicBool>>) -> Registry {
             }))
         }),
         validate: None,
+        interfaces: Interfaces::default(),
     };
     r.register(mk("probe", None, None, false));
     r.register(mk("slow", Some(Duration::from_millis(300)), None, false));

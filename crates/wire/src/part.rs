@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
-use sidecore_types::{ChannelProps, Priority};
+use sidecore_types::{CallPortSpec, ChannelProps, Priority};
 
 /// Most offcodes, and most channels, one part may carry.
 pub const MAX_PART_ITEMS: usize = 1024;
@@ -25,6 +25,9 @@ pub struct RemoteOffcode {
     pub params: toml::Table,
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
+    /// Its call bindings (`[[offcode.uses]]`, either side), by port index.
+    #[serde(default)]
+    pub calls: Vec<CallPortSpec>,
 }
 
 /// An end of a channel in the part: (offcode index in the part, port index).
@@ -102,6 +105,12 @@ pub enum PartError {
         "channel `{0}`: needs one sender and its receivers in the part, or exactly one end here and the other at the origin"
     )]
     Ends(String),
+    #[error("offcode `{offcode}`: calls[{index}]: {problem}")]
+    Call {
+        offcode: String,
+        index: usize,
+        problem: String,
+    },
     #[error("channel `{channel}`: `connect` is not an ip:port address: {addr:?}")]
     Connect { channel: String, addr: String },
 }
@@ -159,6 +168,9 @@ impl RemotePart {
                     offcode: o.name.clone(),
                     port: p.clone(),
                 });
+            }
+            for (b, c) in o.calls.iter().enumerate() {
+                validate_call(o, b, c)?;
             }
         }
         Ok(())
@@ -229,6 +241,41 @@ impl RemotePart {
     }
 }
 
+/// A call binding of `o`: plain names, a bounded method list, and port
+/// indices inside its port lists.
+fn validate_call(o: &RemoteOffcode, index: usize, c: &CallPortSpec) -> Result<(), PartError> {
+    let fail = |problem: String| PartError::Call {
+        offcode: o.name.clone(),
+        index,
+        problem,
+    };
+    if !valid_name(&c.interface) || !valid_name(&c.peer) {
+        return Err(fail(format!(
+            "invalid interface or peer name {:?} / {:?}",
+            c.interface, c.peer
+        )));
+    }
+    if c.methods.len() > MAX_PART_ITEMS {
+        return Err(fail(format!(
+            "{} methods (at most {MAX_PART_ITEMS})",
+            c.methods.len()
+        )));
+    }
+    if let Some(m) = c.methods.iter().find(|m| !valid_name(&m.name)) {
+        return Err(fail(format!("invalid method name {:?}", m.name)));
+    }
+    if c.input >= o.inputs.len() || c.output >= o.outputs.len() {
+        return Err(fail(format!(
+            "ports #{} / #{} outside its {} inputs and {} outputs",
+            c.input,
+            c.output,
+            o.inputs.len(),
+            o.outputs.len()
+        )));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
@@ -246,6 +293,7 @@ pub(crate) mod tests {
                 params: toml::Table::new(),
                 inputs: vec!["in".into()],
                 outputs: vec![],
+                calls: vec![],
             }],
             channels: vec![RemoteChannel {
                 name: "records".into(),

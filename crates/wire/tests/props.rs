@@ -43,6 +43,7 @@ fn part() -> RemotePart {
             params: toml::from_str("record_size = 64").unwrap(),
             inputs: vec!["in".into()],
             outputs: vec![],
+            calls: vec![],
         }],
         channels: vec![RemoteChannel {
             name: "records".into(),

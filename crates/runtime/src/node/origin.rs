@@ -191,6 +191,7 @@ fn part_request<'p>(
                 params: o.params.clone(),
                 inputs: o.inputs.clone(),
                 outputs: o.outputs.clone(),
+                calls: o.calls.clone(),
             }
         })
         .collect();

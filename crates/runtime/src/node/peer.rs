@@ -100,6 +100,7 @@ pub fn part_plan(part: &RemotePart, registry: &Registry) -> Result<Plan, PartPla
             params: o.params.clone(),
             inputs: o.inputs.clone(),
             outputs: o.outputs.clone(),
+            calls: o.calls.clone(),
             module: None,
             reason: format!("placed on this node by {}", part.origin),
             fallback: None,
