@@ -5,8 +5,11 @@
 //! |---|---|
 //! | `record-source` | generates fixed-size, numbered records as fast as its output accepts them (or at a set rate) |
 //! | `inet-checksum` | computes the RFC 1071 Internet checksum of every record it receives |
+//! | `kv-store` | a key-value map that serves interface `IKeyValue` (put, get, len) through calls |
+//! | `kv-client` | calls `IKeyValue` from a fixed script, synchronously or not, and checks every reply |
 
 pub mod checksum;
+pub mod kv;
 pub mod source;
 
 use std::sync::Arc;
@@ -37,5 +40,33 @@ pub fn register(reg: &mut Registry) {
         factory: Arc::new(|spec| Ok(Box::new(checksum::InetChecksum::new(spec.params)?))),
         validate: Some(Arc::new(|p| checksum::InetChecksum::new(p).map(drop))),
         interfaces: Interfaces::default(),
+    });
+    reg.register(Implementation {
+        name: "kv-store".into(),
+        description: "key-value map serving IKeyValue (put, get, len) to the offcodes that use it"
+            .into(),
+        kinds: vec![PeKind::Core, PeKind::Host],
+        inputs: Some(vec![]),
+        outputs: Some(vec![]),
+        factory: Arc::new(|spec| Ok(Box::new(kv::KvStore::new(spec.params)?))),
+        validate: Some(Arc::new(|p| kv::KvStore::new(p).map(drop))),
+        interfaces: Interfaces {
+            provides: vec![kv::kv_interface()],
+            requires: vec![],
+        },
+    });
+    reg.register(Implementation {
+        name: "kv-client".into(),
+        description: "calls IKeyValue: puts `keys` entries, reads each back, checks every reply"
+            .into(),
+        kinds: vec![PeKind::Core, PeKind::Host],
+        inputs: Some(vec![]),
+        outputs: Some(vec![]),
+        factory: Arc::new(|spec| Ok(Box::new(kv::KvClient::new(spec.params)?))),
+        validate: Some(Arc::new(|p| kv::KvClient::new(p).map(drop))),
+        interfaces: Interfaces {
+            provides: vec![],
+            requires: vec![kv::kv_interface()],
+        },
     });
 }

@@ -343,6 +343,14 @@ impl Producer {
         self.capacity - self.next.saturating_sub(self.head_cache).min(self.capacity)
     }
 
+    /// Free slots now: reloads the consumers' heads whatever the cached view
+    /// says. One atomic load; for once-a-turn back-pressure decisions, where a
+    /// stale small count would hold a sender back for good.
+    pub fn fresh_free_slots(&mut self) -> u64 {
+        self.head_cache = self.shared.min_head();
+        self.capacity - self.next.saturating_sub(self.head_cache).min(self.capacity)
+    }
+
     /// Reserves the next slot for writing in place, or returns `None` if the
     /// ring is full (the slowest consumer has not released it yet).
     #[inline]

@@ -70,6 +70,16 @@ impl Sender {
         self.producer.free_slots()
     }
 
+    /// True when every receiver has gone away.
+    pub fn is_disconnected(&self) -> bool {
+        self.producer.is_disconnected()
+    }
+
+    /// Free slots now, the consumers' heads reloaded.
+    pub fn fresh_free_slots(&mut self) -> u64 {
+        self.producer.fresh_free_slots()
+    }
+
     /// The underlying producer, for callers that manage slots themselves.
     pub fn producer(&mut self) -> &mut Producer {
         &mut self.producer

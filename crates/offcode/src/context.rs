@@ -371,6 +371,12 @@ impl<'a> RunCx<'a> {
         }
     }
 
+    /// Publishes what was sent so far on one output (the rest wait for the
+    /// end of the turn).
+    pub fn publish(&mut self, out: OutputId) -> Result<(), OffcodeError> {
+        self.outlet(out)?.publish()
+    }
+
     /// Publishes everything sent so far on every output.
     pub fn flush(&mut self) -> Result<(), OffcodeError> {
         for o in self.outlets.iter_mut() {

@@ -79,10 +79,13 @@ impl Outlet {
         }
     }
 
-    /// Free space as far as the sender knows (messages), for back-pressure.
+    /// Free space now (messages), for back-pressure decisions once a turn.
     pub fn free(&mut self) -> u64 {
         match self {
-            Outlet::Ring(s) => s.free_slots(),
+            // Every receiver gone: nothing will ever free a slot, and a send
+            // fails at once, so nothing need wait for room.
+            Outlet::Ring(s) if s.is_disconnected() => u64::MAX,
+            Outlet::Ring(s) => s.fresh_free_slots(),
             _ => u64::MAX,
         }
     }

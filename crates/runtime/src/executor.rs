@@ -621,6 +621,7 @@ fn finish(
         });
     }
     if let Some(reason) = reason {
+        slot.handle.note_reason(&reason);
         events.emit(app, &slot.info.name, EventKind::Stopped { reason });
     }
     let handle = Arc::clone(&slot.handle);

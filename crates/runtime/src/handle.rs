@@ -118,6 +118,18 @@ impl OffcodeHandle {
         self.stop_requested.store(true, Ordering::Release);
     }
 
+    /// Records why it ended (an error, a stop), unless a reason is already
+    /// recorded; `sidecore ps` shows it.
+    pub(crate) fn note_reason(&self, reason: &str) {
+        let mut r = self
+            .stop_reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if r.is_none() {
+            *r = Some(reason.to_string());
+        }
+    }
+
     /// Marks it let go of by whatever ran it (its executor, or a peer node for
     /// a remote offcode).
     pub(crate) fn set_exited(&self) {

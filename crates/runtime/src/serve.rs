@@ -4,10 +4,10 @@
 //! changes travel back on the binding's reply channel, where the caller's
 //! [`sidecore_offcode::Calls`] applies them to its call table.
 
-use sidecore_channel::SendOutcome;
 use sidecore_channel::call::{
     CallId, CallStatus, Invocation, REPLY_HEADER, Reply, parse_request, write_reply,
 };
+use sidecore_channel::{SendError, SendOutcome};
 use sidecore_offcode::{
     CallFault, Drained, IncomingCall, Inlet, Offcode, OffcodeError, OutputId, RunCx,
 };
@@ -49,6 +49,9 @@ pub fn serve_burst(
                     result: &[],
                 },
             )?;
+            // ACKED goes out at once: the caller may reuse what it lent now,
+            // not at the end of this turn.
+            cx.publish(out)?;
         }
         let call = IncomingCall {
             interface: &spec.interface,
@@ -89,7 +92,7 @@ fn send(
     spec: &CallPortSpec,
     r: &Reply<'_>,
 ) -> Result<(), OffcodeError> {
-    let sent = cx.send(out, |slot| {
+    let sent = match cx.send(out, |slot| {
         write_reply(slot, r).unwrap_or_else(|_| {
             let failed = Reply {
                 code: CallFault::BAD_RESULT.0,
@@ -98,7 +101,12 @@ fn send(
             };
             write_reply(slot, &failed).unwrap_or(0)
         })
-    })?;
+    }) {
+        Ok(s) => s,
+        // The caller is gone: no one is left to tell.
+        Err(OffcodeError::Send(SendError::Disconnected)) => return Ok(()),
+        Err(e) => return Err(e),
+    };
     match sent {
         SendOutcome::Sent => Ok(()),
         _ => Err(OffcodeError::Channel(format!(

@@ -1,5 +1,7 @@
 //! `sidecore check MANIFEST`: validates a manifest, its imports, and the
-//! parameters and ports of the offcodes whose implementation is built in.
+//! parameters, ports and interfaces (method names and types, against what
+//! the implementation serves or calls) of the offcodes whose implementation
+//! is built in.
 
 use std::path::Path;
 use std::process::ExitCode;
@@ -56,6 +58,11 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
             }
         }
     }
+    problems.extend(
+        sidecore_runtime::interfaces::check(&m, &reg)
+            .iter()
+            .map(ToString::to_string),
+    );
     if !problems.is_empty() {
         for p in &problems {
             eprintln!("error: {p}");
@@ -74,16 +81,22 @@ pub fn run(path: &Path, json: bool) -> anyhow::Result<ExitCode> {
                 "kind": c.kind, "from": m.offcodes[c.from].name, "to": m.offcodes[c.to].name, "at": c.origin.to_string(),
             })).collect::<Vec<_>>(),
             "channels": m.channels.iter().map(|c| c.name.clone()).collect::<Vec<_>>(),
+            "calls": m.calls.iter().map(|b| serde_json::json!({
+                "caller": m.offcodes[b.caller].name, "provider": m.offcodes[b.provider].name,
+                "interface": m.offcodes[b.provider].interfaces[b.interface].name,
+                "methods": b.methods, "at": b.origin.to_string(),
+            })).collect::<Vec<_>>(),
         });
         println!("{}", serde_json::to_string_pretty(&v)?);
     } else {
         println!(
-            "{}: ok — app `{}`: {} offcode(s), {} constraint(s), {} channel(s), {} file(s)",
+            "{}: ok — app `{}`: {} offcode(s), {} constraint(s), {} channel(s), {} call binding(s), {} file(s)",
             path.display(),
             m.app,
             m.offcodes.len(),
             m.constraints.len(),
-            m.channels.len(),
+            m.channels.len() - 2 * m.calls.len(),
+            m.calls.len(),
             m.offcodes
                 .iter()
                 .map(|o| &o.file)
