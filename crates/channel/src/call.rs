@@ -736,6 +736,82 @@ mod tests {
     }
 
     #[test]
+    fn replies_round_trip_and_drive_the_table() {
+        let t = CallTable::new(4);
+        let id = t.begin().unwrap();
+        let mut slot = [0u8; 64];
+        let ack = Reply {
+            id,
+            status: CallStatus::Acked,
+            code: 0,
+            result: &[],
+        };
+        let n = write_reply(&mut slot, &ack).unwrap();
+        assert_eq!(n, REPLY_HEADER);
+        assert_eq!(parse_reply(&slot[..n]).unwrap(), ack);
+        t.apply(&parse_reply(&slot[..n]).unwrap()).unwrap();
+        assert_eq!(t.status(id).unwrap(), CallStatus::Acked);
+        let done = Reply {
+            id,
+            status: CallStatus::Finished,
+            code: 7,
+            result: b"xyz",
+        };
+        let n = write_reply(&mut slot, &done).unwrap();
+        assert_eq!(parse_reply(&slot[..n]).unwrap(), done);
+        t.apply(&parse_reply(&slot[..n]).unwrap()).unwrap();
+        assert_eq!(t.complete(id).unwrap(), (7, b"xyz".to_vec()));
+        // A repeated ACK after FINISHED is refused, never applied backwards.
+        let id2 = t.begin().unwrap();
+        t.apply(&Reply { id: id2, ..done }).unwrap();
+        assert!(matches!(
+            t.apply(&Reply { id: id2, ..ack }),
+            Err(CallError::Backwards { .. })
+        ));
+    }
+
+    #[test]
+    fn malformed_replies_are_rejected_with_a_reason() {
+        let e = |m: &[u8]| parse_reply(m).err().unwrap().to_string();
+        assert!(e(&[0; 5]).contains("shorter than the 16-byte reply header"));
+        let mut m = [0u8; 16];
+        m[8..10].copy_from_slice(&STATUS_PENDING.to_le_bytes());
+        assert!(e(&m).contains("neither ACKED"));
+        let mut m = [0u8; 20];
+        m[8..10].copy_from_slice(&STATUS_ACKED.to_le_bytes());
+        assert!(e(&m).contains("an ACKED reply carries 4 bytes"));
+        let big = [0u8; 40];
+        let r = Reply {
+            id: CallId(1),
+            status: CallStatus::Finished,
+            code: 0,
+            result: &big,
+        };
+        let err = write_reply(&mut [0u8; 32], &r).err().unwrap().to_string();
+        assert!(err.contains("does not fit a 32-byte reply slot"), "{err}");
+    }
+
+    #[test]
+    fn a_request_that_does_not_fit_its_slot_says_so() {
+        let h = RequestHeader {
+            id: CallId(1),
+            method: 1,
+            ty: CallType::InOut,
+            invocation: Invocation::Simple,
+        };
+        let e = write_request(&mut [0u8; 24], &h, &"x".repeat(100))
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("must fit the 8 bytes after the header"), "{e}");
+        let e = write_request(&mut [0u8; 8], &h, &())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(e.contains("smaller than the 16-byte call header"), "{e}");
+    }
+
+    #[test]
     fn table_full_is_reported() {
         let t = CallTable::new(1);
         t.begin().unwrap();

@@ -314,6 +314,51 @@ pub(crate) mod tests {
         part().validate().unwrap();
     }
 
+    fn with_call(edit: impl FnOnce(&mut CallPortSpec)) -> RemotePart {
+        let mut p = part();
+        let mut c = CallPortSpec {
+            role: sidecore_types::CallRole::Provider,
+            interface: "IKeyValue".into(),
+            peer: "client".into(),
+            methods: vec![sidecore_types::MethodSpec {
+                id: 1,
+                name: "get".into(),
+                params: vec![sidecore_types::ValueType::String],
+                returns: Some(sidecore_types::ValueType::String),
+            }],
+            input: 0,
+            output: 0,
+        };
+        p.offcodes[0].outputs.push("reply:IKeyValue@client".into());
+        edit(&mut c);
+        p.offcodes[0].calls.push(c);
+        p
+    }
+
+    #[test]
+    fn call_bindings_in_a_part_are_checked() {
+        with_call(|_| {}).validate().unwrap();
+        let e = err(&with_call(|c| c.input = 3));
+        assert!(
+            e.contains(
+                "offcode `checksum`: calls[0]: ports #3 / #0 outside its 1 inputs and 1 outputs"
+            ),
+            "{e}"
+        );
+        let e = err(&with_call(|c| c.peer = "a b".into()));
+        assert!(
+            e.contains("calls[0]: invalid interface or peer name"),
+            "{e}"
+        );
+        let e = err(&with_call(|c| c.methods[0].name = String::new()));
+        assert!(e.contains("calls[0]: invalid method name"), "{e}");
+        // A request from an older origin without `calls` still parses.
+        let mut v = serde_json::to_value(part()).unwrap();
+        v["offcodes"][0].as_object_mut().unwrap().remove("calls");
+        let back: RemotePart = serde_json::from_value(v).unwrap();
+        assert!(back.offcodes[0].calls.is_empty());
+    }
+
     #[test]
     fn bad_deploy_requests_say_what_is_wrong() {
         let mut p = part();
