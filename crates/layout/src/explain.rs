@@ -245,15 +245,22 @@ fn cheap_reason(
     let host = prep.host;
     let g = &prep.groups[prep.group_of[n]];
     if Some(k) != host {
-        let colocated = p
+        let mut colocated: Vec<Peer> = Vec::new();
+        for f in p
             .flows
             .iter()
             .filter(|f| (f.a == n || f.b == n) && layout.assignment[f.a] == layout.assignment[f.b])
-            .map(|f| Peer {
+        {
+            let peer = Peer {
                 offcode: p.offcodes[if f.a == n { f.b } else { f.a }].name.clone(),
                 origin: f.origin.clone(),
-            })
-            .collect();
+            };
+            // Two flows between the same pair from one declaration (a call
+            // binding's requests and replies) name the peer once.
+            if !colocated.contains(&peer) {
+                colocated.push(peer);
+            }
+        }
         return Some(Why::Offloaded {
             weight: p.offcodes[n].weight,
             pulled_with: pull_peers(p, n),

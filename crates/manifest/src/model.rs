@@ -8,10 +8,8 @@ use std::time::Duration;
 
 pub use sidecore_types::PropValue;
 pub use sidecore_types::ValueType;
-use sidecore_types::{
-    Bandwidth, CallPortSpec, CallRole, ChannelProps, ConstraintKind, Guid, MethodSpec, PeKind,
-    Priority,
-};
+use sidecore_types::calls::{CallPortSpec, CallRole, MethodSpec};
+use sidecore_types::{Bandwidth, ChannelProps, ConstraintKind, Guid, PeKind, Priority};
 
 use crate::diag::{Origin, Sources};
 

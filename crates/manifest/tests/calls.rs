@@ -3,7 +3,8 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
 use sidecore_manifest::parse_str;
-use sidecore_types::{CallRole, ValueType};
+use sidecore_types::ValueType;
+use sidecore_types::calls::CallRole;
 
 const ITF: &str = r#"
   [[offcode.interface]]

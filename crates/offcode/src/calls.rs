@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use sidecore_channel::call::{CallError, CallStatus, CallTable, PendingCall, parse_reply};
-use sidecore_types::{CallPortSpec, CallRole};
+use sidecore_types::calls::{CallPortSpec, CallRole};
 
 use crate::ports::Inlet;
 

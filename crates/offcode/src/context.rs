@@ -12,7 +12,8 @@ use sidecore_channel::SendOutcome;
 use sidecore_channel::call::{
     CallError, CallStatus, CallType, Invocation, PendingCall, RequestHeader, write_request,
 };
-use sidecore_types::{CallPortSpec, PeKind};
+use sidecore_types::PeKind;
+use sidecore_types::calls::CallPortSpec;
 
 use crate::calls::Calls;
 use crate::ports::Outlet;

@@ -17,7 +17,8 @@ use std::time::Duration;
 use sidecore_layout::Layout;
 use sidecore_manifest::{Channel, Manifest};
 use sidecore_offcode::Implementation;
-use sidecore_types::{CallPortSpec, ChannelProps, PeKind, Priority, PropValue};
+use sidecore_types::calls::CallPortSpec;
+use sidecore_types::{ChannelProps, PeKind, Priority, PropValue};
 
 use crate::error::PlanError;
 use crate::place::Placed;

@@ -11,7 +11,7 @@ use sidecore_channel::{SendError, SendOutcome};
 use sidecore_offcode::{
     CallFault, Drained, IncomingCall, Inlet, Offcode, OffcodeError, OutputId, RunCx,
 };
-use sidecore_types::CallPortSpec;
+use sidecore_types::calls::CallPortSpec;
 
 /// Serves up to `room / 2` requests waiting on `inlet` (each sends up to two
 /// replies, and `room` is what the outputs can take this turn).

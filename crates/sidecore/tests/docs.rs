@@ -81,9 +81,12 @@ fn defines(file: &Path, ident: &str) -> bool {
     kw.iter().any(|k| text.contains(&format!("{k}{ident}")))
         // Declared through a macro: `keyword_enum!(PeKind, "PE kind", { … })`.
         || text.lines().any(|l| l.trim_start().starts_with(&format!("{ident},")))
-        || text.lines().any(|l| {
-            l.trim_start().starts_with("pub use")
-                && l.split(|c: char| !(c.is_alphanumeric() || c == '_'))
+        // A re-export, on one line or spread over several.
+        || text.split(';').any(|stmt| {
+            let stmt = stmt.lines().filter(|l| !l.trim_start().starts_with("//")).collect::<Vec<_>>().join(" ");
+            stmt.trim_start().starts_with("pub use")
+                && stmt
+                    .split(|c: char| !(c.is_alphanumeric() || c == '_'))
                     .any(|w| w == ident)
         })
 }

@@ -12,7 +12,6 @@ use serde::{Deserialize, Serialize};
 
 pub mod calls;
 pub mod status;
-pub use calls::{CallPortSpec, CallRole, MethodSpec};
 pub use status::{AppId, AppState, AppStatus, OffcodeState, OffcodeStatus};
 
 /// A 128-bit globally unique identifier for offcodes and interfaces (HYDRA §4.1).

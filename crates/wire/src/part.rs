@@ -6,7 +6,8 @@
 use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
-use sidecore_types::{CallPortSpec, ChannelProps, Priority};
+use sidecore_types::calls::CallPortSpec;
+use sidecore_types::{ChannelProps, Priority};
 
 /// Most offcodes, and most channels, one part may carry.
 pub const MAX_PART_ITEMS: usize = 1024;
@@ -317,10 +318,10 @@ pub(crate) mod tests {
     fn with_call(edit: impl FnOnce(&mut CallPortSpec)) -> RemotePart {
         let mut p = part();
         let mut c = CallPortSpec {
-            role: sidecore_types::CallRole::Provider,
+            role: sidecore_types::calls::CallRole::Provider,
             interface: "IKeyValue".into(),
             peer: "client".into(),
-            methods: vec![sidecore_types::MethodSpec {
+            methods: vec![sidecore_types::calls::MethodSpec {
                 id: 1,
                 name: "get".into(),
                 params: vec![sidecore_types::ValueType::String],
