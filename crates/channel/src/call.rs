@@ -476,13 +476,11 @@ pub fn parse_reply(msg: &[u8]) -> Result<Reply<'_>, CallError> {
     let mut id = [0u8; 8];
     id.copy_from_slice(&head[0..8]);
     let code = u16::from_le_bytes([head[8], head[9]]);
-    let status = match CallStatus::from_code(code) {
-        Some(s @ (CallStatus::Acked | CallStatus::Finished)) => s,
-        _ => {
-            return Err(CallError::Malformed(format!(
-                "reply status {code:#x} is neither ACKED ({STATUS_ACKED:#x}) nor FINISHED ({STATUS_FINISHED:#x})"
-            )));
-        }
+    let Some(status @ (CallStatus::Acked | CallStatus::Finished)) = CallStatus::from_code(code)
+    else {
+        return Err(CallError::Malformed(format!(
+            "reply status {code:#x} is neither ACKED ({STATUS_ACKED:#x}) nor FINISHED ({STATUS_FINISHED:#x})"
+        )));
     };
     if status == CallStatus::Acked && !result.is_empty() {
         return Err(CallError::Malformed(format!(

@@ -98,8 +98,37 @@ struct Cx<'a> {
 impl Cx<'_> {
     /// Resolves the provider, the interface and the methods, and checks the
     /// channel sizes; `None` once a problem is reported.
-    fn check(self, raw: &RawUse) -> Option<Checked> {
-        let (file, r) = (self.file, self.report);
+    fn check(mut self, raw: &RawUse) -> Option<Checked> {
+        let provider = self.provider(raw)?;
+        let interface = self.interface(raw, provider)?;
+        let methods = self.methods(raw, provider, interface);
+        let (file, r) = (self.file, &mut *self.report);
+        let mut props = ChannelProps {
+            slots: CALL_SLOTS,
+            slot_size: CALL_SLOT_SIZE,
+            delivery: Delivery::Reliable,
+            ..ChannelProps::default()
+        };
+        let size_ok = props::ring_size(
+            r,
+            file,
+            raw.slots.as_ref(),
+            raw.slot_size.as_ref(),
+            &mut props,
+        );
+        let (bandwidth, bw_ok) = props::bandwidth(r, file, raw.bandwidth.as_ref(), None);
+        let methods = methods?;
+        (size_ok && bw_ok).then_some(Checked {
+            provider,
+            interface,
+            methods,
+            props,
+            bandwidth,
+        })
+    }
+
+    /// The providing offcode: named, and not the caller itself.
+    fn provider(&mut self, raw: &RawUse) -> Option<usize> {
         let target = raw.offcode.get_ref();
         let Some(provider) = self.offcodes.iter().position(|o| o.name == *target) else {
             let known: Vec<_> = self
@@ -107,8 +136,8 @@ impl Cx<'_> {
                 .iter()
                 .map(|o| format!("`{}`", o.name))
                 .collect();
-            let d = r.error(
-                file,
+            let d = self.report.error(
+                self.file,
                 raw.offcode.span(),
                 format!("`uses` names unknown offcode `{target}`"),
                 "no offcode has this name",
@@ -120,109 +149,98 @@ impl Cx<'_> {
             return None;
         };
         if provider == self.caller {
-            r.error(
-                file,
+            self.report.error(
+                self.file,
                 raw.offcode.span(),
                 format!("offcode `{target}` uses an interface of its own"),
                 "calls itself",
             );
             return None;
         }
-        let p = &self.offcodes[provider];
-        let want = raw.interface.get_ref();
-        let Some(interface) = p.interfaces.iter().position(|i| i.name == *want) else {
-            let have: Vec<_> = p
-                .interfaces
-                .iter()
-                .map(|i| format!("`{}`", i.name))
-                .collect();
-            let d = r.error(
-                file,
-                raw.interface.span(),
-                format!("offcode `{target}` declares no interface `{want}`"),
-                "unknown interface",
-            );
-            let (pf, ps) = self.name_spans[provider].clone();
-            also(d, pf, ps, "the provider is declared here");
-            note(
-                d,
-                if have.is_empty() {
-                    format!(
-                        "`{target}` declares no interfaces: add an [[offcode.interface]] table to it"
-                    )
-                } else {
-                    format!("`{target}` declares: {}", have.join(", "))
-                },
-            );
-            return None;
-        };
+        Some(provider)
+    }
+
+    /// The interface, among those the provider declares.
+    fn interface(&mut self, raw: &RawUse, provider: usize) -> Option<usize> {
+        let offcodes = self.offcodes;
+        let p = &offcodes[provider];
+        let (target, want) = (&p.name, raw.interface.get_ref());
+        if let Some(i) = p.interfaces.iter().position(|i| i.name == *want) {
+            return Some(i);
+        }
+        let have: Vec<_> = p
+            .interfaces
+            .iter()
+            .map(|i| format!("`{}`", i.name))
+            .collect();
+        let d = self.report.error(
+            self.file,
+            raw.interface.span(),
+            format!("offcode `{target}` declares no interface `{want}`"),
+            "unknown interface",
+        );
+        let (pf, ps) = self.name_spans[provider].clone();
+        also(d, pf, ps, "the provider is declared here");
+        note(
+            d,
+            if have.is_empty() {
+                format!(
+                    "`{target}` declares no interfaces: add an [[offcode.interface]] table to it"
+                )
+            } else {
+                format!("`{target}` declares: {}", have.join(", "))
+            },
+        );
+        None
+    }
+
+    /// The ids of the methods listed (all of the interface's if none are),
+    /// each declared and listed once.
+    fn methods(&mut self, raw: &RawUse, provider: usize, interface: usize) -> Option<Vec<u16>> {
+        let offcodes = self.offcodes;
+        let p = &offcodes[provider];
         let itf = &p.interfaces[interface];
+        let Some(list) = &raw.methods else {
+            return Some(itf.methods.iter().map(|m| m.id).collect());
+        };
         let mut methods = Vec::new();
         let mut ok = true;
-        match &raw.methods {
-            None => methods.extend(itf.methods.iter().map(|m| m.id)),
-            Some(list) => {
-                for (i, m) in list.iter().enumerate() {
-                    let Some(found) = itf.methods.iter().find(|x| x.name == *m.get_ref()) else {
-                        let have: Vec<_> = itf.methods.iter().map(|x| x.name.as_str()).collect();
-                        let d = r.error(
-                            file,
-                            m.span(),
-                            format!(
-                                "interface `{want}` of `{target}` has no method `{}`",
-                                m.get_ref()
-                            ),
-                            "unknown method",
-                        );
-                        note(
-                            d,
-                            format!(
-                                "`{want}` has: {}",
-                                if have.is_empty() {
-                                    "no methods".to_string()
-                                } else {
-                                    have.join(", ")
-                                }
-                            ),
-                        );
-                        ok = false;
-                        continue;
-                    };
-                    if list[..i].iter().any(|o| o.get_ref() == m.get_ref()) {
-                        r.error(
-                            file,
-                            m.span(),
-                            format!("method `{}` is listed twice", m.get_ref()),
-                            "duplicate",
-                        );
-                        ok = false;
-                        continue;
-                    }
-                    methods.push(found.id);
-                }
+        for (i, m) in list.iter().enumerate() {
+            let Some(found) = itf.methods.iter().find(|x| x.name == *m.get_ref()) else {
+                let have: Vec<_> = itf.methods.iter().map(|x| x.name.as_str()).collect();
+                let d = self.report.error(
+                    self.file,
+                    m.span(),
+                    format!(
+                        "interface `{}` of `{}` has no method `{}`",
+                        itf.name,
+                        p.name,
+                        m.get_ref()
+                    ),
+                    "unknown method",
+                );
+                let have = if have.is_empty() {
+                    "no methods".to_string()
+                } else {
+                    have.join(", ")
+                };
+                note(d, format!("`{}` has: {have}", itf.name));
+                ok = false;
+                continue;
+            };
+            if list[..i].iter().any(|o| o.get_ref() == m.get_ref()) {
+                self.report.error(
+                    self.file,
+                    m.span(),
+                    format!("method `{}` is listed twice", m.get_ref()),
+                    "duplicate",
+                );
+                ok = false;
+                continue;
             }
+            methods.push(found.id);
         }
-        let mut props = ChannelProps {
-            slots: CALL_SLOTS,
-            slot_size: CALL_SLOT_SIZE,
-            delivery: Delivery::Reliable,
-            ..ChannelProps::default()
-        };
-        ok &= props::ring_size(
-            r,
-            file,
-            raw.slots.as_ref(),
-            raw.slot_size.as_ref(),
-            &mut props,
-        );
-        let (bandwidth, bw_ok) = props::bandwidth(r, file, raw.bandwidth.as_ref(), None);
-        (ok && bw_ok).then_some(Checked {
-            provider,
-            interface,
-            methods,
-            props,
-            bandwidth,
-        })
+        ok.then_some(methods)
     }
 }
 

@@ -981,6 +981,40 @@ impl Loader {
         (props, ok)
     }
 
+    /// A channel's name: valid, and not taken by one of the `earlier` channels.
+    fn channel_name(
+        &mut self,
+        earlier: &[(FileId, S<RawChannel>)],
+        file: FileId,
+        ch: &RawChannel,
+    ) -> bool {
+        let name = ch.name.get_ref();
+        let mut ok = true;
+        if !is_name(name, true) {
+            self.report.error(
+                file,
+                ch.name.span(),
+                format!("channel name `{name}` is not a valid name"),
+                "not a name",
+            );
+            ok = false;
+        }
+        if let Some((pf, prev)) = earlier
+            .iter()
+            .find(|(_, c)| c.get_ref().name.get_ref() == name)
+        {
+            let d = self.report.error(
+                file,
+                ch.name.span(),
+                format!("channel `{name}` is declared twice"),
+                "second declaration",
+            );
+            also(d, *pf, prev.get_ref().name.span(), "first declared here");
+            ok = false;
+        }
+        ok
+    }
+
     fn resolve_channels(&mut self) -> Vec<Channel> {
         let mut out = Vec::new();
         let channels = std::mem::take(&mut self.channels);
@@ -991,29 +1025,7 @@ impl Loader {
             let file = *file;
             let ch = raw.get_ref();
             let name = ch.name.get_ref();
-            let mut ok = true;
-            if !is_name(name, true) {
-                self.report.error(
-                    file,
-                    ch.name.span(),
-                    format!("channel name `{name}` is not a valid name"),
-                    "not a name",
-                );
-                ok = false;
-            }
-            if let Some((pf, prev)) = channels[..ci]
-                .iter()
-                .find(|(_, c)| c.get_ref().name.get_ref() == name)
-            {
-                let d = self.report.error(
-                    file,
-                    ch.name.span(),
-                    format!("channel `{name}` is declared twice"),
-                    "second declaration",
-                );
-                also(d, *pf, prev.get_ref().name.span(), "first declared here");
-                ok = false;
-            }
+            let mut ok = self.channel_name(&channels[..ci], file, ch);
             let from = self.endpoint(file, &ch.from, true);
             let to_raw: Vec<S<String>> = match ch.to.get_ref() {
                 OneOrMany::One(s) => vec![S::new(ch.to.span(), s.clone())],
