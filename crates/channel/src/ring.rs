@@ -343,10 +343,15 @@ impl Producer {
         self.capacity - self.next.saturating_sub(self.head_cache).min(self.capacity)
     }
 
-    /// Free slots now: reloads the consumers' heads whatever the cached view
-    /// says. One atomic load; for once-a-turn back-pressure decisions, where a
-    /// stale small count would hold a sender back for good.
-    pub fn fresh_free_slots(&mut self) -> u64 {
+    /// Free slots, reloading the consumers' heads when the cached view shows
+    /// fewer than `want`: for once-a-turn back-pressure decisions, where a
+    /// stale small count would hold a sender that needs `want` slots back
+    /// for good, while a roomy cached view costs no shared-line read.
+    pub fn free_slots_at_least(&mut self, want: u64) -> u64 {
+        let used = self.next.saturating_sub(self.head_cache);
+        if used + want <= self.capacity {
+            return self.capacity - used;
+        }
         self.head_cache = self.shared.min_head();
         self.capacity - self.next.saturating_sub(self.head_cache).min(self.capacity)
     }

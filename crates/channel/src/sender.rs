@@ -75,9 +75,9 @@ impl Sender {
         self.producer.is_disconnected()
     }
 
-    /// Free slots now, the consumers' heads reloaded.
-    pub fn fresh_free_slots(&mut self) -> u64 {
-        self.producer.fresh_free_slots()
+    /// Free slots, the consumers' heads reloaded if fewer than `want` seem free.
+    pub fn free_slots_at_least(&mut self, want: u64) -> u64 {
+        self.producer.free_slots_at_least(want)
     }
 
     /// The underlying producer, for callers that manage slots themselves.

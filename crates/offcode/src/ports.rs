@@ -16,6 +16,12 @@ use crate::OffcodeError;
 /// written into before it is framed.
 pub const STREAM_MESSAGE_BYTES: usize = 2048;
 
+/// Below this many free slots (as the sender last saw them), [`Outlet::free`]
+/// reads the receivers' positions again: enough for a provider's two replies
+/// per call and for a burst of useful size, without a shared-line read per
+/// turn when the ring is roomy.
+pub const FRESH_BELOW: u64 = 64;
+
 /// The sending end of a channel.
 pub enum Outlet {
     /// Shared-memory ring (unicast or multicast) with its delivery policy.
@@ -79,13 +85,14 @@ impl Outlet {
         }
     }
 
-    /// Free space now (messages), for back-pressure decisions once a turn.
+    /// Free space (messages), for back-pressure decisions once a turn: exact
+    /// whenever fewer than [`FRESH_BELOW`] slots seem free.
     pub fn free(&mut self) -> u64 {
         match self {
             // Every receiver gone: nothing will ever free a slot, and a send
             // fails at once, so nothing need wait for room.
             Outlet::Ring(s) if s.is_disconnected() => u64::MAX,
-            Outlet::Ring(s) => s.fresh_free_slots(),
+            Outlet::Ring(s) => s.free_slots_at_least(FRESH_BELOW),
             _ => u64::MAX,
         }
     }
