@@ -32,6 +32,7 @@ mod load;
 mod model;
 mod props;
 mod raw;
+mod timing;
 
 pub use calls::{CALL_SLOT_SIZE, CALL_SLOTS};
 pub use diag::{FileId, ManifestError, Origin, Sources};

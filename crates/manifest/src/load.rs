@@ -7,13 +7,16 @@ use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use sidecore_types::{Cast, ChannelProps, ConstraintKind, Delivery, Guid, Order, PeKind, Priority};
+use sidecore_types::{
+    Cast, ChannelProps, ConstraintKind, Delivery, Guid, Order, PeKind, Priority, SchedPolicy,
+};
 
 use crate::calls::{self, UsesOf};
 use crate::diag::{FileId, ManifestError, Report, Sources, also, note};
 use crate::model::*;
 use crate::props;
 use crate::raw::*;
+use crate::timing;
 
 /// Default CPU share of an offcode: a whole core.
 pub const DEFAULT_CPU: f64 = 1.0;
@@ -57,6 +60,7 @@ struct Loader {
     channels: Vec<(FileId, S<RawChannel>)>,
     app: Option<(String, Option<String>)>,
     library: Vec<PathBuf>,
+    scheduler: SchedPolicy,
 }
 
 fn is_name(s: &str, allow_dot: bool) -> bool {
@@ -183,6 +187,7 @@ impl Loader {
             channels: Vec::new(),
             app: None,
             library: Vec::new(),
+            scheduler: SchedPolicy::default(),
         }
     }
 
@@ -308,6 +313,11 @@ impl Loader {
                 self.library.push(self.base_dir(file).join(lib.get_ref()));
             }
             if is_root {
+                if let Some(s) = &app.scheduler
+                    && let Some(p) = keyword::<SchedPolicy>(&mut self.report, file, s, "scheduler")
+                {
+                    self.scheduler = p;
+                }
                 self.app = Some((app.name.into_inner(), app.description));
             }
         }
@@ -411,11 +421,26 @@ impl Loader {
             .obsolete_ms
             .as_ref()
             .map(|v| millis(r, file, v, "obsolete_ms"));
-        let cpu = raw
-            .cpu
-            .as_ref()
-            .map(|v| cpu_share(r, file, v, "cpu"))
-            .unwrap_or(Some(DEFAULT_CPU));
+        let timing = timing::timing(r, file, raw.period_ms.as_ref(), raw.wcet_us.as_ref());
+        let cpu = match (&raw.cpu, timing.and_then(|t| t.utilisation())) {
+            (Some(v), u) => cpu_share(r, file, v, "cpu").filter(|&c| {
+                let fits = u.is_none_or(|u| c + 1e-9 >= u);
+                if !fits {
+                    r.error(
+                        file,
+                        v.span(),
+                        format!(
+                            "`cpu` = {c} is below the share its timing needs (wcet/period = {:.4})",
+                            u.unwrap_or_default()
+                        ),
+                        "too small for wcet_us/period_ms",
+                    );
+                }
+                fits
+            }),
+            (None, Some(u)) => Some(u.max(f64::MIN_POSITIVE)),
+            (None, None) => Some(DEFAULT_CPU),
+        };
         let mem = raw
             .memory
             .as_ref()
@@ -453,6 +478,7 @@ impl Loader {
         let interfaces = interfaces.unwrap_or_default();
         let targets = targets.unwrap_or_default();
         let watchdog = watchdog.flatten();
+        let timing = timing.unwrap_or_default();
         let obsolete = obsolete.flatten();
         self.file_imports(file, &raw.import);
         let origin = self.sources.origin(file, &raw.name.span());
@@ -469,6 +495,7 @@ impl Loader {
                 watchdog,
                 obsolete,
                 cpu,
+                timing,
                 memory: mem,
                 inputs: raw.inputs.iter().map(|p| p.get_ref().clone()).collect(),
                 outputs: raw.outputs.iter().map(|p| p.get_ref().clone()).collect(),
@@ -789,6 +816,7 @@ impl Loader {
             description,
             root: root.to_path_buf(),
             library: self.library,
+            scheduler: self.scheduler,
             offcodes,
             constraints,
             channels,

@@ -9,9 +9,12 @@ use std::time::Duration;
 pub use sidecore_types::PropValue;
 pub use sidecore_types::ValueType;
 use sidecore_types::calls::{CallPortSpec, CallRole, MethodSpec};
-use sidecore_types::{Bandwidth, ChannelProps, ConstraintKind, Guid, PeKind, Priority};
+use sidecore_types::{
+    Bandwidth, ChannelProps, ConstraintKind, Guid, PeKind, Priority, SchedPolicy,
+};
 
 use crate::diag::{Origin, Sources};
+pub use crate::timing::Timing;
 
 /// A whole application: the root manifest plus everything it imports.
 #[derive(Debug, Clone)]
@@ -23,6 +26,8 @@ pub struct Manifest {
     pub root: PathBuf,
     /// Offcode library directories, resolved against the declaring file.
     pub library: Vec<PathBuf>,
+    /// How dedicated cores share their time among this app's offcodes.
+    pub scheduler: SchedPolicy,
     pub offcodes: Vec<Offcode>,
     pub constraints: Vec<Constraint>,
     /// Declared channels, then the two channels of each call binding.
@@ -114,8 +119,11 @@ pub struct Offcode {
     pub watchdog: Option<Duration>,
     /// HYDRA's `OBSOLETE_TIME`: lifetime counted from deployment.
     pub obsolete: Option<Duration>,
-    /// CPU share of one core it needs (0, 1].
+    /// CPU share of one core it needs (0, 1]; a periodic offcode's default is
+    /// `wcet / period` (HYDRA Eq. 7.6).
     pub cpu: f64,
+    /// Its period and worst-case turn, for the scheduler of a shared core.
+    pub timing: Timing,
     /// Memory it needs, in bytes.
     pub memory: u64,
     pub inputs: Vec<String>,

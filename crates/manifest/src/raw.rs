@@ -23,6 +23,8 @@ pub struct RawApp {
     pub description: Option<String>,
     #[serde(default)]
     pub library: Vec<S<String>>,
+    /// How dedicated cores share their time among this app's offcodes.
+    pub scheduler: Option<S<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -36,6 +38,10 @@ pub struct RawOffcode {
     pub priority: Option<S<String>>,
     pub watchdog_ms: Option<S<i64>>,
     pub obsolete_ms: Option<S<i64>>,
+    /// Release period of a periodic offcode, ms.
+    pub period_ms: Option<S<f64>>,
+    /// Worst-case time of one turn, µs.
+    pub wcet_us: Option<S<f64>>,
     pub cpu: Option<S<f64>>,
     pub memory: Option<S<toml::Value>>,
     #[serde(default)]

@@ -57,6 +57,14 @@ pub trait Offcode: Send {
         Err(CallFault::NOT_SERVED)
     }
 
+    /// The worst-case time of its next turn, ns, if it knows it (a Wasm
+    /// handler's static bound times the burst): the ticket a shared core's
+    /// <EDF>++ dispatcher fits into the slack (HYDRA §6.3.3). `None` lets the
+    /// runtime use the manifest's `wcet_us` or what it has measured.
+    fn ticket_ns(&self) -> Option<u64> {
+        None
+    }
+
     /// A turn of the run-to-completion loop; sources produce here.
     fn poll(&mut self, _cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
         Ok(Progress::Idle)

@@ -141,6 +141,16 @@ pub enum Inlet {
 }
 
 impl Inlet {
+    /// Whether a message (or the sender's close) may be waiting: exact for a
+    /// ring, `true` for transports that cannot tell without reading.
+    pub fn may_have_input(&self) -> bool {
+        match self {
+            Inlet::Ring(c) => c.available() > 0 || c.is_producer_closed(),
+            Inlet::Parallel(_) | Inlet::Stream(_) => true,
+            Inlet::Unconnected => false,
+        }
+    }
+
     /// Hands up to `max` messages to `f`, each read in place.
     #[inline]
     pub fn drain(

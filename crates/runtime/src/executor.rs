@@ -21,8 +21,9 @@ use sidecore_channel::oob::{OobEndpoint, OobMessage};
 use sidecore_offcode::{
     Calls, InitCx, Inlet, InputId, Offcode, OffcodeError, OffcodeInfo, Outlet, Progress, RunCx,
 };
-use sidecore_types::OffcodeState;
+use sidecore_types::{OffcodeState, SchedPolicy};
 
+use crate::dispatch::{AdmitError, Dispatcher, TaskSpec};
 use crate::events::{EventKind, EventLog};
 use crate::handle::OffcodeHandle;
 use crate::serve::serve_burst;
@@ -55,6 +56,8 @@ pub struct Slot {
     pub inlets: Vec<Inlet>,
     pub outlets: Vec<Outlet>,
     pub oob: Option<OobEndpoint>,
+    /// What the core's scheduler knows of it (period, WCET, priority).
+    pub task: TaskSpec,
     /// Its call bindings: the caller's table and return ports, the provider's serve ports.
     pub calls: Calls,
     inputs_closed: Vec<bool>,
@@ -71,6 +74,7 @@ impl Slot {
         oob: Option<OobEndpoint>,
     ) -> Self {
         let n = inlets.len();
+        let name = info.name.clone();
         Slot {
             handle,
             offcode,
@@ -78,10 +82,40 @@ impl Slot {
             params,
             inlets,
             outlets,
+            task: TaskSpec {
+                name,
+                periodic: None,
+                wcet_ns: None,
+                priority: 2,
+            },
             oob,
             calls: Calls::none(),
             inputs_closed: vec![false; n],
         }
+    }
+
+    /// Whether it may have something to do: input waiting on an open data
+    /// input, or no data inputs at all (a source, or an offcode polling a
+    /// socket), which the dispatcher treats as always ready.
+    pub fn may_have_input(&self) -> bool {
+        let mut data_inputs = false;
+        for (i, inlet) in self.inlets.iter().enumerate() {
+            if self.inputs_closed[i] || self.calls.is_return_input(i) {
+                continue;
+            }
+            data_inputs = true;
+            if inlet.may_have_input() {
+                return true;
+            }
+        }
+        !data_inputs
+    }
+
+    /// What the core's scheduler is to know of it.
+    #[must_use]
+    pub fn with_task(mut self, task: TaskSpec) -> Self {
+        self.task = task;
+        self
     }
 
     /// Binds the calls its info lists: return ports leave `inlets` for the
@@ -105,6 +139,9 @@ pub enum ExecError {
     },
     #[error("offcode `{offcode}` is not on {executor}")]
     NotHere { offcode: String, executor: String },
+    /// The core's scheduler cannot fit it beside the offcodes already there.
+    #[error(transparent)]
+    Refused(#[from] AdmitError),
     #[error("executor is gone")]
     Gone,
     #[error("no answer from its executor")]
@@ -199,6 +236,8 @@ pub struct ExecutorSpec {
     /// CPU to pin to (for `core` PEs).
     pub pin: Option<u32>,
     pub idle: IdlePolicy,
+    /// How the offcodes placed here share it.
+    pub policy: SchedPolicy,
 }
 
 struct Running {
@@ -237,6 +276,10 @@ pub fn spawn(
                 state: st,
                 events,
                 slots: Vec::new(),
+                dispatcher: None,
+                started: Vec::new(),
+                dirty: false,
+                idle_until: None,
             }
             .run(&rx);
         })?;
@@ -257,6 +300,14 @@ struct Executor {
     state: Arc<ExecutorState>,
     events: EventLog,
     slots: Vec<Running>,
+    /// The scheduler's view of the started offcodes (not under round-robin).
+    dispatcher: Option<Dispatcher>,
+    /// `slots` index of each of the dispatcher's tasks.
+    started: Vec<usize>,
+    /// The started set changed: rebuild the dispatcher before the next turn.
+    dirty: bool,
+    /// Until when the dispatcher said to idle (ns since the state's epoch).
+    idle_until: Option<u64>,
 }
 
 impl Executor {
@@ -300,6 +351,7 @@ impl Executor {
             Command::Stop(name, reason, reply) => {
                 if let Some(pos) = self.slots.iter().position(|r| r.slot.info.name == name) {
                     let r = self.slots.remove(pos);
+                    self.dirty = true;
                     finish(
                         &self.app,
                         &self.events,
@@ -329,6 +381,16 @@ impl Executor {
 
     /// Phase 1: initialize an offcode here.
     fn land(&mut self, mut slot: Box<Slot>) -> Result<(), ExecError> {
+        let mut specs: Vec<TaskSpec> = self.slots.iter().map(|r| r.slot.task.clone()).collect();
+        specs.push(slot.task.clone());
+        if let Err(e) = Dispatcher::admit(self.spec.policy, &self.spec.name, &specs) {
+            slot.handle.set_state(OffcodeState::Failed);
+            slot.handle.set_exited();
+            let error = e.to_string();
+            self.events
+                .emit(&self.app, &slot.info.name, EventKind::Failed { error });
+            return Err(ExecError::Refused(e));
+        }
         let r = {
             let mut cx = InitCx::new(&slot.info, &slot.params, &slot.handle.metrics);
             slot.offcode.initialize(&mut cx)
@@ -374,6 +436,7 @@ impl Executor {
         match s.offcode.start(&mut cx).and_then(|()| cx.flush()) {
             Ok(()) => {
                 r.started = true;
+                self.dirty = true;
                 s.handle.set_state(OffcodeState::Running);
                 self.events.emit(&self.app, name, EventKind::Started);
                 Ok(())
@@ -392,50 +455,124 @@ impl Executor {
         }
     }
 
-    /// One turn of every started offcode; true if any made progress.
+    /// One turn of every started offcode (round-robin), or of the one the
+    /// core's scheduler picks; true if any made progress.
     fn turn_all(&mut self) -> bool {
+        if self.spec.policy != SchedPolicy::RoundRobin {
+            return self.turn_scheduled();
+        }
         let mut progress = false;
         let mut i = 0;
         while i < self.slots.len() {
-            let r = &mut self.slots[i];
-            if !r.started {
-                i += 1;
-                continue;
-            }
-            let handle = Arc::clone(&r.slot.handle);
-            if handle.stop_requested() {
-                // `finish` keeps a `Failed` state (e.g. after the watchdog).
-                stop_slot(&self.app, &self.events, self.slots.remove(i).slot);
-                continue;
-            }
-            let t0 = self.state.begin_turn(r.index);
-            let outcome = turn(&mut r.slot);
-            let took = self.state.end_turn(t0);
-            handle.turns.fetch_add(1, Ordering::Relaxed);
-            store_counts(&handle, &r.slot.outlets);
-            if let Some(wd) = handle.watchdog
-                && took > wd
-            {
-                handle.expire_watchdog(&self.events, &self.app, wd, took, || {
-                    format!(
-                        "watchdog: a turn took {} ms, period {} ms",
-                        took.as_millis(),
-                        wd.as_millis()
-                    )
-                });
-            }
-            match outcome {
-                Ok(TurnOutcome::Progress) => progress = true,
-                Ok(TurnOutcome::Idle) => {}
-                Ok(TurnOutcome::Done) | Err(_) => {
-                    let r = self.slots.remove(i);
-                    self.retire(&handle, r.slot, outcome.err());
-                    continue;
+            match self.turn_one(i) {
+                Turned::NotStarted | Turned::Idle(_) => i += 1,
+                Turned::Progress(_) => {
+                    progress = true;
+                    i += 1;
                 }
+                Turned::Removed => {}
             }
-            i += 1;
         }
         progress
+    }
+
+    /// The turn the dispatcher picks (HYDRA §6.3's `Yield()`), or nothing
+    /// when it says idle.
+    fn turn_scheduled(&mut self) -> bool {
+        if self.dirty {
+            self.rebuild_dispatcher();
+        }
+        let now = self.now_ns();
+        let Some(d) = self.dispatcher.as_mut() else {
+            self.idle_until = None;
+            return false;
+        };
+        let (slots, started) = (&self.slots, &self.started);
+        let pick = d.next(
+            now,
+            |k| slots[started[k]].slot.may_have_input(),
+            |k| slots[started[k]].slot.offcode.ticket_ns(),
+        );
+        let k = match pick {
+            Ok(k) => k,
+            Err(until) => {
+                self.idle_until = Some(until);
+                return false;
+            }
+        };
+        self.idle_until = None;
+        let i = self.started[k];
+        let turned = self.turn_one(i);
+        let end = self.now_ns();
+        if let Some(d) = self.dispatcher.as_mut() {
+            match turned {
+                Turned::Progress(took) => d.ran(k, end, took, true),
+                Turned::Idle(took) => d.ran(k, end, took, false),
+                Turned::NotStarted | Turned::Removed => {}
+            }
+        }
+        matches!(turned, Turned::Progress(_) | Turned::Removed)
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.state.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+
+    /// The dispatcher over the started offcodes, after one started or left.
+    fn rebuild_dispatcher(&mut self) {
+        self.dirty = false;
+        self.started = (0..self.slots.len())
+            .filter(|&i| self.slots[i].started)
+            .collect();
+        let specs: Vec<TaskSpec> = self
+            .started
+            .iter()
+            .map(|&i| self.slots[i].slot.task.clone())
+            .collect();
+        let now = self.now_ns();
+        self.dispatcher = Dispatcher::new(self.spec.policy, &specs, now);
+    }
+
+    /// One turn of slot `i`, if it has started.
+    fn turn_one(&mut self, i: usize) -> Turned {
+        let r = &mut self.slots[i];
+        if !r.started {
+            return Turned::NotStarted;
+        }
+        let handle = Arc::clone(&r.slot.handle);
+        if handle.stop_requested() {
+            // `finish` keeps a `Failed` state (e.g. after the watchdog).
+            stop_slot(&self.app, &self.events, self.slots.remove(i).slot);
+            self.dirty = true;
+            return Turned::Removed;
+        }
+        let t0 = self.state.begin_turn(r.index);
+        let outcome = turn(&mut r.slot);
+        let took = self.state.end_turn(t0);
+        handle.turns.fetch_add(1, Ordering::Relaxed);
+        store_counts(&handle, &r.slot.outlets);
+        if let Some(wd) = handle.watchdog
+            && took > wd
+        {
+            handle.expire_watchdog(&self.events, &self.app, wd, took, || {
+                format!(
+                    "watchdog: a turn took {} ms, period {} ms",
+                    took.as_millis(),
+                    wd.as_millis()
+                )
+            });
+        }
+        let took_ns = u64::try_from(took.as_nanos()).unwrap_or(u64::MAX);
+        match outcome {
+            Ok(TurnOutcome::Progress) => Turned::Progress(took_ns),
+            Ok(TurnOutcome::Idle) => Turned::Idle(took_ns),
+            Ok(TurnOutcome::Done) | Err(_) => {
+                let r = self.slots.remove(i);
+                self.retire(&handle, r.slot, outcome.err());
+                self.dirty = true;
+                Turned::Removed
+            }
+        }
     }
 
     /// Lets go of an offcode that finished (`error` = `None`) or failed.
@@ -470,7 +607,11 @@ impl Executor {
                 } else if idle_turns < YIELD_TURNS {
                     std::thread::yield_now();
                 } else {
-                    std::thread::sleep(IDLE_SLEEP);
+                    // Never past the next periodic release the dispatcher named.
+                    let left = self.idle_until.map_or(IDLE_SLEEP, |until| {
+                        Duration::from_nanos(until.saturating_sub(self.now_ns()))
+                    });
+                    std::thread::sleep(IDLE_SLEEP.min(left));
                 }
             }
         }
@@ -481,6 +622,15 @@ enum TurnOutcome {
     Progress,
     Idle,
     Done,
+}
+
+/// What one slot's turn came to, with how long it took (ns).
+#[derive(Debug, Clone, Copy)]
+enum Turned {
+    NotStarted,
+    Progress(u64),
+    Idle(u64),
+    Removed,
 }
 
 /// One turn of one offcode.

@@ -14,7 +14,8 @@
 //!
 //! [`plan_manifest`] runs resolve → place → plan in one call.
 //!
-//! Modules, bottom floor first: [`events`], [`tree`], [`handle`] (an
+//! Modules, bottom floor first: [`events`], [`tree`], [`dispatch`] (which
+//! offcode's turn is next on a shared core), [`handle`] (an
 //! offcode as the control plane sees it), [`executor`] (run-to-completion
 //! loops on pinned cores and host threads), [`transport`] (the channel
 //! factory); [`resolve`], [`place`], [`plan`]; [`node`] (parts on peer nodes:
@@ -25,6 +26,7 @@
 //! [`runtime`] (the [`Runtime`] itself); [`error`] is shared by all.
 
 pub mod app;
+pub mod dispatch;
 pub mod error;
 pub mod events;
 pub mod executor;

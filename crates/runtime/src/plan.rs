@@ -15,10 +15,10 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use sidecore_layout::Layout;
-use sidecore_manifest::{Channel, Manifest};
+use sidecore_manifest::{Channel, Manifest, Timing};
 use sidecore_offcode::Implementation;
 use sidecore_types::calls::CallPortSpec;
-use sidecore_types::{ChannelProps, PeKind, Priority, PropValue};
+use sidecore_types::{ChannelProps, PeKind, Priority, PropValue, SchedPolicy};
 
 use crate::error::PlanError;
 use crate::place::Placed;
@@ -42,6 +42,8 @@ pub struct PlannedOffcode {
     pub outputs: Vec<String>,
     /// The call bindings it takes part in, with their port indices.
     pub calls: Vec<CallPortSpec>,
+    /// Its period and worst-case turn, for a shared core's scheduler.
+    pub timing: Timing,
     pub module: Option<PathBuf>,
     /// Why it went there (from the layout).
     pub reason: String,
@@ -74,6 +76,8 @@ pub struct Plan {
     pub layout: Layout,
     /// Node-port address of each peer node PE (by PE id) that offcodes landed on.
     pub nodes: BTreeMap<String, String>,
+    /// How each dedicated core shares its time among the offcodes on it.
+    pub scheduler: SchedPolicy,
 }
 
 impl Plan {
@@ -116,6 +120,7 @@ pub fn plan(placed: &Placed<'_>) -> Result<Plan, PlanError> {
         channels,
         layout: placed.layout.clone(),
         nodes,
+        scheduler: manifest.scheduler,
     })
 }
 
@@ -163,6 +168,7 @@ fn planned_offcode(placed: &Placed<'_>, i: usize) -> Result<PlannedOffcode, Plan
         inputs: oc.inputs.clone(),
         outputs: oc.outputs.clone(),
         calls: r.manifest.call_ports(i),
+        timing: oc.timing,
         module,
         reason,
         fallback,

@@ -25,6 +25,7 @@ use sidecore_offcode::{BuildSpec, Inlet, Offcode, OffcodeInfo, Outlet};
 use sidecore_types::{AppId, AppState, PeKind};
 
 use crate::app::AppEntry;
+use crate::dispatch::TaskSpec;
 use crate::error::DeployError;
 use crate::events::{EventKind, EventLog};
 use crate::executor::{
@@ -32,7 +33,7 @@ use crate::executor::{
 };
 use crate::handle::OffcodeHandle;
 use crate::node::origin::{self, Delegation};
-use crate::plan::Plan;
+use crate::plan::{Plan, PlannedOffcode};
 use crate::transport::{self, Attachment, StreamEnd, Transport};
 use crate::tree::{ResourceId, ResourceKind, ResourceTree};
 
@@ -233,6 +234,7 @@ fn spawn_executors(
             name: name.clone(),
             pin: o.cpu,
             idle: env.idle,
+            policy: plan.scheduler,
         };
         let (tx, state, join) = executor::spawn(spec, plan.app.clone(), env.events.clone())
             .map_err(|e| DeployError::Executor {
@@ -424,7 +426,8 @@ fn land(
         std::mem::take(&mut ports.outlets[i]),
         Some(oob),
     )
-    .with_calls(colocated);
+    .with_calls(colocated)
+    .with_task(task_spec(o));
     ask(&exec.tx, |r| Command::Land(Box::new(slot), r)).map_err(|e| fail(e.to_string()))?;
     // The offcode's node: tearing it down stops it on its executor.
     let (txc, name) = (exec.tx.clone(), o.name.clone());
@@ -443,6 +446,18 @@ fn land(
         },
     );
     Ok(())
+}
+
+/// What a core's scheduler is to know of a planned offcode.
+fn task_spec(o: &PlannedOffcode) -> TaskSpec {
+    let ns = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let wcet_ns = o.timing.wcet.map(ns);
+    TaskSpec {
+        name: o.name.clone(),
+        periodic: o.timing.period.map(ns).zip(wcet_ns),
+        wcet_ns,
+        priority: u8::try_from(o.priority.weight()).unwrap_or(u8::MAX),
+    }
 }
 
 /// Phase 2 for offcode `m`: tell it which channels are connected, then start it.

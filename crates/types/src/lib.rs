@@ -88,6 +88,32 @@ keyword_enum!(
     }
 );
 
+keyword_enum!(
+    /// How a dedicated core shares its time among the offcodes placed on it
+    /// (HYDRA §6.2.5–6.3): at each yield the dispatcher asks the policy which
+    /// offcode's turn comes next.
+    SchedPolicy, "scheduler", {
+        /// Every offcode in turn, each turn (the loop before schedulers).
+        RoundRobin = "round-robin",
+        /// Non-preemptive EDF over periodic offcodes; others fill time whose
+        /// static bound fits before the next release.
+        Edf = "edf",
+        /// <EDF>++ (Fig. 6.3): EDF, and non-periodic offcodes whose ticket
+        /// (next turn's WCET) fits the slack run between periodic slots.
+        EdfPlusPlus = "edf++",
+        /// A cyclic executive: a fixed frame table over the periods.
+        Cyclic = "cyclic",
+    }
+);
+
+// As for `Priority`: `keyword_enum!` shares one derive list.
+#[allow(clippy::derivable_impls)]
+impl Default for SchedPolicy {
+    fn default() -> Self {
+        SchedPolicy::EdfPlusPlus
+    }
+}
+
 impl Priority {
     /// The weight of this priority in the layout's offload objective.
     pub fn weight(self) -> u32 {

@@ -101,6 +101,7 @@ pub fn part_plan(part: &RemotePart, registry: &Registry) -> Result<Plan, PartPla
             inputs: o.inputs.clone(),
             outputs: o.outputs.clone(),
             calls: o.calls.clone(),
+            timing: sidecore_manifest::Timing::default(),
             module: None,
             reason: format!("placed on this node by {}", part.origin),
             fallback: None,
@@ -136,6 +137,8 @@ pub fn part_plan(part: &RemotePart, registry: &Registry) -> Result<Plan, PartPla
             stats: sidecore_layout::SolveStats::default(),
         },
         nodes: BTreeMap::new(),
+        // Each offcode of a part has a host thread of its own.
+        scheduler: sidecore_types::SchedPolicy::RoundRobin,
     })
 }
 
