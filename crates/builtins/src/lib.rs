@@ -6,11 +6,13 @@
 //! | `record-source` | generates fixed-size, numbered records as fast as its output accepts them (or at a set rate) |
 //! | `inet-checksum` | computes the RFC 1071 Internet checksum of every record it receives |
 //! | `kv-store` | a key-value map that serves interface `IKeyValue` (put, get, len) through calls |
+//! | `ticker` | a periodic job of `work_us` busy work per turn, for a shared core's scheduler |
 //! | `kv-client` | calls `IKeyValue` from a fixed script, synchronously or not, and checks every reply |
 
 pub mod checksum;
 pub mod kv;
 pub mod source;
+pub mod ticker;
 
 use std::sync::Arc;
 
@@ -68,5 +70,15 @@ pub fn register(reg: &mut Registry) {
             provides: vec![],
             requires: vec![kv::kv_interface()],
         },
+    });
+    reg.register(Implementation {
+        name: "ticker".into(),
+        description: "a periodic job: `work_us` of busy work per turn, with its job count and the gaps between jobs".into(),
+        kinds: vec![PeKind::Core, PeKind::Host],
+        inputs: Some(vec![]),
+        outputs: Some(vec![]),
+        factory: Arc::new(|spec| Ok(Box::new(ticker::Ticker::new(spec.params)?))),
+        validate: Some(Arc::new(|p| ticker::Ticker::new(p).map(drop))),
+        interfaces: Interfaces::default(),
     });
 }

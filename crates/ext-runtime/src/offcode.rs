@@ -136,6 +136,17 @@ impl WasmOffcode {
 }
 
 impl Offcode for WasmOffcode {
+    /// A turn handles at most a burst per input, each within the admitted
+    /// per-invocation bound: that bound, in ns, is the ticket <EDF>++ fits
+    /// into the slack of a shared core.
+    fn ticket_ns(&self) -> Option<u64> {
+        let per_ns = crate::tsc::ticks_per_ns_cached();
+        let inputs = self.handlers.len().max(1) as f64;
+        let ns =
+            self.admission.limit_cycles * (sidecore_offcode::TURN_BURST as f64) * inputs / per_ns;
+        (ns.is_finite() && ns > 0.0).then(|| ns.min(u64::MAX as f64) as u64)
+    }
+
     fn initialize(&mut self, cx: &mut InitCx<'_>) -> Result<(), OffcodeError> {
         let info = cx.info().clone();
         self.cfg.outputs = info.outputs.clone();
@@ -311,7 +322,9 @@ pub fn loader() -> Implementation {
     Implementation {
         name: Registry::loader_name(PeKind::Wasm),
         description: "untrusted Wasm offcode admitted by hybrid resource control (RBClick)".into(),
-        kinds: vec![PeKind::Wasm],
+        // The sandbox runs on the wasm PE's thread, or on a dedicated core
+        // beside the offcodes there (`kind = "core"` with `module = ...`).
+        kinds: vec![PeKind::Wasm, PeKind::Core],
         inputs: None,
         outputs: None,
         factory: Arc::new(|spec: &BuildSpec<'_>| {

@@ -28,7 +28,7 @@ mod registry;
 
 pub use basics::{InputId, OffcodeError, OutputId, Progress};
 pub use calls::{CALLS_IN_FLIGHT, CallFault, Calls, IncomingCall, encode_result};
-pub use offcode::Offcode;
+pub use offcode::{Offcode, TURN_BURST};
 pub use sidecore_channel::call::{CallError, CallStatus, Invocation, PendingCall};
 
 pub use context::parse_params;

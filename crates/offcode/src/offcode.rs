@@ -8,6 +8,9 @@ use crate::calls::{CallFault, IncomingCall};
 use crate::context::{InitCx, RunCx};
 use crate::ports::{Drained, Inlet};
 
+/// Messages the runtime hands an offcode from one input in one turn, at most.
+pub const TURN_BURST: usize = 256;
+
 /// A unit of offloaded functionality.
 pub trait Offcode: Send {
     /// Phase 1: acquire local resources. Peers may not be placed yet.

@@ -29,7 +29,7 @@ use crate::handle::OffcodeHandle;
 use crate::serve::serve_burst;
 
 /// Messages drained from one input per turn.
-pub const BURST: usize = 256;
+pub const BURST: usize = sidecore_offcode::TURN_BURST;
 /// How long an executor with nothing started waits for a command.
 const COMMAND_WAIT: Duration = Duration::from_millis(5);
 /// Idle turns spent spinning, then yielding, before an adaptive executor sleeps.

@@ -45,8 +45,11 @@ pub fn implementation<'r>(
     has_module: bool,
 ) -> Result<&'r Implementation, ImplError> {
     if has_module {
+        // A Wasm sandbox may run on a dedicated core, sharing it with the
+        // offcodes there (the wasm loader runs on `core` too).
         return registry
             .lookup(&Registry::loader_name(kind), kind)
+            .or_else(|| registry.lookup(&Registry::loader_name(PeKind::Wasm), kind))
             .ok_or(ImplError::NoLoader(kind));
     }
     let i = registry

@@ -1,0 +1,156 @@
+//! Several offcodes on one dedicated core, through the real binary: under
+//! <EDF>++ a periodic offcode runs one job per period while a busy
+//! non-periodic one fills the slack (under round-robin the same manifest
+//! runs the periodic one every turn); a task set that could miss a deadline
+//! is refused at deployment, naming its tasks and the test that failed.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
+
+mod common;
+
+use std::path::Path;
+
+use common::*;
+
+/// A `ticker` every `period_ms` beside a busy record source, both pinned to
+/// CPU 1, under `scheduler`.
+fn manifest(dir: &Path, scheduler: &str) -> std::path::PathBuf {
+    let p = dir.join("sched.toml");
+    std::fs::write(
+        &p,
+        format!(
+            r#"
+[app]
+name = "sched-demo"
+scheduler = "{scheduler}"
+
+[[offcode]]
+name = "tick"
+id = "4b1c2d3e-0000-4000-8000-000000000001"
+impl = "ticker"
+period_ms = 5
+wcet_us = 500
+params = {{ work_us = 200 }}
+  [[offcode.target]]
+  kind = "core"
+  require = {{ cpu = 1 }}
+
+[[offcode]]
+name = "busy"
+id = "4b1c2d3e-0000-4000-8000-000000000002"
+impl = "record-source"
+cpu = 0.5
+outputs = ["out"]
+params = {{ records = 0, batch = 16 }}
+  [[offcode.target]]
+  kind = "core"
+  require = {{ cpu = 1 }}
+"#
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// Runs it for `secs` and returns (ticker jobs, busy turns, seconds).
+fn run_for(dir: &Path, scheduler: &str, secs: u64) -> (u64, u64, f64) {
+    let m = manifest(dir, scheduler);
+    let o = bin()
+        .args([
+            "up",
+            "--json",
+            "--quiet",
+            "--for",
+            &format!("{secs}s"),
+            "--socket",
+        ])
+        .arg(dir.join("s.sock"))
+        .arg(&m)
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}\n{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let find = |n: &str| {
+        v["status"][0]["offcodes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|o| o["name"] == n)
+            .unwrap()
+            .clone()
+    };
+    let (tick, busy) = (find("tick"), find("busy"));
+    assert_eq!(tick["pe"], "core:1", "{v}");
+    assert_eq!(busy["pe"], "core:1", "{v}");
+    (
+        tick["metrics"]["jobs"].as_u64().unwrap(),
+        busy["turns"].as_u64().unwrap(),
+        v["seconds"].as_f64().unwrap(),
+    )
+}
+
+#[test]
+fn a_periodic_offcode_runs_once_per_period_beside_a_busy_one() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let (jobs, busy_turns, secs) = run_for(dir.path(), "edf++", 2);
+    // No more jobs than releases (one every 5 ms, the first at start; the
+    // dispatcher's clock starts a moment before `up`'s, hence one spare)...
+    let released = (secs * 1000.0 / 5.0).floor() as u64 + 2;
+    assert!(
+        jobs <= released,
+        "{jobs} jobs, only {released} released in {secs} s"
+    );
+    // ...and most of them ran, although the core is never idle.
+    assert!(jobs >= released / 2, "{jobs} of {released} jobs ran");
+    assert!(
+        busy_turns > jobs * 10,
+        "the busy offcode filled the slack: {busy_turns} turns"
+    );
+    // The same manifest under round-robin runs the ticker every turn.
+    let (rr_jobs, _, rr_secs) = run_for(dir.path(), "round-robin", 1);
+    let rr_released = (rr_secs * 1000.0 / 5.0).floor() as u64 + 1;
+    assert!(
+        rr_jobs > 2 * rr_released,
+        "round-robin ignores periods: {rr_jobs} jobs in {rr_secs} s"
+    );
+}
+
+#[test]
+fn a_set_that_could_miss_a_deadline_is_refused_with_its_tasks_named() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // 0.3 + 0.2 of the core, but `slow`'s 2 ms job can hold `fast` past its
+    // 1 ms deadline: the non-preemptive test refuses it.
+    let path = manifest(dir.path(), "edf++");
+    let t = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace(
+            "period_ms = 5\nwcet_us = 500",
+            "period_ms = 1\nwcet_us = 300",
+        )
+        .replace("name = \"tick\"", "name = \"fast\"")
+        .replace(
+            "cpu = 0.5\noutputs = [\"out\"]",
+            "period_ms = 10\nwcet_us = 2000\noutputs = [\"out\"]",
+        )
+        .replace("name = \"busy\"", "name = \"slow\"");
+    std::fs::write(&path, t).unwrap();
+    let o = bin()
+        .args(["up", "--quiet", "--for", "2s", "--socket"])
+        .arg(dir.path().join("s.sock"))
+        .arg(&path)
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(!o.status.success(), "{out}\n{err}");
+    for want in [
+        "core:1",
+        "refuses it",
+        "non-preemptive EDF test",
+        "`slow`",
+        "`fast`",
+    ] {
+        assert!(err.contains(want), "expected `{want}` in:\n{err}");
+    }
+}
