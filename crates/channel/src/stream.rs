@@ -201,7 +201,10 @@ pub struct StreamSender {
     sock: TcpStream,
     peer: String,
     delivery: Delivery,
+    /// `out[written..end]` is queued; `out[end..]` is room zeroed once and
+    /// reused, so a message is written in place without clearing it first.
     out: Vec<u8>,
+    end: usize,
     written: usize,
     max_buffer: usize,
     max_frame: usize,
@@ -240,7 +243,9 @@ impl StreamSender {
         Err(StreamError::Io { peer, source })
     }
 
-    /// Opens `channel` over an already connected socket.
+    /// Opens `channel` over an already connected socket. `TCP_NODELAY` is
+    /// set: the sender already batches a turn's messages into one write, so
+    /// Nagle's algorithm would only add a round trip's delay to each batch.
     pub fn over(sock: TcpStream, channel: &str, delivery: Delivery) -> Result<Self, StreamError> {
         let peer = sock
             .peer_addr()
@@ -255,14 +260,17 @@ impl StreamSender {
             sock,
             peer: peer.clone(),
             delivery,
-            out: Vec::with_capacity(INITIAL_BUFFER_BYTES),
+            out: vec![0; INITIAL_BUFFER_BYTES],
+            end: 0,
             written: 0,
             max_buffer: 4 << 20,
             max_frame: DEFAULT_MAX_FRAME,
             sent: 0,
             dropped: 0,
         };
-        s.out.extend_from_slice(&encode_hello(channel));
+        let hello = encode_hello(channel);
+        s.room(hello.len())[..hello.len()].copy_from_slice(&hello);
+        s.end += hello.len();
         s.flush_blocking()?;
         if delivery == Delivery::Unreliable {
             s.sock.set_nonblocking(true).map_err(io_err)?;
@@ -275,13 +283,30 @@ impl StreamSender {
         &self.peer
     }
 
+    /// Turns Nagle's algorithm back on (`false`) or off (`true`, the default);
+    /// for measuring the choice.
+    pub fn set_nodelay(&self, on: bool) -> Result<(), StreamError> {
+        self.sock.set_nodelay(on).map_err(|source| StreamError::Io {
+            peer: self.peer.clone(),
+            source,
+        })
+    }
+
     /// Messages accepted and messages dropped so far.
     pub fn counts(&self) -> (u64, u64) {
         (self.sent, self.dropped)
     }
 
-    /// Queues a message; it goes out on the next [`publish`](Self::publish) (or
-    /// when the local buffer fills).
+    /// At least `want` bytes of room after what is queued.
+    fn room(&mut self, want: usize) -> &mut [u8] {
+        if self.out.len() < self.end + want {
+            self.out.resize(self.end + want, 0);
+        }
+        &mut self.out[self.end..]
+    }
+
+    /// Queues a copy of `msg`; it goes out on the next [`publish`](Self::publish)
+    /// (or when the local buffer fills).
     pub fn send(&mut self, msg: &[u8]) -> Result<SendOutcome, StreamError> {
         if msg.len() > self.max_frame {
             return Err(StreamError::TooLarge {
@@ -290,21 +315,45 @@ impl StreamSender {
                 max: self.max_frame,
             });
         }
-        if self.out.len() - self.written + 4 + msg.len() > self.max_buffer {
+        self.send_with(msg.len(), |slot| {
+            slot[..msg.len()].copy_from_slice(msg);
+            msg.len()
+        })
+    }
+
+    /// Queues a message written in place: `fill` gets room for up to `max`
+    /// bytes at the end of the send buffer and returns how many it wrote. A
+    /// `fill` that claims more than `max` is an error and nothing is queued.
+    pub fn send_with(
+        &mut self,
+        max: usize,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<SendOutcome, StreamError> {
+        let max = max.min(self.max_frame);
+        if self.end - self.written + 4 + max > self.max_buffer {
             match self.delivery {
                 Delivery::Reliable => self.flush_blocking()?,
                 Delivery::Unreliable => {
                     self.try_flush()?;
-                    if self.out.len() - self.written + 4 + msg.len() > self.max_buffer {
+                    if self.end - self.written + 4 + max > self.max_buffer {
                         self.dropped += 1;
                         return Ok(SendOutcome::Dropped);
                     }
                 }
             }
         }
-        self.out
-            .extend_from_slice(&(msg.len() as u32).to_le_bytes());
-        self.out.extend_from_slice(msg);
+        let room = self.room(4 + max);
+        let n = fill(&mut room[4..4 + max]);
+        if n > max {
+            return Err(StreamError::TooLarge {
+                peer: self.peer.clone(),
+                len: n,
+                max,
+            });
+        }
+        let len = u32::try_from(n).expect("bounded by max_frame");
+        room[..4].copy_from_slice(&len.to_le_bytes());
+        self.end += 4 + n;
         self.sent += 1;
         Ok(SendOutcome::Sent)
     }
@@ -319,8 +368,8 @@ impl StreamSender {
     }
 
     fn flush_blocking(&mut self) -> Result<(), StreamError> {
-        while self.written < self.out.len() {
-            match self.sock.write(&self.out[self.written..]) {
+        while self.written < self.end {
+            match self.sock.write(&self.out[self.written..self.end]) {
                 Ok(0) => {
                     return Err(StreamError::Closed {
                         peer: self.peer.clone(),
@@ -332,14 +381,14 @@ impl StreamSender {
                 Err(e) => return Err(self.io(e)),
             }
         }
-        self.out.clear();
+        self.end = 0;
         self.written = 0;
         Ok(())
     }
 
     fn try_flush(&mut self) -> Result<(), StreamError> {
-        while self.written < self.out.len() {
-            match self.sock.write(&self.out[self.written..]) {
+        while self.written < self.end {
+            match self.sock.write(&self.out[self.written..self.end]) {
                 Ok(0) => {
                     return Err(StreamError::Closed {
                         peer: self.peer.clone(),
@@ -351,11 +400,12 @@ impl StreamSender {
                 Err(e) => return Err(self.io(e)),
             }
         }
-        if self.written == self.out.len() {
-            self.out.clear();
+        if self.written == self.end {
+            self.end = 0;
             self.written = 0;
         } else if self.written > self.max_buffer / 2 {
-            self.out.drain(..self.written);
+            self.out.copy_within(self.written..self.end, 0);
+            self.end -= self.written;
             self.written = 0;
         }
         Ok(())
@@ -388,6 +438,12 @@ impl StreamListener {
         Ok(StreamListener {
             listener: TcpListener::bind(addr)?,
         })
+    }
+
+    /// Accepts on a listener bound elsewhere (in another network namespace,
+    /// say: the socket keeps the namespace it was made in).
+    pub fn from_std(listener: TcpListener) -> Self {
+        StreamListener { listener }
     }
 
     /// The bound address.

@@ -12,8 +12,8 @@ use sidecore_types::Delivery;
 
 use crate::OffcodeError;
 
-/// Largest message a stream outlet takes: the stack buffer a message is
-/// written into before it is framed.
+/// Largest message a stream outlet takes: the room a message is given at the
+/// end of the stream's send buffer, where it is written in place.
 pub const STREAM_MESSAGE_BYTES: usize = 2048;
 
 /// Below this many free slots (as the sender last saw them), [`Outlet::free`]
@@ -52,17 +52,10 @@ impl Outlet {
                 Ok(false) => Ok(SendOutcome::Full),
                 Err(e) => Err(OffcodeError::Send(e.into())),
             },
-            Outlet::Stream(s) => {
-                let mut buf = [0u8; STREAM_MESSAGE_BYTES];
-                let n = fill(&mut buf);
-                if n > buf.len() {
-                    return Err(OffcodeError::Channel(format!(
-                        "message of {n} bytes exceeds {STREAM_MESSAGE_BYTES}"
-                    )));
-                }
-                s.send(&buf[..n])
-                    .map_err(|e| OffcodeError::Channel(e.to_string()))
-            }
+            // Written in place at the end of the stream's send buffer.
+            Outlet::Stream(s) => s
+                .send_with(STREAM_MESSAGE_BYTES, fill)
+                .map_err(|e| OffcodeError::Channel(e.to_string())),
             Outlet::Unconnected(n) => {
                 *n += 1;
                 Ok(SendOutcome::Dropped)
