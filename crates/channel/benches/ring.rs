@@ -1,10 +1,12 @@
-//! Benchmark of the shared-memory ring against crossbeam-channel (bounded),
-//! std::sync::mpsc (sync_channel) and a Unix socket pair, all side by side in one
-//! run, with 64-byte messages between two pinned cores.
+//! Benchmark of the shared-memory ring against the two well-kept Rust SPSC
+//! rings (rtrb, ringbuf), crossbeam-channel (bounded), std::sync::mpsc
+//! (sync_channel) and a Unix socket pair, all side by side in one run, with
+//! 64-byte messages between two pinned cores.
 //!
 //! Throughput: messages per second, unbatched (one message per operation) and
-//! batched (32 messages per operation: one publish for the ring, one array of 32
-//! messages per send for the channels, one 2 KiB write for the socket).
+//! batched (32 messages per operation: one publish for the ring, one chunk of
+//! 32 for rtrb and ringbuf, one array of 32 messages per send for the
+//! channels, one 2 KiB write for the socket).
 //! Latency: round trip (p50, p99) of a 64-byte message bounced between the
 //! cores, beside a bare cache-line ping-pong measured the same way.
 //!
@@ -67,9 +69,11 @@ fn run_pair(
 
 fn ring_throughput(n: u64, batched: bool) -> f64 {
     let b = if batched { BATCH } else { 1 };
+    let slot = env("RING_BENCH_SLOT", 128) as usize;
+    let pay = (slot - 16).min(MSG);
     let (mut p, mut cs) = Ring::create(RingConfig {
         slots: 4096,
-        slot_size: 128,
+        slot_size: slot,
         consumers: 1,
         publish_batch: b,
         release_batch: if batched { 64 } else { 1 },
@@ -83,8 +87,8 @@ fn ring_throughput(n: u64, batched: bool) -> f64 {
                 loop {
                     if let Some(mut s) = p.try_reserve() {
                         s[..8].copy_from_slice(&i.to_le_bytes());
-                        s[8..MSG].fill(7);
-                        s.commit(MSG);
+                        s[8..pay].fill(7);
+                        s.commit(pay);
                         break;
                     }
                     std::hint::spin_loop();
@@ -193,6 +197,119 @@ fn mpsc_throughput(n: u64, batched: bool) -> f64 {
             },
         )
     }
+}
+
+fn rtrb_throughput(n: u64, batched: bool) -> f64 {
+    let (mut tx, mut rx) = rtrb::RingBuffer::<Msg>::new(4096);
+    run_pair(
+        n,
+        move |n| {
+            if batched {
+                let mut i = 0;
+                while i < n {
+                    let k = (n - i).min(BATCH as u64) as usize;
+                    if let Ok(chunk) = tx.write_chunk_uninit(k) {
+                        let written = chunk.fill_from_iter((0..k as u64).map(|j| {
+                            let mut m = [7u8; MSG];
+                            m[..8].copy_from_slice(&(i + j).to_le_bytes());
+                            m
+                        }));
+                        i += written as u64;
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            } else {
+                for i in 0..n {
+                    let mut m = [7u8; MSG];
+                    m[..8].copy_from_slice(&i.to_le_bytes());
+                    while tx.push(m).is_err() {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        },
+        move |n| {
+            let mut sum = 0u64;
+            let mut got = 0u64;
+            while got < n {
+                if batched {
+                    let k = rx.slots().min(BATCH * 2);
+                    if k == 0 {
+                        std::hint::spin_loop();
+                        continue;
+                    }
+                    let chunk = rx.read_chunk(k).unwrap();
+                    for m in chunk.into_iter() {
+                        sum = sum.wrapping_add(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                    }
+                    got += k as u64;
+                } else if let Ok(m) = rx.pop() {
+                    sum = sum.wrapping_add(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                    got += 1;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            black_box(sum);
+        },
+    )
+}
+
+fn ringbuf_throughput(n: u64, batched: bool) -> f64 {
+    use ringbuf::traits::{Consumer, Producer, Split};
+    let (mut tx, mut rx) = ringbuf::HeapRb::<Msg>::new(4096).split();
+    run_pair(
+        n,
+        move |n| {
+            let mut batch = [[7u8; MSG]; BATCH];
+            let mut i = 0;
+            while i < n {
+                if batched {
+                    let k = (n - i).min(BATCH as u64) as usize;
+                    for (j, m) in batch[..k].iter_mut().enumerate() {
+                        m[..8].copy_from_slice(&(i + j as u64).to_le_bytes());
+                    }
+                    let pushed = tx.push_slice(&batch[..k]);
+                    i += pushed as u64;
+                    if pushed == 0 {
+                        std::hint::spin_loop();
+                    }
+                } else {
+                    let mut m = [7u8; MSG];
+                    m[..8].copy_from_slice(&i.to_le_bytes());
+                    if tx.try_push(m).is_ok() {
+                        i += 1;
+                    } else {
+                        std::hint::spin_loop();
+                    }
+                }
+            }
+        },
+        move |n| {
+            let mut sum = 0u64;
+            let mut got = 0u64;
+            let mut batch = [[0u8; MSG]; BATCH * 2];
+            while got < n {
+                if batched {
+                    let k = rx.pop_slice(&mut batch);
+                    for m in &batch[..k] {
+                        sum = sum.wrapping_add(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                    }
+                    got += k as u64;
+                    if k == 0 {
+                        std::hint::spin_loop();
+                    }
+                } else if let Some(m) = rx.try_pop() {
+                    sum = sum.wrapping_add(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                    got += 1;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            black_box(sum);
+        },
+    )
 }
 
 fn socket_throughput(n: u64, batched: bool) -> f64 {
@@ -375,8 +492,10 @@ fn main() {
     println!("# cores: producer/ping on 0, consumer/echo on 1");
 
     type Bench = fn(u64, bool) -> f64;
-    let cases: [(&str, Bench); 4] = [
+    let cases: [(&str, Bench); 6] = [
         ("sidecore ring", ring_throughput),
+        ("rtrb", rtrb_throughput),
+        ("ringbuf", ringbuf_throughput),
         ("crossbeam bounded", crossbeam_throughput),
         ("std mpsc sync_channel", mpsc_throughput),
         ("unix socketpair", socket_throughput),

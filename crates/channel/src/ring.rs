@@ -131,10 +131,9 @@ impl RingConfig {
 }
 
 /// Counters shared by both ends, readable from any thread (for `sidecore ps`).
+/// Messages published are the tail itself ([`Producer::published`]).
 #[derive(Debug, Default)]
 pub struct RingStats {
-    /// Messages published by the producer.
-    pub published: AtomicU64,
     /// Messages the policy layer dropped because the ring was full.
     pub dropped: AtomicU64,
     /// Times a reliable sender had to wait for space.
@@ -409,12 +408,12 @@ impl Producer {
             self.geo.stamp(pos).store(pos + 1, Ordering::Release);
         }
         self.shared.tail.store(self.next, Ordering::Release);
-        // Only the producer writes this counter: a plain store, no RMW.
-        self.shared
-            .stats
-            .published
-            .store(self.next, Ordering::Relaxed);
         self.published = self.next;
+    }
+
+    /// Messages published so far.
+    pub fn published(&self) -> u64 {
+        self.published
     }
 
     /// Committed messages not yet published.
@@ -585,13 +584,7 @@ impl Consumer {
         let tail = self.shared.tail.load(Ordering::Acquire);
         let ready = tail.saturating_sub(self.head).min(max as u64);
         if ready == 0 {
-            return match self.try_recv() {
-                Ok(m) => {
-                    f(&m);
-                    Ok(1)
-                }
-                Err(e) => Err(e),
-            };
+            return self.recv_by_stamp(max, f);
         }
         assert!(
             tail - self.head <= self.geo.mask + 1,
@@ -618,6 +611,28 @@ impl Consumer {
         Ok(ready as usize)
     }
 
+    /// Up to `max` messages, each found by its stamp (a publish may have set
+    /// the stamps and not yet the shared tail).
+    fn recv_by_stamp(
+        &mut self,
+        max: usize,
+        mut f: impl FnMut(&[u8]) -> bool,
+    ) -> Result<usize, Recv> {
+        let mut n = 0;
+        while n < max {
+            let m = match self.try_recv() {
+                Ok(m) => m,
+                Err(e) if n == 0 => return Err(e),
+                Err(_) => break,
+            };
+            n += 1;
+            if !f(&m) {
+                break;
+            }
+        }
+        Ok(n)
+    }
+
     /// A published length never exceeds the slot's payload: the producer
     /// checked it when it committed. Anything else is corrupted memory.
     #[inline(always)]
@@ -631,12 +646,16 @@ impl Consumer {
         );
     }
 
-    /// Number of messages ready to read, as far as the published tail says.
+    /// Number of messages ready to read, at least: what the shared tail says,
+    /// or 1 if the next slot's stamp says it is published.
     pub fn available(&self) -> u64 {
-        self.shared
+        let by_tail = self
+            .shared
             .tail
             .load(Ordering::Acquire)
-            .saturating_sub(self.head)
+            .saturating_sub(self.head);
+        let next = self.geo.stamp(self.head).load(Ordering::Acquire) == self.head + 1;
+        by_tail.max(u64::from(next))
     }
 
     /// Hands every slot read so far back to the producer.

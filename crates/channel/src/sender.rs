@@ -70,6 +70,11 @@ impl Sender {
         self.producer.free_slots()
     }
 
+    /// Messages published so far.
+    pub fn published(&self) -> u64 {
+        self.producer.published()
+    }
+
     /// True when every receiver has gone away.
     pub fn is_disconnected(&self) -> bool {
         self.producer.is_disconnected()

@@ -104,10 +104,7 @@ impl Outlet {
     pub fn counts(&self) -> (u64, u64) {
         use std::sync::atomic::Ordering::Relaxed;
         match self {
-            Outlet::Ring(s) => (
-                s.stats().published.load(Relaxed),
-                s.stats().dropped.load(Relaxed),
-            ),
+            Outlet::Ring(s) => (s.published(), s.stats().dropped.load(Relaxed)),
             Outlet::Parallel(_, _, d) => (0, *d),
             Outlet::Stream(s) => s.counts(),
             Outlet::Unconnected(n) => (0, *n),
