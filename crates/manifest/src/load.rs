@@ -164,6 +164,35 @@ fn millis(report: &mut Report, file: FileId, v: &S<i64>, field: &str) -> Option<
     }
 }
 
+/// An offcode's CPU share: `cpu` as written (at least what its timing needs),
+/// else a periodic offcode's `wcet/period` (HYDRA Eq. 7.6), else a whole core.
+fn offcode_cpu(
+    r: &mut Report,
+    file: FileId,
+    cpu: Option<&S<f64>>,
+    timing: Option<timing::Timing>,
+) -> Option<f64> {
+    match (cpu, timing.and_then(|t| t.utilisation())) {
+        (Some(v), u) => cpu_share(r, file, v, "cpu").filter(|&c| {
+            let fits = u.is_none_or(|u| c + 1e-9 >= u);
+            if !fits {
+                r.error(
+                    file,
+                    v.span(),
+                    format!(
+                        "`cpu` = {c} is below the share its timing needs (wcet/period = {:.4})",
+                        u.unwrap_or_default()
+                    ),
+                    "too small for wcet_us/period_ms",
+                );
+            }
+            fits
+        }),
+        (None, Some(u)) => Some(u.max(f64::MIN_POSITIVE)),
+        (None, None) => Some(DEFAULT_CPU),
+    }
+}
+
 /// Properties each PE kind understands in `require`, with their types.
 fn known_props(kind: PeKind) -> &'static [(&'static str, &'static str)] {
     match kind {
@@ -422,25 +451,7 @@ impl Loader {
             .as_ref()
             .map(|v| millis(r, file, v, "obsolete_ms"));
         let timing = timing::timing(r, file, raw.period_ms.as_ref(), raw.wcet_us.as_ref());
-        let cpu = match (&raw.cpu, timing.and_then(|t| t.utilisation())) {
-            (Some(v), u) => cpu_share(r, file, v, "cpu").filter(|&c| {
-                let fits = u.is_none_or(|u| c + 1e-9 >= u);
-                if !fits {
-                    r.error(
-                        file,
-                        v.span(),
-                        format!(
-                            "`cpu` = {c} is below the share its timing needs (wcet/period = {:.4})",
-                            u.unwrap_or_default()
-                        ),
-                        "too small for wcet_us/period_ms",
-                    );
-                }
-                fits
-            }),
-            (None, Some(u)) => Some(u.max(f64::MIN_POSITIVE)),
-            (None, None) => Some(DEFAULT_CPU),
-        };
+        let cpu = offcode_cpu(r, file, raw.cpu.as_ref(), timing);
         let mem = raw
             .memory
             .as_ref()
