@@ -28,23 +28,8 @@ const MSG: usize = 64;
 const BATCH: usize = 32;
 type Msg = [u8; MSG];
 
-/// The CPUs this process may use, read once before any thread is pinned
-/// (a pinned thread's affinity would hide the others from its children).
-static CPUS: std::sync::OnceLock<Vec<core_affinity::CoreId>> = std::sync::OnceLock::new();
-
-fn pin(core: usize) {
-    let ids = CPUS.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default());
-    if let Some(id) = ids.get(core % ids.len().max(1)) {
-        core_affinity::set_for_current(*id);
-    }
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::{CPUS, env, pin};
 
 /// Runs `producer` on core 0 and `consumer` on core 1; returns msgs/s.
 fn run_pair(

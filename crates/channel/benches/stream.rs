@@ -26,21 +26,8 @@ const MSG: usize = 1024;
 const BATCH: usize = 32;
 const NS: &str = "sc-streambench";
 
-static CPUS: std::sync::OnceLock<Vec<core_affinity::CoreId>> = std::sync::OnceLock::new();
-
-fn pin(core: usize) {
-    let ids = CPUS.get_or_init(|| core_affinity::get_core_ids().unwrap_or_default());
-    if let Some(id) = ids.get(core % ids.len().max(1)) {
-        core_affinity::set_for_current(*id);
-    }
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
+mod common;
+use common::{env, pin};
 
 fn message() -> Vec<u8> {
     (0..MSG).map(|i| (i * 31 % 251) as u8).collect()

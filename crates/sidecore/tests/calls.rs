@@ -8,7 +8,7 @@
 
 mod common;
 
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
@@ -29,15 +29,6 @@ fn variant(dir: &Path, edits: &[(&str, &str)]) -> PathBuf {
     let p = dir.join("calls.toml");
     std::fs::write(&p, t).unwrap();
     p
-}
-
-fn offcode<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    v["status"][0]["offcodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["name"] == name)
-        .unwrap_or_else(|| panic!("no offcode {name} in {v}"))
 }
 
 /// `sidecore up --json` of `manifest` to the end.
@@ -139,14 +130,6 @@ fn a_synchronous_call_on_the_providers_own_executor_is_refused() {
         "{v}"
     );
     assert_eq!(c["metrics"]["ok"], 0, "{v}");
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Runs the example's client here and its store on a peer daemon.

@@ -7,7 +7,7 @@
 mod common;
 
 use std::io::Write;
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -17,14 +17,6 @@ use sidecore_builtins::checksum::inet_checksum;
 use sidecore_builtins::source::fill_record;
 
 const RECORD: usize = 64;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// Starts a peer daemon listening for nodes on `addr`, optionally inside a
 /// network namespace, and waits until its node port answers.
@@ -127,15 +119,6 @@ fn apps(sock: &Path) -> Vec<serde_json::Value> {
         return Vec::new();
     }
     serde_json::from_slice(&o.stdout).unwrap_or_default()
-}
-
-fn offcode<'a>(status: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
-    status["status"][0]["offcodes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|o| o["name"] == name)
-        .unwrap_or_else(|| panic!("no offcode {name} in {status}"))
 }
 
 /// What the two checksum offcodes must report for records 0..n.

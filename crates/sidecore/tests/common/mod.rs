@@ -79,3 +79,20 @@ pub fn wait_exit(child: &mut Child, secs: u64) -> Option<std::process::ExitStatu
     let _ = child.kill();
     None
 }
+
+/// A TCP port free on loopback right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind an ephemeral port")
+        .local_addr()
+        .expect("its address")
+        .port()
+}
+
+/// Offcode `name` in the first app of `up --json` output.
+pub fn offcode<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    v["status"][0]["offcodes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|o| o["name"] == name))
+        .unwrap_or_else(|| panic!("no offcode {name} in {v}"))
+}
