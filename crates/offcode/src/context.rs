@@ -148,6 +148,17 @@ pub fn parse_params<T: DeserializeOwned>(params: &toml::Table) -> Result<T, Offc
         .map_err(|e: toml::de::Error| OffcodeError::Params(e.message().trim().to_string()))
 }
 
+/// An offcode's bindings (a field of its context, borrowed alone so the
+/// outlets stay free); `NoBinding(interface)` if it has none.
+fn bindings<'c>(
+    calls: &'c mut Option<&mut Calls>,
+    interface: &str,
+) -> Result<&'c mut Calls, CallError> {
+    calls
+        .as_deref_mut()
+        .ok_or_else(|| CallError::NoBinding(interface.to_string()))
+}
+
 /// Context of the running phases (start, handle, poll, serve, control, stop).
 pub struct RunCx<'a> {
     info: &'a OffcodeInfo,
@@ -252,10 +263,7 @@ impl<'a> RunCx<'a> {
         args: &A,
         invocation: Invocation,
     ) -> Result<PendingCall, CallError> {
-        let calls = self
-            .calls
-            .as_deref_mut()
-            .ok_or_else(|| CallError::NoBinding(interface.to_string()))?;
+        let calls = bindings(&mut self.calls, interface)?;
         let (_, spec) = calls.binding(interface)?;
         let m = spec
             .method(method)
@@ -313,10 +321,7 @@ impl<'a> RunCx<'a> {
         interface: &str,
         call: &PendingCall,
     ) -> Result<Option<R>, CallError> {
-        let calls = self
-            .calls
-            .as_deref_mut()
-            .ok_or_else(|| CallError::NoBinding(interface.to_string()))?;
+        let calls = bindings(&mut self.calls, interface)?;
         let u = calls.binding_of(interface)?;
         calls.poll_one(u, call)
     }
@@ -332,10 +337,7 @@ impl<'a> RunCx<'a> {
         timeout: Duration,
     ) -> Result<R, CallError> {
         {
-            let calls = self
-                .calls
-                .as_deref()
-                .ok_or_else(|| CallError::NoBinding(interface.to_string()))?;
+            let calls = bindings(&mut self.calls, interface)?;
             let (u, _) = calls.binding(interface)?;
             if calls.colocated(u) {
                 return Err(CallError::WouldDeadlock(interface.to_string()));
