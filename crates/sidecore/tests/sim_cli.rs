@@ -104,6 +104,11 @@ fn rate_prints_every_seed_beside_the_paper() {
     assert_eq!(cells[4], "0/0", "NE's overhead on each seed: {ne}");
     let tre = row(&out, "SE-TRE");
     assert_eq!(tre.split_whitespace().nth(2).unwrap().split('/').count(), 2);
+    // The default's assumption is flagged where the table is printed.
+    assert!(
+        out.contains("[A] SE-RE and SE-TRE: a giver keeps the rate it uses"),
+        "{out}"
+    );
     // Table 8.2 marks its derived column and shows the paper's 25 MB.
     assert!(out.contains("Table 8.2"), "{out}");
     assert!(out.contains("derived, not measured"), "{out}");
@@ -113,7 +118,7 @@ fn rate_prints_every_seed_beside_the_paper() {
 }
 
 #[test]
-fn rate_json_with_the_what_if() {
+fn rate_json_keeps_used_rate_by_default_and_not_with_exact_formulas() {
     let json = sim(&[
         "rate",
         "--algorithms",
@@ -123,12 +128,12 @@ fn rate_json_with_the_what_if() {
         "--no-1ms",
         "--buckets",
         "2000",
-        "--keep-used-rate",
         "--json",
     ])
     .unwrap();
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(v["keep_used_rate"], true);
+    // Keep-used-rate is the default, flagged as an assumption.
+    assert_eq!(v["exact_formulas"], false);
     assert_eq!(v["seeds"], serde_json::json!([1]));
     let t81 = v["table_8_1"].as_array().unwrap();
     assert_eq!(t81.len(), 2);
@@ -143,6 +148,26 @@ fn rate_json_with_the_what_if() {
         assert!(runs[0]["max_rate_sum"].as_f64().unwrap() <= 500.0 + 1e-6);
     }
     assert_eq!(v["table_8_2"].as_array().unwrap().len(), 1);
+    // --exact-formulas: chapter 5 literally, no giver keeps its rate.
+    let json = sim(&[
+        "rate",
+        "--algorithms",
+        "se-tre",
+        "--interval",
+        "2000",
+        "--no-1ms",
+        "--buckets",
+        "2000",
+        "--exact-formulas",
+        "--json",
+    ])
+    .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["exact_formulas"], true);
+    assert!(
+        v["table_8_1"][0]["algo"]["se"]["keep_used"].is_null(),
+        "{v}"
+    );
 }
 
 #[test]

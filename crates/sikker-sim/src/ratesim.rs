@@ -140,11 +140,38 @@ pub struct AlgoConfig {
 }
 
 impl AlgoConfig {
-    /// Defaults for `alg` with bucket `s_b`: the configurations with the lowest
-    /// penalty in sidecore's sweep ([`sweep_grid`], averaged over seeds 1–3; see
-    /// [`sweep`] and BENCHMARKS.md), with
-    /// thresholds scaled with `s_b`.
+    /// Defaults for `alg` with bucket `s_b`, under the assumption [A] that a
+    /// giver keeps the rate it is using (`SeParams::keep_used`; not in the
+    /// dissertation, adopted because it reproduces Table 8.1): the lowest-penalty
+    /// configurations of sidecore's sweep with that rule (seeds 1–3; see
+    /// BENCHMARKS.md), thresholds scaled with `s_b`. [`AlgoConfig::exact`] is
+    /// chapter 5 literally.
     pub fn tuned(alg: Algorithm, s_b: f64) -> Self {
+        let mut c = Self::exact(alg, s_b);
+        match alg {
+            Algorithm::SeTre => {
+                c.se.f_r = 1.0;
+                c.se.keep_used = Some(s_b);
+            }
+            Algorithm::SeRe => {
+                c.se.th_low = 0.6 * s_b;
+                c.se.n_peers = 24;
+                c.se.f_r = 1.0;
+                c.se.th_r = 0.75 * s_b;
+                c.se.f_mr = 0.5;
+                c.se.keep_used = Some(s_b);
+            }
+            // The others exchange no rate: the rule does not touch them.
+            _ => {}
+        }
+        c
+    }
+
+    /// Defaults for `alg` with bucket `s_b` under chapter 5's formulas exactly
+    /// (`--exact-formulas`): the lowest-penalty configurations of sidecore's
+    /// sweep ([`sweep_grid`], averaged over seeds 1–3), thresholds scaled with
+    /// `s_b`.
+    pub fn exact(alg: Algorithm, s_b: f64) -> Self {
         let mut se = SeParams::tuned(s_b);
         match alg {
             Algorithm::SeTe => {
@@ -804,7 +831,7 @@ impl<'a> Sim<'a> {
 /// the dissertation publishes only `Th_t = 35 %` and `Th_r = 90 %` of `S_b` for
 /// SE-TRE, which the SE-TRE grid keeps fixed).
 pub fn sweep_grid(alg: Algorithm, s_b: f64) -> Vec<AlgoConfig> {
-    let base = AlgoConfig::tuned(alg, s_b);
+    let base = AlgoConfig::exact(alg, s_b);
     let mut out = Vec::new();
     match alg {
         Algorithm::Ne | Algorithm::SeFa => out.push(base),
@@ -1045,10 +1072,26 @@ mod tests {
     }
 
     #[test]
+    fn the_defaults_keep_used_rate_and_exact_does_not() {
+        for alg in [Algorithm::SeRe, Algorithm::SeTre] {
+            assert_eq!(AlgoConfig::tuned(alg, 2000.0).se.keep_used, Some(2000.0));
+            assert_eq!(AlgoConfig::exact(alg, 2000.0).se.keep_used, None);
+        }
+        for alg in [
+            Algorithm::Ne,
+            Algorithm::Re,
+            Algorithm::SeFa,
+            Algorithm::SeTe,
+        ] {
+            assert_eq!(AlgoConfig::tuned(alg, 2000.0).se.keep_used, None, "{alg}");
+        }
+    }
+
+    #[test]
     fn keep_used_touches_only_rate_gives_and_keeps_the_limit() {
         for alg in [Algorithm::SeTe, Algorithm::SeTre] {
-            let exact = simulate(&small(), AlgoConfig::tuned(alg, 2000.0));
-            let mut c = AlgoConfig::tuned(alg, 2000.0);
+            let exact = simulate(&small(), AlgoConfig::exact(alg, 2000.0));
+            let mut c = AlgoConfig::exact(alg, 2000.0);
             c.se.keep_used = Some(2000.0);
             let what_if = simulate(&small(), c);
             assert!(what_if.max_rate_sum <= 20.0 + 1e-6, "{alg}");

@@ -40,8 +40,9 @@ pub struct RateRunOptions {
     pub sweep_seeds: Option<Vec<u64>>,
     /// Also run the 1 ms change interval.
     pub one_ms: bool,
-    /// What-if: a giver keeps the rate it uses (`SeParams::keep_used`).
-    pub keep_used_rate: bool,
+    /// Chapter 5's formulas exactly, without the assumption [A] that a giver
+    /// keeps the rate it uses (`SeParams::keep_used`, on by default).
+    pub exact_formulas: bool,
     /// Worker threads.
     pub threads: usize,
 }
@@ -89,12 +90,23 @@ impl RateRunOptions {
         Ok(())
     }
 
-    /// `c` with the what-if applied when it is on.
-    fn what_if(&self, mut c: AlgoConfig) -> AlgoConfig {
-        if self.keep_used_rate {
-            c.se.keep_used = Some(c.se.bucket_size);
-        }
+    /// `c` under the chosen formulas: keep-used-rate on (the default, [A]) or
+    /// chapter 5 exactly. Algorithms that exchange no rate are unaffected.
+    fn variant(&self, mut c: AlgoConfig) -> AlgoConfig {
+        c.se.keep_used = match (self.exact_formulas, c.alg) {
+            (false, Algorithm::SeRe | Algorithm::SeTre) => Some(c.se.bucket_size),
+            _ => None,
+        };
         c
+    }
+
+    /// The default configuration of `alg` under the chosen formulas.
+    fn default_config(&self, alg: Algorithm) -> AlgoConfig {
+        if self.exact_formulas {
+            AlgoConfig::exact(alg, TABLE_8_1_BUCKET)
+        } else {
+            AlgoConfig::tuned(alg, TABLE_8_1_BUCKET)
+        }
     }
 
     /// The experiment under `seed`.
@@ -140,8 +152,8 @@ pub struct RateReport {
     pub config: RateSimConfig,
     /// Seeds of Tables 8.1 and 8.2.
     pub seeds: Vec<u64>,
-    /// Whether the what-if was on.
-    pub keep_used_rate: bool,
+    /// Whether chapter 5 ran exactly (no keep-used-rate assumption).
+    pub exact_formulas: bool,
     /// Per algorithm, when a sweep ran.
     pub sweep: Vec<SweepSummary>,
     /// Table 8.1: one row per algorithm.
@@ -171,14 +183,14 @@ pub fn rate_report(o: &RateRunOptions) -> Result<RateReport, SimError> {
     let mut best: Vec<AlgoConfig> = o
         .algorithms
         .iter()
-        .map(|&a| o.what_if(AlgoConfig::tuned(a, TABLE_8_1_BUCKET)))
+        .map(|&a| o.variant(o.default_config(a)))
         .collect();
     let mut sweep = Vec::new();
     if let Some(seeds) = &o.sweep_seeds {
         for (k, &alg) in o.algorithms.iter().enumerate() {
             let grid: Vec<AlgoConfig> = ratesim::sweep_grid(alg, TABLE_8_1_BUCKET)
                 .into_iter()
-                .map(|c| o.what_if(c))
+                .map(|c| o.variant(c))
                 .collect();
             let mut rows = ratesim::sweep(&o.config(seeds[0]), seeds, &grid, o.threads);
             best[k] = rows[0].algo;
@@ -213,7 +225,7 @@ pub fn rate_report(o: &RateRunOptions) -> Result<RateReport, SimError> {
     Ok(RateReport {
         config: o.config(o.seeds[0]),
         seeds: o.seeds.clone(),
-        keep_used_rate: o.keep_used_rate,
+        exact_formulas: o.exact_formulas,
         sweep,
         table_8_1: under_each_seed(o, &best),
         table_8_2: under_each_seed(o, &table_8_2_configs),

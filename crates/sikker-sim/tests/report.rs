@@ -29,7 +29,7 @@ fn options(algorithms: &[Algorithm], seeds: &[u64]) -> RateRunOptions {
         buckets: vec![1500.0, 2000.0],
         sweep_seeds: None,
         one_ms: false,
-        keep_used_rate: false,
+        exact_formulas: true,
         threads: 2,
     }
 }
@@ -87,9 +87,9 @@ fn without_se_tre_there_is_no_table_8_2() {
 #[test]
 fn what_if_reaches_every_se_run() {
     let mut o = options(&[Algorithm::SeRe, Algorithm::SeTre], &[1]);
-    o.keep_used_rate = true;
+    o.exact_formulas = false;
     let r = rate_report(&o).unwrap();
-    assert!(r.keep_used_rate);
+    assert!(!r.exact_formulas);
     for row in &r.table_8_1 {
         assert_eq!(row.algo.se.keep_used, Some(2000.0), "{}", row.algo.alg);
     }
