@@ -55,6 +55,25 @@ fn sikker_prints_both_tables_and_json() {
         out.contains("GRR mean 41 ns"),
         "the published figure beside ours"
     );
+    // The targets as ratios to the same run's controls, with numbers.
+    let t = out
+        .lines()
+        .find(|l| l.starts_with("targets at 1024 hosts"))
+        .unwrap_or_else(|| panic!("no targets line:\n{out}"));
+    let num = |after: &str| -> f64 {
+        let rest = &t[t.find(after).unwrap() + after.len()..];
+        rest.split_whitespace().next().unwrap().parse().unwrap()
+    };
+    let ur = num("UR p99.99 ÷ Memory p99.99 = ");
+    let grr = num("GRR mean ÷ Cached mean = ");
+    assert!(
+        ur > 0.0 && ur.is_finite() && grr > 0.0 && grr.is_finite(),
+        "{t}"
+    );
+    assert!(
+        t.contains("(target ≤ 1.0)") && t.contains("(target ≤ 1.5)"),
+        "{t}"
+    );
 
     let json = sim(&[
         "sikker",
