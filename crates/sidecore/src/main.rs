@@ -9,6 +9,7 @@
 //! | `daemon` | runs the daemon in the foreground |
 //! | `ps` / `down` / `events` | inspect and stop what a daemon runs |
 //! | `sim sikker` / `sim rate` | the Sikker dissertation's simulators, rebuilt on sidecore's code |
+//! | `sikker agent` / `send` / `recv` | Sikker's agent on this node, and a client for it |
 
 mod args;
 mod check;
@@ -20,6 +21,7 @@ mod ext_cmd;
 mod fw;
 mod layout;
 mod policy;
+mod sikker_cmd;
 mod sim_cmd;
 mod testbed_cmd;
 mod up;
@@ -100,6 +102,8 @@ enum Command {
     Sim(sim_cmd::SimCommand),
     /// Validate Sikker policies and trace what they permit.
     Policy(policy::PolicyCommand),
+    /// Sikker's agent on this node, and a client for it (send, recv).
+    Sikker(sikker_cmd::SikkerCommand),
     /// The SCIRON firewall console: analyse, check and live-load rule files.
     #[command(subcommand)]
     Fw(fw::FwCommand),
@@ -137,6 +141,7 @@ fn main() -> ExitCode {
         Command::Calibrate(c) => c.run().map(|code| ExitCode::from(code as u8)),
         Command::Sim(cmd) => sim_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
         Command::Policy(cmd) => policy::run(cmd),
+        Command::Sikker(cmd) => sikker_cmd::run(cmd),
         Command::Fw(cmd) => fw::run(cmd),
         Command::Demo(cmd) => demo::run(cmd),
         Command::Testbed(cmd) => testbed_cmd::run(cmd),

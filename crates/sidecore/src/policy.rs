@@ -76,7 +76,7 @@ fn list<T: std::fmt::Display>(items: impl IntoIterator<Item = T>) -> String {
 }
 
 /// Reads and validates a policy; its located errors are printed before the error.
-fn load_policy(path: &Path) -> anyhow::Result<Policy> {
+pub(crate) fn load_policy(path: &Path) -> anyhow::Result<Policy> {
     let src = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
     parse_policy(&path.display().to_string(), &src).map_err(|e| {
         eprint!("{}", e.rendered());
@@ -85,7 +85,7 @@ fn load_policy(path: &Path) -> anyhow::Result<Policy> {
 }
 
 /// Reads a placement and compiles the Network OS's tables for it.
-fn load_nos(path: &Path, policy: &Policy) -> anyhow::Result<Nos> {
+pub(crate) fn load_nos(path: &Path, policy: &Policy) -> anyhow::Result<Nos> {
     let src = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
     let placement = parse_placement(&path.display().to_string(), &src, policy).map_err(|e| {
         eprint!("{}", e.rendered());

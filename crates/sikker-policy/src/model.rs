@@ -8,10 +8,17 @@ use sidecore_sikker_rate::Algorithm;
 /// A process definition (§4.6: what to run and how).
 #[derive(Clone, Debug, PartialEq, Default)]
 pub struct ProcessDef {
-    /// Program to run.
+    /// Program to run; the agent also requires a process claiming this
+    /// identity to run this executable.
     pub program: Option<String>,
     /// Its arguments.
     pub args: Vec<String>,
+    /// The cgroup (v2 path, `/sikker/bill/101`) a process must be in to be
+    /// attested as this one by a Sikker agent; without it, no running process
+    /// can hold this identity (identities are derived, never claimed).
+    pub cgroup: Option<String>,
+    /// The user a process must run as, if set.
+    pub uid: Option<u32>,
 }
 
 /// A named subset of a service's processes and domains offered to others (§4.6).

@@ -180,6 +180,8 @@ struct RawProcess {
     program: Option<String>,
     #[serde(default)]
     args: Vec<String>,
+    cgroup: Option<Spanned<String>>,
+    uid: Option<Spanned<i64>>,
 }
 
 #[derive(Deserialize)]
@@ -411,9 +413,24 @@ impl PolicyBuilder<'_> {
             let Some(pid) = u32_id(&mut self.ctx, &p.id, "process id") else {
                 continue;
             };
+            if let Some(c) = &p.cgroup
+                && !c.get_ref().starts_with('/')
+            {
+                self.ctx.err(
+                    c.span(),
+                    format!(
+                        "cgroup `{}` must be an absolute cgroup v2 path, like `/sikker/{}/{pid}`",
+                        c.get_ref(),
+                        svc.name
+                    ),
+                );
+            }
+            let uid = p.uid.as_ref().and_then(|u| u32_id(&mut self.ctx, u, "uid"));
             let def = ProcessDef {
                 program: p.program.clone(),
                 args: p.args.clone(),
+                cgroup: p.cgroup.as_ref().map(|c| c.get_ref().clone()),
+                uid,
             };
             if svc.processes.insert(pid, def).is_some() {
                 self.ctx.err(

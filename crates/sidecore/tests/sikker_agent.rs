@@ -1,0 +1,377 @@
+//! Sikker's agent end to end, as root: real processes in real cgroup v2
+//! groups attach through `sidecore sikker`, and the agent derives who each
+//! is. A permitted message arrives with its sender's verified identity; one
+//! the policy does not permit is denied with the reason; a one-time
+//! permission answers once and never again; and every way of claiming
+//! another identity is refused — a forged source, a process in a cgroup the
+//! policy does not name, a socket passed to another process, and an exec
+//! after attaching.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test code: a failed unwrap is a failed run; one scenario read top to bottom
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use common::*;
+
+/// Where cgroup v2 is mounted (`/sys/fs/cgroup` or `/sys/fs/cgroup/unified`).
+fn cgroup2_root() -> Option<PathBuf> {
+    let m = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    m.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        if !post.starts_with("cgroup2 ") {
+            return None;
+        }
+        pre.split_whitespace().nth(4).map(PathBuf::from)
+    })
+}
+
+/// Cgroups made for the test, removed (after their processes) on drop.
+struct Groups {
+    root: PathBuf,
+    name: String,
+}
+
+impl Groups {
+    fn new(root: &Path, subs: &[&str]) -> Groups {
+        let name = format!("sc-sikker-test-{}", std::process::id());
+        for s in subs {
+            std::fs::create_dir_all(root.join(&name).join(s)).unwrap();
+        }
+        Groups {
+            root: root.to_path_buf(),
+            name,
+        }
+    }
+    /// The cgroup v2 path of `sub`, as `/proc/PID/cgroup` shows it.
+    fn path(&self, sub: &str) -> String {
+        format!("/{}/{sub}", self.name)
+    }
+    fn procs(&self, sub: &str) -> PathBuf {
+        self.root.join(&self.name).join(sub).join("cgroup.procs")
+    }
+}
+
+impl Drop for Groups {
+    fn drop(&mut self) {
+        let top = self.root.join(&self.name);
+        if let Ok(rd) = std::fs::read_dir(&top) {
+            for e in rd.flatten().filter(|e| e.path().is_dir()) {
+                let _ = std::fs::write(e.path().join("cgroup.kill"), "1");
+                std::thread::sleep(Duration::from_millis(50));
+                let _ = std::fs::remove_dir(e.path());
+            }
+        }
+        let _ = std::fs::remove_dir(&top);
+    }
+}
+
+/// `sidecore ARGS` started inside cgroup `procs` (the shell joins it, then execs).
+fn in_group(procs: &Path, args: &[&str]) -> Command {
+    let exe = env!("CARGO_BIN_EXE_sidecore");
+    let mut c = Command::new("sh");
+    c.arg("-c")
+        .arg(format!(
+            "echo $$ > {} && exec \"$0\" \"$@\"",
+            procs.display()
+        ))
+        .arg(exe)
+        .args(args)
+        .env_remove("SIDECORE_SOCKET");
+    c
+}
+
+fn run_in(procs: &Path, args: &[&str]) -> Output {
+    in_group(procs, args).output().unwrap()
+}
+
+fn spawn_in(procs: &Path, args: &[&str]) -> Child {
+    in_group(procs, args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+#[track_caller]
+fn expect_refused(o: &Output, what: &str) {
+    let (out, err) = text(o);
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    assert!(err.contains(what), "expected `{what}` in:\n{err}");
+}
+
+fn lines(o: &Output) -> Vec<serde_json::Value> {
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect()
+}
+
+#[test]
+fn the_agent_derives_identities_checks_every_message_and_refuses_every_spoof() {
+    if !sidecore_testbed::testing::root() {
+        return;
+    }
+    let Some(cg) = cgroup2_root() else {
+        panic!("no cgroup v2 mount on this machine");
+    };
+    let _s = serial();
+    let g = Groups::new(&cg, &["kvs3", "bill", "other"]);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            r#"
+[nmu]
+otp_ttl_ms = 60000
+otp_cap = 4
+
+[[service]]
+name = "kvs"
+domains = ["Get", "Set"]
+[[service.process]]
+id = 3
+cgroup = "{}"
+[[service.portal]]
+name = "ForBill"
+processes = [3]
+domains = ["Get"]
+
+[[service]]
+name = "bill"
+domains = ["Reply"]
+[[service.process]]
+id = 101
+cgroup = "{}"
+
+[[grant]]
+from = "bill"
+to = "kvs"
+portal = "ForBill"
+"#,
+            g.path("kvs3"),
+            g.path("bill")
+        ),
+    )
+    .unwrap();
+    let placement = dir.path().join("placement.toml");
+    std::fs::write(
+        &placement,
+        "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\", \"bill:101\"]\n",
+    )
+    .unwrap();
+    let sock = dir.path().join("agent.sock");
+    let s = sock.to_str().unwrap();
+    let _agent = Guard(
+        bin()
+            .args(["sikker", "agent", "--host", "h1", "--socket", s, "--policy"])
+            .arg(&policy)
+            .arg("--placement")
+            .arg(&placement)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(|| sock.exists(), 10), "the agent never listened");
+    let (kvs, bill, other) = (g.procs("kvs3"), g.procs("bill"), g.procs("other"));
+
+    // kvs:3 listens and answers every one-time permission with "pong";
+    // bill:101 listens for that answer.
+    let kvs_rx = spawn_in(
+        &kvs,
+        &[
+            "sikker",
+            "recv",
+            "--socket",
+            s,
+            "--count",
+            "2",
+            "--timeout-ms",
+            "8000",
+            "--reply",
+            "pong",
+        ],
+    );
+    let bill_rx = spawn_in(
+        &bill,
+        &[
+            "sikker",
+            "recv",
+            "--socket",
+            s,
+            "--count",
+            "1",
+            "--timeout-ms",
+            "8000",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Permitted: delivered with the sender's derived identity.
+    let o = run_in(
+        &bill,
+        &[
+            "sikker",
+            "send",
+            "--socket",
+            s,
+            "--to",
+            "kvs:3:Get",
+            "hello",
+        ],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    // Not permitted: the domain is outside the portal bill was granted.
+    expect_refused(
+        &run_in(
+            &bill,
+            &[
+                "sikker",
+                "send",
+                "--socket",
+                s,
+                "--to",
+                "kvs:3:Set",
+                "write",
+            ],
+        ),
+        "service bill may not use domain Set of kvs",
+    );
+    // A name the policy does not know.
+    expect_refused(
+        &run_in(
+            &bill,
+            &["sikker", "send", "--socket", s, "--to", "kvs:3:Nope", "x"],
+        ),
+        "unknown domain `Nope of kvs`",
+    );
+    // With a one-time permission for kvs:3 to answer bill:101.
+    let o = run_in(
+        &bill,
+        &[
+            "sikker",
+            "send",
+            "--socket",
+            s,
+            "--to",
+            "kvs:3:Get",
+            "--otp-for",
+            "bill:101:Reply",
+            "ping",
+        ],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+
+    // Every spoof is refused.
+    expect_refused(
+        &run_in(
+            &bill,
+            &[
+                "sikker",
+                "send",
+                "--socket",
+                s,
+                "--claim",
+                "kvs:3",
+                "--to",
+                "kvs:3:Get",
+                "forged",
+            ],
+        ),
+        "the message claims to come from kvs:3, but its sender is bill:101",
+    );
+    expect_refused(
+        &run_in(
+            &other,
+            &[
+                "sikker",
+                "send",
+                "--socket",
+                s,
+                "--to",
+                "kvs:3:Get",
+                "other",
+            ],
+        ),
+        "matches no process of the policy",
+    );
+    expect_refused(
+        &run_in(
+            &bill,
+            &[
+                "sikker",
+                "send",
+                "--socket",
+                s,
+                "--hand-to-child",
+                "--to",
+                "kvs:3:Get",
+                "passed",
+            ],
+        ),
+        "but pid",
+    );
+    let copy = dir.path().join("another-program");
+    std::fs::copy(env!("CARGO_BIN_EXE_sidecore"), &copy).unwrap();
+    expect_refused(
+        &run_in(
+            &bill,
+            &[
+                "sikker",
+                "send",
+                "--socket",
+                s,
+                "--exec-after-attach",
+                copy.to_str().unwrap(),
+                "--to",
+                "kvs:3:Get",
+                "execd",
+            ],
+        ),
+        "its identity ended with the exec",
+    );
+
+    // kvs:3 got exactly the two permitted messages, from bill:101; the
+    // second carried a one-time permission, which it used to answer.
+    let k = kvs_rx.wait_with_output().unwrap();
+    assert!(k.status.success(), "{:?}", text(&k));
+    let got = lines(&k);
+    assert_eq!(got.len(), 2, "{got:?}");
+    assert_eq!(got[0]["from"], "bill:101");
+    assert_eq!(got[0]["text"], "hello");
+    assert_eq!(got[0]["domain"], "Get");
+    assert!(got[0]["otp"].is_null());
+    assert_eq!(got[1]["text"], "ping");
+    let otp = got[1]["otp"]
+        .as_u64()
+        .expect("the second message carries an OTP");
+    // bill:101 got the answer from kvs:3, naming itself as the requester.
+    let b = bill_rx.wait_with_output().unwrap();
+    assert!(b.status.success(), "{:?}", text(&b));
+    let ans = lines(&b);
+    assert_eq!(ans.len(), 1, "{ans:?}");
+    assert_eq!(ans[0]["from"], "kvs:3");
+    assert_eq!(ans[0]["text"], "pong");
+    assert_eq!(ans[0]["domain"], "Reply");
+    assert_eq!(ans[0]["requester"], "bill:101");
+    // The permission was used: using it again is refused.
+    expect_refused(
+        &run_in(
+            &kvs,
+            &[
+                "sikker",
+                "reply",
+                "--socket",
+                s,
+                "--otp",
+                &otp.to_string(),
+                "again",
+            ],
+        ),
+        "one-time permission: process has no one-time permission with key",
+    );
+}

@@ -1,0 +1,381 @@
+//! The agent's logic, sans-IO: which connection is which attested process,
+//! and what each message comes to. Every message is checked at the sender
+//! against the sender's NMU tables (§6.2.1, §6.2.3, §6.2.5: with OTPs issued,
+//! used once, expiring and capped), and again at the receiver (§6.2.2,
+//! §6.2.4), and delivered with the identity the agent derived for its sender.
+//! Denials are typed, counted by kind, and name services and domains the way
+//! `sidecore policy trace` explains a verdict.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use sidecore_sikker_nmu::{
+    DomainId, Header, LocalIndex, NmuError, NmuTables, ProcessId, ServiceId, Triple,
+};
+use sidecore_sikker_policy::Nos;
+
+use crate::attest::{ProcessFacts, attest};
+use crate::proto::{Denied, Dest, FromAgent, Identity, ToAgent};
+
+/// A connection to the agent, numbered by the I/O layer.
+pub type ConnId = u64;
+
+/// What the I/O layer must do: send this to that connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Effect {
+    pub to: ConnId,
+    pub msg: FromAgent,
+}
+
+/// An attested connection.
+#[derive(Clone, Debug)]
+struct Attached {
+    svc: ServiceId,
+    proc: ProcessId,
+    li: LocalIndex,
+    pid: i32,
+    exe: PathBuf,
+    listening: bool,
+}
+
+/// What the agent has done, for `ps` and metrics.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Counters {
+    pub attached: u64,
+    pub refused: u64,
+    pub sent: u64,
+    pub delivered: u64,
+    /// Denials by kind (`permission`, `forged`, `passed-socket`, …).
+    pub denied: BTreeMap<String, u64>,
+}
+
+/// Why an agent cannot start.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error("host `{host}` is not in the placement (hosts: {known})")]
+    UnknownHost { host: String, known: String },
+}
+
+/// One node's agent.
+pub struct AgentCore {
+    nos: Nos,
+    host: String,
+    attached: HashMap<ConnId, Attached>,
+    counters: Counters,
+}
+
+fn kind(d: &Denied) -> &'static str {
+    match d {
+        Denied::Permission(_) => "permission",
+        Denied::Unknown { .. } => "unknown-name",
+        Denied::Forged { .. } => "forged",
+        Denied::PassedSocket { .. } => "passed-socket",
+        Denied::Exec { .. } => "exec",
+        Denied::Otp(_) => "otp",
+        Denied::Undeliverable(_) => "undeliverable",
+        Denied::Malformed(_) => "malformed",
+    }
+}
+
+impl AgentCore {
+    /// The agent of `host`, enforcing `nos`'s tables for it.
+    pub fn new(nos: Nos, host: &str) -> Result<Self, AgentError> {
+        if nos.tables(host).is_none() {
+            return Err(AgentError::UnknownHost {
+                host: host.to_string(),
+                known: nos.host_names().join(", "),
+            });
+        }
+        Ok(AgentCore {
+            nos,
+            host: host.to_string(),
+            attached: HashMap::new(),
+            counters: Counters::default(),
+        })
+    }
+
+    /// What it has done so far.
+    pub fn counters(&self) -> &Counters {
+        &self.counters
+    }
+
+    fn tables(&self) -> &NmuTables {
+        self.nos.tables(&self.host).expect("checked in new")
+    }
+
+    fn svc_name(&self, s: ServiceId) -> String {
+        self.nos
+            .policy()
+            .services
+            .get(&s)
+            .map_or_else(|| format!("S{s}"), |x| x.name.clone())
+    }
+
+    fn dom_name(&self, s: ServiceId, d: DomainId) -> String {
+        self.nos
+            .policy()
+            .services
+            .get(&s)
+            .and_then(|x| x.domains.iter().find(|(_, id)| **id == d))
+            .map_or_else(|| format!("D{d}"), |(n, _)| n.clone())
+    }
+
+    fn identity(&self, s: ServiceId, p: ProcessId) -> Identity {
+        Identity {
+            service: self.svc_name(s),
+            process: p,
+        }
+    }
+
+    /// Attests a new connection from the process `facts` describe: its
+    /// identity, which must be placed on this host.
+    pub fn attach(&mut self, conn: ConnId, facts: &ProcessFacts) -> Result<Identity, String> {
+        let r = attest(self.nos.policy(), facts)
+            .map_err(|e| e.to_string())
+            .and_then(|(s, p)| match self.nos.locate(s, p) {
+                Some((h, _, li)) if h == self.host => Ok((s, p, li)),
+                Some((h, ..)) => Err(format!(
+                    "{} is placed on host {h}, not on this agent's host {}",
+                    self.identity(s, p),
+                    self.host
+                )),
+                None => Err(format!("{} is not placed on any host", self.identity(s, p))),
+            });
+        match r {
+            Ok((svc, proc, li)) => {
+                self.attached.insert(
+                    conn,
+                    Attached {
+                        svc,
+                        proc,
+                        li,
+                        pid: facts.pid,
+                        exe: facts.exe.clone(),
+                        listening: false,
+                    },
+                );
+                self.counters.attached += 1;
+                Ok(self.identity(svc, proc))
+            }
+            Err(e) => {
+                self.counters.refused += 1;
+                Err(e)
+            }
+        }
+    }
+
+    /// Forgets a connection.
+    pub fn detach(&mut self, conn: ConnId) {
+        self.attached.remove(&conn);
+    }
+
+    /// The pid and executable a connection was attested with.
+    pub fn attested(&self, conn: ConnId) -> Option<(i32, &std::path::Path)> {
+        self.attached.get(&conn).map(|a| (a.pid, a.exe.as_path()))
+    }
+
+    /// Counts a denial of request `id` and answers it.
+    pub fn deny(&mut self, conn: ConnId, id: Option<u64>, why: Denied) -> Effect {
+        *self
+            .counters
+            .denied
+            .entry(kind(&why).to_string())
+            .or_default() += 1;
+        Effect {
+            to: conn,
+            msg: FromAgent::Denied { id, why },
+        }
+    }
+
+    /// Handles request `id` from an attested connection at `now_ns`.
+    pub fn handle(&mut self, conn: ConnId, id: u64, msg: ToAgent, now_ns: u64) -> Vec<Effect> {
+        let Some(me) = self.attached.get(&conn).cloned() else {
+            let why = Denied::Malformed("the connection is not attached".into());
+            return vec![self.deny(conn, Some(id), why)];
+        };
+        let r = match msg {
+            ToAgent::Listen => {
+                if let Some(a) = self.attached.get_mut(&conn) {
+                    a.listening = true;
+                }
+                Ok(Vec::new())
+            }
+            ToAgent::Send {
+                to,
+                payload,
+                otp_for,
+                claim,
+            } => self.send(&me, &to, payload, otp_for.as_ref(), claim.as_ref(), now_ns),
+            ToAgent::Reply { otp, payload } => self.reply(&me, otp, payload, now_ns),
+        };
+        match r {
+            Ok(mut effects) => {
+                effects.push(Effect {
+                    to: conn,
+                    msg: FromAgent::Ok(id),
+                });
+                effects
+            }
+            Err(d) => vec![self.deny(conn, Some(id), d)],
+        }
+    }
+
+    /// `dest` in the policy's identifiers.
+    fn resolve(&self, d: &Dest) -> Result<Triple, Denied> {
+        let unknown = |what: &str, name: String| Denied::Unknown {
+            what: what.into(),
+            name,
+        };
+        let s = self
+            .nos
+            .policy()
+            .services
+            .values()
+            .find(|s| s.name == d.service)
+            .ok_or_else(|| unknown("service", d.service.clone()))?;
+        if !s.processes.contains_key(&d.process) {
+            return Err(unknown("process", format!("{}:{}", d.service, d.process)));
+        }
+        let dom = *s
+            .domains
+            .get(&d.domain)
+            .ok_or_else(|| unknown("domain", format!("{} of {}", d.domain, d.service)))?;
+        Ok(Triple::new(s.id, d.process, dom))
+    }
+
+    /// An NMU refusal in the policy's names.
+    fn explain(&self, e: &NmuError) -> Denied {
+        let text = match e {
+            NmuError::ServiceDenied { src, dst } => format!(
+                "service {} holds no permission to service {} (no grant reaches it)",
+                self.svc_name(*src),
+                self.svc_name(*dst)
+            ),
+            NmuError::ProcessDenied { src, dst, proc } => format!(
+                "service {} may not reach process {proc} of {} (not in the portal it was granted)",
+                self.svc_name(*src),
+                self.svc_name(*dst)
+            ),
+            NmuError::DomainDenied { src, dst, dom } => format!(
+                "service {} may not use domain {} of {}",
+                self.svc_name(*src),
+                self.dom_name(*dst, *dom),
+                self.svc_name(*dst)
+            ),
+            NmuError::UnknownOtp(_) | NmuError::OtpExpired(_) | NmuError::OtpTableFull { .. } => {
+                return Denied::Otp(e.to_string());
+            }
+            other => other.to_string(),
+        };
+        Denied::Permission(text)
+    }
+
+    fn send(
+        &mut self,
+        me: &Attached,
+        to: &Dest,
+        payload: Vec<u8>,
+        otp_for: Option<&Dest>,
+        claim: Option<&Identity>,
+        now_ns: u64,
+    ) -> Result<Vec<Effect>, Denied> {
+        let actual = self.identity(me.svc, me.proc);
+        if let Some(c) = claim
+            && *c != actual
+        {
+            return Err(Denied::Forged {
+                claimed: c.to_string(),
+                actual: actual.to_string(),
+            });
+        }
+        let dst = self.resolve(to)?;
+        let out = match otp_for {
+            Some(r) => {
+                let recipient = self.resolve(r)?;
+                self.tables().send_with_otp(me.li, dst, recipient)
+            }
+            None => self.tables().send(me.li, dst),
+        }
+        .map_err(|e| self.explain(&e))?;
+        self.counters.sent += 1;
+        self.deliver(&out.header, payload, now_ns)
+    }
+
+    fn reply(
+        &mut self,
+        me: &Attached,
+        otp: u32,
+        payload: Vec<u8>,
+        now_ns: u64,
+    ) -> Result<Vec<Effect>, Denied> {
+        let host = self.host.clone();
+        let out = self
+            .nos
+            .tables_mut(&host)
+            .expect("checked in new")
+            .send_using_otp(me.li, otp, now_ns)
+            .map_err(|e| self.explain(&e))?;
+        self.counters.sent += 1;
+        self.deliver(&out.header, payload, now_ns)
+    }
+
+    /// The receiver's side: the destination must be resident here and
+    /// listening; an OTP request stores its OTP with the receiver (§6.2.4).
+    fn deliver(
+        &mut self,
+        h: &Header,
+        payload: Vec<u8>,
+        now_ns: u64,
+    ) -> Result<Vec<Effect>, Denied> {
+        let dst_name = self.identity(h.dst.svc, h.dst.proc);
+        match self.nos.locate(h.dst.svc, h.dst.proc) {
+            Some((host, ..)) if host == self.host => {}
+            Some((host, ..)) => {
+                return Err(Denied::Undeliverable(format!(
+                    "{dst_name} runs on host {host}; this agent delivers only on {}",
+                    self.host
+                )));
+            }
+            None => return Err(Denied::Undeliverable(format!("{dst_name} is not placed"))),
+        }
+        let Some((&conn, _)) = self
+            .attached
+            .iter()
+            .filter(|(_, a)| a.listening && a.svc == h.dst.svc && a.proc == h.dst.proc)
+            .min_by_key(|(c, _)| **c)
+        else {
+            return Err(Denied::Undeliverable(format!(
+                "no process attached as {dst_name} is listening"
+            )));
+        };
+        let host = self.host.clone();
+        let tables = self.nos.tables_mut(&host).expect("checked in new");
+        let is_request = h.otp.is_some_and(|o| o.requester.is_none());
+        let otp = if is_request {
+            let (_, key) = tables
+                .receive_with_otp(h, now_ns)
+                .map_err(|e| Denied::Otp(e.to_string()))?;
+            Some(key)
+        } else {
+            tables
+                .receive(h)
+                .map_err(|e| Denied::Undeliverable(e.to_string()))?;
+            None
+        };
+        let requester = h
+            .otp
+            .and_then(|o| o.requester)
+            .map(|(s, p)| self.identity(s, p));
+        self.counters.delivered += 1;
+        Ok(vec![Effect {
+            to: conn,
+            msg: FromAgent::Deliver {
+                from: self.identity(h.src.0, h.src.1),
+                domain: self.dom_name(h.dst.svc, h.dst.dom),
+                payload,
+                otp,
+                requester,
+            },
+        }])
+    }
+}

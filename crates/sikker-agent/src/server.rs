@@ -1,0 +1,285 @@
+//! The agent's Unix socket (`SOCK_SEQPACKET`: one datagram per message) around
+//! the sans-IO [`AgentCore`]. On accept it attests the peer from
+//! `SO_PEERCRED`, its cgroup and its executable. With `SO_PASSCRED` on, the
+//! kernel attaches the real sender's pid to every message, so a socket passed
+//! to another process is caught at its first message; before each message the
+//! agent also checks that the attested process still runs the attested
+//! executable (an `exec` ends the identity). Single-threaded: one `poll` loop.
+
+use std::collections::HashMap;
+use std::io::{IoSlice, IoSliceMut};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{
+    AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr, UnixCredentials,
+    accept4, bind, getsockopt, listen, recvmsg, sendmsg, setsockopt, socket, sockopt,
+};
+
+use crate::attest::read_facts;
+use crate::core::{AgentCore, ConnId, Effect};
+use crate::proto::{self, Denied, FromAgent, MAX_MESSAGE_BYTES, Request};
+
+/// How long one `poll` waits before the loop checks its stop flag.
+const POLL_MS: u16 = 100;
+/// Connections waiting to be accepted.
+const BACKLOG: i32 = 128;
+
+/// The server: the core, the listening socket and the attached connections.
+pub struct Server {
+    core: AgentCore,
+    listener: OwnedFd,
+    path: PathBuf,
+    proc_root: PathBuf,
+    conns: HashMap<ConnId, OwnedFd>,
+    next: ConnId,
+    epoch: Instant,
+}
+
+/// An I/O failure of the server, with what it was doing.
+#[derive(Debug, thiserror::Error)]
+#[error("sikker agent socket {path}: {what}: {source}")]
+pub struct ServerError {
+    path: String,
+    what: &'static str,
+    #[source]
+    source: std::io::Error,
+}
+
+impl Server {
+    /// Listens on `path` (a stale socket file there is replaced), open to
+    /// every local user: who may do what is the policy's to say, per process.
+    pub fn bind(core: AgentCore, path: &Path) -> Result<Server, ServerError> {
+        let err = |what, e: nix::Error| ServerError {
+            path: path.display().to_string(),
+            what,
+            source: std::io::Error::from(e),
+        };
+        let _ = std::fs::remove_file(path);
+        let fd = socket(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            SockFlag::SOCK_CLOEXEC,
+            None,
+        )
+        .map_err(|e| err("socket", e))?;
+        let addr = UnixAddr::new(path).map_err(|e| err("address", e))?;
+        bind(fd.as_raw_fd(), &addr).map_err(|e| err("bind", e))?;
+        listen(
+            &fd,
+            nix::sys::socket::Backlog::new(BACKLOG).map_err(|e| err("listen", e))?,
+        )
+        .map_err(|e| err("listen", e))?;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o666)).map_err(
+            |source| ServerError {
+                path: path.display().to_string(),
+                what: "chmod",
+                source,
+            },
+        )?;
+        Ok(Server {
+            core,
+            listener: fd,
+            path: path.to_path_buf(),
+            proc_root: PathBuf::from("/proc"),
+            conns: HashMap::new(),
+            next: 1,
+            epoch: Instant::now(),
+        })
+    }
+
+    /// The core, for its counters.
+    pub fn core(&self) -> &AgentCore {
+        &self.core
+    }
+
+    /// Serves until `stop` is set.
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<(), ServerError> {
+        while !stop.load(Ordering::Acquire) {
+            self.turn()?;
+        }
+        let _ = std::fs::remove_file(&self.path);
+        Ok(())
+    }
+
+    /// One `poll` and everything it reports.
+    pub fn turn(&mut self) -> Result<(), ServerError> {
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        let ready: Vec<(Option<ConnId>, bool)> = {
+            let mut fds = vec![PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
+            fds.extend(
+                ids.iter()
+                    .map(|c| PollFd::new(self.conns[c].as_fd(), PollFlags::POLLIN)),
+            );
+            match poll(&mut fds, PollTimeout::from(POLL_MS)) {
+                Ok(0) | Err(nix::Error::EINTR) => return Ok(()),
+                Ok(_) => {}
+                Err(e) => {
+                    return Err(ServerError {
+                        path: self.path.display().to_string(),
+                        what: "poll",
+                        source: e.into(),
+                    });
+                }
+            }
+            fds.iter()
+                .enumerate()
+                .filter(|(_, f)| f.revents().is_some_and(|r| !r.is_empty()))
+                .map(|(i, f)| {
+                    let hup = f
+                        .revents()
+                        .is_some_and(|r| r.intersects(PollFlags::POLLHUP | PollFlags::POLLERR));
+                    ((i > 0).then(|| ids[i - 1]), hup)
+                })
+                .collect()
+        };
+        for (conn, hup) in ready {
+            match conn {
+                None => self.accept(),
+                Some(c) => self.readable(c, hup),
+            }
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self) {
+        let Ok(raw) = accept4(self.listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC) else {
+            return;
+        };
+        // SAFETY: `accept4` returned a new descriptor that nothing else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let conn = self.next;
+        self.next += 1;
+        let attested = getsockopt(&fd, sockopt::PeerCredentials)
+            .map_err(|e| format!("cannot read the peer's credentials: {e}"))
+            .and_then(|cred| {
+                let _ = setsockopt(&fd, sockopt::PassCred, &true);
+                read_facts(&self.proc_root, cred.pid(), cred.uid()).map_err(|e| e.to_string())
+            })
+            .and_then(|facts| self.core.attach(conn, &facts));
+        match attested {
+            Ok(id) => {
+                send(&fd, &FromAgent::Attached(id));
+                self.conns.insert(conn, fd);
+            }
+            // Refused: say why, then close.
+            Err(why) => {
+                send(&fd, &FromAgent::Refused(why));
+            }
+        }
+    }
+
+    fn close(&mut self, conn: ConnId) {
+        self.core.detach(conn);
+        self.conns.remove(&conn);
+    }
+
+    /// A message (or the close) on an attached connection.
+    fn readable(&mut self, conn: ConnId, hup: bool) {
+        let Some(fd) = self.conns.get(&conn) else {
+            return;
+        };
+        let mut buf = vec![0u8; MAX_MESSAGE_BYTES + 1];
+        let mut space = nix::cmsg_space!(UnixCredentials);
+        let mut iov = [IoSliceMut::new(&mut buf)];
+        let r = recvmsg::<()>(
+            fd.as_raw_fd(),
+            &mut iov,
+            Some(&mut space),
+            MsgFlags::MSG_DONTWAIT,
+        );
+        let (len, sender) = match r {
+            Ok(m) if m.bytes > 0 => {
+                let sender = m.cmsgs().ok().and_then(|mut c| {
+                    c.find_map(|m| match m {
+                        ControlMessageOwned::ScmCredentials(u) => Some(u.pid()),
+                        _ => None,
+                    })
+                });
+                (m.bytes, sender)
+            }
+            Err(nix::Error::EAGAIN) if !hup => return,
+            // 0 bytes, an error or a hang-up: the process is gone.
+            _ => return self.close(conn),
+        };
+        let effects = self.check_and_handle(conn, &buf[..len], sender);
+        self.apply(conn, effects);
+    }
+
+    /// The per-message identity checks, then the core.
+    fn check_and_handle(&mut self, conn: ConnId, bytes: &[u8], sender: Option<i32>) -> Vec<Effect> {
+        let Some((pid, exe)) = self.core.attested(conn).map(|(p, e)| (p, e.to_path_buf())) else {
+            return Vec::new();
+        };
+        let req = proto::decode::<Request>(bytes);
+        let id = req.as_ref().ok().map(|r| r.id);
+        if sender != Some(pid) {
+            let d = Denied::PassedSocket {
+                attached: pid,
+                sender: sender.unwrap_or(-1),
+            };
+            return vec![self.core.deny(conn, id, d)];
+        }
+        let now = std::fs::read_link(self.proc_root.join(pid.to_string()).join("exe"));
+        if now.as_deref().ok() != Some(exe.as_path()) {
+            let d = Denied::Exec {
+                pid,
+                attested: exe.display().to_string(),
+                now: now.map_or_else(|e| e.to_string(), |p| p.display().to_string()),
+            };
+            let e = self.core.deny(conn, id, d);
+            self.core.detach(conn);
+            return vec![e];
+        }
+        match req {
+            Ok(r) => {
+                let now_ns = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                self.core.handle(conn, r.id, r.body, now_ns)
+            }
+            Err(e) => vec![self.core.deny(conn, None, Denied::Malformed(e.to_string()))],
+        }
+    }
+
+    /// Sends the effects; a delivery the receiver cannot take turns the
+    /// sender's `Ok` into a denial, so nothing is lost silently.
+    fn apply(&mut self, from: ConnId, effects: Vec<Effect>) {
+        let mut undelivered = false;
+        for e in effects {
+            let msg = match (&e.msg, undelivered) {
+                (FromAgent::Ok(id), true) if e.to == from => FromAgent::Denied {
+                    id: Some(*id),
+                    why: Denied::Undeliverable(
+                        "the receiver's queue is full or it has gone".into(),
+                    ),
+                },
+                _ => e.msg,
+            };
+            let is_delivery = matches!(msg, FromAgent::Deliver { .. });
+            let sent = self.conns.get(&e.to).is_some_and(|fd| send(fd, &msg));
+            if is_delivery && !sent {
+                undelivered = true;
+            }
+        }
+        if !self.conns.is_empty() && self.core.attested(from).is_none() {
+            // The identity ended (an exec): the connection goes too.
+            self.conns.remove(&from);
+        }
+    }
+}
+
+/// Sends one message without blocking; false if it could not.
+pub(crate) fn send(fd: &OwnedFd, msg: &FromAgent) -> bool {
+    let bytes = proto::encode(msg);
+    sendmsg::<()>(
+        fd.as_raw_fd(),
+        &[IoSlice::new(&bytes)],
+        &[],
+        MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .is_ok()
+}
