@@ -1,0 +1,225 @@
+//! Benchmark of the agent's datapath against a direct Unix socket, side by
+//! side in one run (as root: the two ends are two processes in two cgroups,
+//! so the agent attests them as two identities). 64-byte messages.
+//!
+//! * Round trip: A sends to B through the agent, B answers to A through the
+//!   agent; against A and B bouncing the same bytes over a `SOCK_SEQPACKET`
+//!   socket pair. The agent's added latency per message is half the
+//!   difference of the medians (two traversals per round trip).
+//! * Throughput: A sends N messages to B as fast as the client library lets it
+//!   (each send waits for the agent's verdict), against A writing N messages
+//!   straight into the socket pair.
+//!
+//! Run: `cargo bench -p sidecore-sikker-agent --bench agent` (environment:
+//! `AGENT_BENCH_ROUNDS`, default 20,000; `AGENT_BENCH_MSGS`, default 100,000).
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // benchmark code: a failed unwrap is a failed run
+
+use std::io::{BufRead, Write};
+use std::os::fd::AsRawFd;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, send, socketpair};
+use sidecore_sikker_agent::server::Server;
+use sidecore_sikker_agent::{AgentCore, Client, Dest};
+use sidecore_sikker_policy::{Nos, parse_placement, parse_policy};
+
+const MSG: usize = 64;
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+fn cgroup2_root() -> Option<PathBuf> {
+    let m = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    m.lines().find_map(|l| {
+        let (pre, post) = l.split_once(" - ")?;
+        if !post.starts_with("cgroup2 ") {
+            return None;
+        }
+        pre.split_whitespace().nth(4).map(PathBuf::from)
+    })
+}
+
+/// The echo side (a child process of the benchmark, in cgroup `b`): attach,
+/// listen, and send every message back to `a:1:In` until told to stop.
+fn echo(sock: &Path) {
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line).unwrap(); // "go": now in its cgroup
+    let mut c = Client::connect(sock).unwrap();
+    c.listen().unwrap();
+    println!("ready");
+    std::io::stdout().flush().unwrap();
+    let back: Dest = "a:1:In".parse().unwrap();
+    while let Some(d) = c.recv(Duration::from_secs(3)).unwrap() {
+        if d.payload.is_empty() {
+            break;
+        }
+        if d.payload[0] == b'p' {
+            c.send(&back, &d.payload).unwrap();
+        }
+    }
+}
+
+fn median(mut v: Vec<u64>) -> u64 {
+    v.sort_unstable();
+    v[v.len() / 2]
+}
+
+fn main() {
+    if let Ok(sock) = std::env::var("AGENT_BENCH_ECHO") {
+        echo(Path::new(&sock));
+        return;
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { nix::libc::geteuid() } != 0 {
+        println!("the agent benchmark needs root (two processes in two cgroups)");
+        return;
+    }
+    let rounds = env("AGENT_BENCH_ROUNDS", 20_000);
+    let msgs = env("AGENT_BENCH_MSGS", 100_000);
+    let cg = cgroup2_root().expect("cgroup v2");
+    let top = cg.join(format!("sc-agent-bench-{}", std::process::id()));
+    for s in ["a", "b"] {
+        std::fs::create_dir_all(top.join(s)).unwrap();
+    }
+    let rel = |s: &str| format!("/{}/{s}", top.file_name().unwrap().to_string_lossy());
+    let policy = parse_policy(
+        "bench.toml",
+        &format!(
+            "[[service]]\nname = \"a\"\ndomains = [\"In\"]\n[[service.process]]\nid = 1\ncgroup = \"{}\"\n\
+             [[service]]\nname = \"b\"\ndomains = [\"In\"]\n[[service.process]]\nid = 1\ncgroup = \"{}\"\n\
+             [[grant]]\nfrom = \"a\"\nto = \"b\"\nall_processes = true\nall_domains = true\n[[grant]]\nfrom = \"b\"\nto = \"a\"\nall_processes = true\nall_domains = true\n",
+            rel("a"),
+            rel("b")
+        ),
+    )
+    .unwrap();
+    let placement = parse_placement(
+        "h.toml",
+        "[[host]]\nname = \"h\"\nprocesses = [\"a:1\", \"b:1\"]\n",
+        &policy,
+    )
+    .unwrap();
+    let nos = Nos::compile(policy, &placement).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let mut server = Server::bind(AgentCore::new(nos, "h").unwrap(), &sock).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = Arc::clone(&stop);
+    let agent = std::thread::spawn(move || server.run(&st).unwrap());
+    // This process becomes a:1; the child becomes b:1.
+    std::fs::write(
+        top.join("a").join("cgroup.procs"),
+        std::process::id().to_string(),
+    )
+    .unwrap();
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("AGENT_BENCH_ECHO", &sock)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::fs::write(top.join("b").join("cgroup.procs"), child.id().to_string()).unwrap();
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+
+    let mut a = Client::connect(&sock).unwrap();
+    a.listen().unwrap();
+    let to_b: Dest = "b:1:In".parse().unwrap();
+    let ping = [b'p'; MSG];
+    // Round trips through the agent.
+    let mut agent_rtt = Vec::with_capacity(rounds as usize);
+    for i in 0..rounds + 1000 {
+        let t = Instant::now();
+        a.send(&to_b, &ping).unwrap();
+        let d = a.recv(Duration::from_secs(5)).unwrap().unwrap();
+        if i >= 1000 {
+            agent_rtt.push(t.elapsed().as_nanos() as u64);
+        }
+        assert_eq!(d.from.to_string(), "b:1");
+    }
+    // Throughput through the agent (the echo side ignores these: 'q').
+    let quiet = [b'q'; MSG];
+    let t = Instant::now();
+    for _ in 0..msgs {
+        a.send(&to_b, &quiet).unwrap();
+    }
+    let agent_tput = msgs as f64 / t.elapsed().as_secs_f64();
+    a.send(&to_b, &[]).unwrap(); // stop the echo
+    let _ = child.wait();
+
+    // The same over a direct socket pair (two threads of this process).
+    let (x, y) = socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::empty(),
+    )
+    .unwrap();
+    let echo_t = std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        loop {
+            let n = recv(y.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+            if n == 0 || buf[0] == b'x' {
+                break;
+            }
+            if buf[0] == b'p' {
+                send(y.as_raw_fd(), &buf[..n], MsgFlags::empty()).unwrap();
+            }
+        }
+    });
+    let mut direct_rtt = Vec::with_capacity(rounds as usize);
+    let mut buf = [0u8; 256];
+    for i in 0..rounds + 1000 {
+        let t = Instant::now();
+        send(x.as_raw_fd(), &ping, MsgFlags::empty()).unwrap();
+        recv(x.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+        if i >= 1000 {
+            direct_rtt.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    let t = Instant::now();
+    for _ in 0..msgs {
+        send(x.as_raw_fd(), &quiet, MsgFlags::empty()).unwrap();
+    }
+    send(x.as_raw_fd(), b"x", MsgFlags::empty()).unwrap();
+    echo_t.join().unwrap();
+    let direct_tput = msgs as f64 / t.elapsed().as_secs_f64();
+
+    stop.store(true, Ordering::Release);
+    agent.join().unwrap();
+    // Back to the parent cgroup, then remove ours.
+    std::fs::write(cg.join("cgroup.procs"), std::process::id().to_string()).unwrap();
+    for s in ["a", "b"] {
+        let _ = std::fs::remove_dir(top.join(s));
+    }
+    let _ = std::fs::remove_dir(&top);
+
+    let (ar, dr) = (median(agent_rtt), median(direct_rtt));
+    println!("{rounds} round trips, {msgs} messages of {MSG} B");
+    println!("| path | round trip p50 ns | one-way ≈ p50/2 ns | throughput msg/s |");
+    println!("|---|---:|---:|---:|");
+    println!(
+        "| direct socket pair | {dr} | {} | {direct_tput:.0} |",
+        dr / 2
+    );
+    println!(
+        "| through the agent | {ar} | {} | {agent_tput:.0} |",
+        ar / 2
+    );
+    println!(
+        "agent adds ≈ {} ns per message (p50, half the round-trip difference); throughput {:.2}× the direct socket",
+        ar.saturating_sub(dr) / 2,
+        agent_tput / direct_tput
+    );
+}
