@@ -28,6 +28,7 @@ use wasmtime::{
 
 use crate::host::{self, BoundExceeded, DrainHook, HostState, SharedAreas};
 use crate::policy::{Tracker, UnloadReason, ViolationPolicy};
+use crate::preempt::Preemptions;
 use crate::tsc;
 
 /// How invocations are checked.
@@ -218,6 +219,9 @@ pub struct Outcome {
     /// Fuel consumed (fuel mode).
     pub fuel: Option<u64>,
     pub violated: bool,
+    /// It ran over its bound by no more than its thread waited for a CPU
+    /// meanwhile: the overrun is the scheduler's, not charged as a violation.
+    pub preempted: bool,
     pub trap: Option<String>,
     pub bound_exceeded: bool,
     /// The offcode has been unloaded after this invocation (it was idle).
@@ -248,6 +252,8 @@ pub struct WasmExtension {
     /// Fuel limit per buffer of a batch.
     limit_fuel_batch: u64,
     tracker: Tracker,
+    /// Whether an overrun coincided with a preemption.
+    preemptions: Preemptions,
     unloaded: Option<UnloadReason>,
     pub admission: Admission,
 }
@@ -413,6 +419,7 @@ impl WasmExtension {
             limit_fuel,
             limit_fuel_batch,
             tracker: Tracker::new(cfg.violations),
+            preemptions: Preemptions::new(),
             unloaded: None,
             admission,
         })
@@ -497,6 +504,7 @@ impl WasmExtension {
                     cycles: 0,
                     fuel: None,
                     violated: false,
+                    preempted: false,
                     trap: None,
                     bound_exceeded: false,
                     unloaded: false,
@@ -506,6 +514,7 @@ impl WasmExtension {
                     cycles: 0,
                     fuel: None,
                     violated: false,
+                    preempted: false,
                     trap: Some(trap_message(&e)),
                     bound_exceeded: false,
                     unloaded: false,
@@ -519,6 +528,11 @@ impl WasmExtension {
         };
         if mode == ExecMode::Epoch {
             store.set_epoch_deadline(1);
+        }
+        if mode != ExecMode::Fuel {
+            // Outside the measured span: the first call calibrates the counter.
+            let per_ns = tsc::ticks_per_ns_cached();
+            self.preemptions.before(tsc::now(), per_ns);
         }
         let t0 = tsc::now();
         store.data_mut().start = t0;
@@ -541,13 +555,21 @@ impl WasmExtension {
             Some(used) => used > limit_fuel,
             None => cycles > limit_cycles,
         };
-        let violated = over || store.data().violated;
+        // An overrun measured in cycles is charged only if the thread ran the
+        // whole time (fuel counts instructions and needs no excuse).
+        let suspected = over || store.data().violated;
+        let preempted = suspected && fuel.is_none() && {
+            let overrun = cycles.saturating_sub(limit_cycles) as f64 / tsc::ticks_per_ns_cached();
+            self.preemptions.excuses(overrun.max(1.0) as u64)
+        };
+        let violated = suspected && !preempted;
         let unload = self.tracker.record(violated, trap.clone());
         Outcome {
             status,
             cycles,
             fuel,
             violated,
+            preempted,
             trap,
             bound_exceeded,
             unloaded: unload,

@@ -11,6 +11,7 @@ pub mod files;
 pub mod host;
 pub mod offcode;
 pub mod policy;
+pub mod preempt;
 pub mod tsc;
 
 pub use ext::{

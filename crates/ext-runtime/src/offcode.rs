@@ -106,6 +106,8 @@ struct Metrics {
     batches: Metric,
     invocations: Metric,
     violations: Metric,
+    /// Overruns excused because the thread was preempted meanwhile.
+    preempted: Metric,
     cycles: Metric,
     dropped: Metric,
 }
@@ -179,6 +181,7 @@ impl Offcode for WasmOffcode {
             batches: cx.metric("batches"),
             invocations: cx.metric("invocations"),
             violations: cx.metric("violations"),
+            preempted: cx.metric("preempted_overruns"),
             cycles: cx.metric("last_cycles"),
             dropped: cx.metric("dropped"),
         };
@@ -291,6 +294,9 @@ fn settle(
     m.cycles.set(o.cycles);
     if o.violated || o.trap.is_some() {
         m.violations.add(1);
+    }
+    if o.preempted {
+        m.preempted.add(1);
     }
     let mut err = None;
     let mut send = |out: u32, bytes: &[u8]| {
