@@ -7,6 +7,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ./scripts/setup.sh
 python3 scripts/check-cycles.py   # no module imports a module that imports it back
+# The target directory is shared between clones (.ci/run), and env!() bakes the
+# clone's path into a test binary that a later clone may reuse: tests read
+# CARGO_MANIFEST_DIR at run time instead.
+if grep -rn 'env!("CARGO_MANIFEST_DIR")' crates/*/tests crates/*/benches 2>/dev/null; then
+    echo 'test.sh: use std::env::var("CARGO_MANIFEST_DIR") in tests, not env!()' >&2
+    exit 1
+fi
 cargo build --workspace --all-targets --quiet
 cargo test --workspace --quiet -- --test-threads=2
 cargo fmt --all -- --check

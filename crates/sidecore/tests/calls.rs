@@ -15,7 +15,8 @@ use std::process::Stdio;
 use common::*;
 
 fn example() -> String {
-    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../examples/calls.toml");
+    let p = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo"))
+        .join("../../examples/calls.toml");
     std::fs::read_to_string(p).unwrap()
 }
 
@@ -264,7 +265,7 @@ fn check_refuses_a_method_the_store_does_not_serve() {
 fn check_accepts_the_example_and_counts_its_binding() {
     let o = run(&[
         "check",
-        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo"))
             .join("../../examples/calls.toml")
             .to_str()
             .unwrap(),

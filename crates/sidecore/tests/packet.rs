@@ -15,7 +15,9 @@ use std::time::Duration;
 use common::{DaemonGuard, run, serial, text};
 
 fn repo(p: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").join(p)
+    PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").expect("run by cargo"))
+        .join("../..")
+        .join(p)
 }
 
 /// Serialises the test, and removes its testbed (prefix `tag` + pid) even if it
