@@ -12,10 +12,13 @@
 //! * [`tcp`] — the thin blocking driver that runs a session over a socket.
 //! * [`line`] — the control socket's JSON lines, through one bounded reader.
 //!
-//! Later conversations (Orion's monitor, Sikker's agents, Metachory's
-//! sessions) add their messages to [`Message`] and their rules to
-//! [`session`]; the framing, the handshake and the driver stay as they are.
+//! * [`agents`] — Sikker's agent-to-agent link: its messages and its grammar.
+//!
+//! Later conversations (Orion's monitor, Metachory's sessions) add their
+//! messages to [`Message`] and their rules beside [`session`]'s; the framing,
+//! the handshake and the driver stay as they are.
 
+pub mod agents;
 pub mod frame;
 pub mod line;
 pub mod msg;
@@ -23,6 +26,9 @@ pub mod part;
 pub mod session;
 pub mod tcp;
 
+pub use agents::{
+    AgentHello, AgentLink, AgentResult, AgentSend, RateExchange, WireHeader, WireOtp,
+};
 pub use msg::{Hello, Message, NodeInfo};
 pub use part::{PartError, RemoteChannel, RemoteOffcode, RemotePart};
 pub use session::{Error, ErrorKind, Origin, Peer};

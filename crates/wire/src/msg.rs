@@ -15,6 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sidecore_types::AppStatus;
 
+use crate::agents::{AgentHello, AgentResult, AgentSend, RateExchange};
 use crate::part::RemotePart;
 
 /// The origin's first message: who is asking.
@@ -63,6 +64,18 @@ pub enum Message {
     Stop,
     /// Either way: what went wrong. The sender closes after it.
     Error { error: String },
+    /// Sikker agent → agent, first on an agent link ([`crate::agents`]).
+    AgentHello(AgentHello),
+    /// Sikker agent → agent: a message checked at its sender, to deliver.
+    AgentSend(AgentSend),
+    /// Sikker agent → agent: the receiver's verdict on an `agent-send`.
+    AgentResult(AgentResult),
+    /// Sikker agent → agent: an SE-TRE request for tokens and rate.
+    RateRequest(RateExchange),
+    /// Sikker agent → agent: the answer to a `rate-request`.
+    RateResponse(RateExchange),
+    /// Sikker agent → agent: still here (silence ends the link).
+    AgentBeat,
 }
 
 impl Message {
@@ -77,6 +90,12 @@ impl Message {
             Message::Status(_) => "status",
             Message::Stop => "stop",
             Message::Error { .. } => "error",
+            Message::AgentHello(_) => "agent-hello",
+            Message::AgentSend(_) => "agent-send",
+            Message::AgentResult(_) => "agent-result",
+            Message::RateRequest(_) => "rate-request",
+            Message::RateResponse(_) => "rate-response",
+            Message::AgentBeat => "agent-beat",
         }
     }
 

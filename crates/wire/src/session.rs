@@ -85,7 +85,7 @@ pub struct Session<G> {
 }
 
 impl<G: Grammar> Session<G> {
-    fn with(peer: String, grammar: G) -> Self {
+    pub(crate) fn with(peer: String, grammar: G) -> Self {
         Session {
             peer,
             decoder: FrameDecoder::new(),
@@ -102,7 +102,7 @@ impl<G: Grammar> Session<G> {
         }
     }
 
-    fn push(&mut self, msg: &Message) {
+    pub(crate) fn push(&mut self, msg: &Message) {
         self.encoder.encode(&msg.encode(), &mut self.out);
     }
 
