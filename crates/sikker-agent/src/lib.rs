@@ -10,6 +10,7 @@
 //! | [`proto`] | the messages between a process and its agent |
 //! | [`attest`] | identity from peer credentials, cgroup and executable (sans-IO matching) |
 //! | [`core`] | the agent's logic, sans-IO: attach, check, deliver, deny |
+//! | [`rate`] | rate limits on real time: SE-TRE between the source service's processes (sans-IO) |
 //! | [`server`] | the Unix-socket server around the core (per-message credentials) |
 //! | [`client`] | the library a process uses to send and receive |
 //!
@@ -21,6 +22,7 @@ pub mod attest;
 pub mod client;
 pub mod core;
 pub mod proto;
+pub mod rate;
 pub mod server;
 
 pub use client::{Client, ClientError};

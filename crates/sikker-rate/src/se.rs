@@ -353,6 +353,20 @@ impl SeSender {
         (true, next)
     }
 
+    /// Restarts the exchange with fill rate `rate` (a new membership view: the
+    /// caller re-divides the limit among the members it can reach). Tokens are
+    /// kept; the round in flight is forgotten, so its responses, if any arrive,
+    /// are ignored (request ids keep counting, so none is mistaken for a new one).
+    pub fn reset_rate(&mut self, now: f64, rate: f64) {
+        self.bucket.refill(now);
+        self.bucket.rate = rate.max(0.0);
+        self.pending.clear();
+        if self.params.keep_used.is_some() {
+            self.usage = rate.max(0.0);
+            self.t_usage = now;
+        }
+    }
+
     /// Declares a request lost (the caller's timeout). Its response, if it ever
     /// arrives, will be ignored; the rate it carried is leaked, which is safe.
     pub fn on_request_lost(&mut self, id: u64) -> bool {
@@ -368,6 +382,35 @@ impl SeSender {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_reset_sets_the_rate_and_forgets_the_round_in_flight() {
+        let mut rng = ChaCha8Rng::seed_from_u64(1);
+        let mut s = SeSender::new(
+            SeVariant::TokenAndRateExchange,
+            params(),
+            0.5,
+            vec![1, 2, 3],
+            0.0,
+        );
+        assert!(s.try_send(0.0, 450.0));
+        let asked = s.maybe_ask(0.0, &mut rng);
+        assert!(!asked.is_empty());
+        s.reset_rate(1.0, 0.25);
+        assert_eq!(s.rate(), 0.25);
+        assert_eq!(s.outstanding(), 0);
+        let late = Response {
+            id: asked[0].1.id,
+            tokens: 10.0,
+            rate: 0.1,
+        };
+        let (applied, _) = s.on_response(2.0, &late, &mut rng);
+        assert!(!applied, "a response from before the reset is ignored");
+        assert_eq!(s.rate(), 0.25);
+        // Ids continue: a new round does not reuse the forgotten ones.
+        let again = s.maybe_ask(2.0, &mut rng);
+        assert!(again.iter().all(|(_, r)| r.id >= asked.len() as u64));
+    }
     use rand::SeedableRng;
     use rand_chacha::ChaCha8Rng;
 
