@@ -1,6 +1,6 @@
 //! The Network OS compiler (§4.6, §6.1.4): policy + placement → per-host NMU tables,
 //! and incremental updates when a process, a domain or a permission is added or
-//! removed.
+//! removed, or a whole new policy replaces the running one (`update`).
 //!
 //! The SACL is recomputed from the (small) policy on every change and diffed against
 //! the previous one; only the NMU entries that differ are rewritten, and only on the
@@ -32,6 +32,9 @@ pub struct Delta {
     pub entries_set: usize,
     /// NMU SACL entries removed.
     pub entries_removed: usize,
+    /// Rate-limit slots whose limit, algorithm or bucket changed, appeared or went
+    /// (the NMU holds only the slot, so a new rate alone rewrites no entry).
+    pub rate_limits_changed: usize,
 }
 
 /// Why an update was refused.
@@ -58,6 +61,21 @@ pub enum NosError {
     /// The placement names a process the policy does not define.
     #[error("placement: service {0} has no process {1}")]
     PlacementUnknown(ServiceId, ProcessId),
+    /// A new policy is inconsistent in itself (a grant to an unknown service, …).
+    #[error("invalid policy: {0}")]
+    InvalidPolicy(String),
+    /// A new policy no longer defines a process that is placed.
+    #[error(
+        "the new policy does not define process {service}:{process}, which is placed on host `{host}` (take it out of the placement first)"
+    )]
+    PlacedUndefined {
+        /// Service name.
+        service: String,
+        /// Process.
+        process: ProcessId,
+        /// Where it is placed.
+        host: String,
+    },
     /// The NMU refused.
     #[error("NMU: {0}")]
     Nmu(#[from] NmuError),
@@ -415,6 +433,8 @@ impl Nos {
         self.apply(&BTreeSet::new())
     }
 }
+
+mod update;
 
 #[cfg(test)]
 mod tests;

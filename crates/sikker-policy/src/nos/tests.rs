@@ -279,3 +279,6 @@ fn the_shipped_kvs_example_compiles_and_enforces_fig_4_3() {
     ));
     assert_eq!(n.tables("h1").unwrap().config().otp_cap, 256);
 }
+
+/// Whole-policy updates (`Nos::update_policy`).
+mod update;
