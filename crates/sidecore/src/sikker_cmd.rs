@@ -39,7 +39,15 @@ enum Which {
         /// The agent's Unix socket.
         #[arg(long)]
         socket: PathBuf,
+        #[command(flatten)]
+        net: crate::sikker_net::AgentNetArgs,
     },
+    /// Make a cluster authority and a certificate for each host's agent.
+    Certs(crate::sikker_net::CertsArgs),
+    /// Send messages as fast as the agent admits them, for a while; print the rate.
+    Load(crate::sikker_net::LoadArgs),
+    /// Receive for a while; print the bytes received per time window.
+    Meter(crate::sikker_net::MeterArgs),
     /// Send one message through the agent.
     Send(SendArgs),
     /// Answer with a one-time permission this process received.
@@ -117,7 +125,11 @@ pub fn run(cmd: SikkerCommand) -> anyhow::Result<ExitCode> {
             placement,
             host,
             socket,
-        } => agent(&policy, &placement, &host, &socket),
+            net,
+        } => agent(&policy, &placement, &host, &socket, &net),
+        Which::Certs(a) => crate::sikker_net::certs(&a),
+        Which::Load(a) => crate::sikker_net::load(&a),
+        Which::Meter(a) => crate::sikker_net::meter(&a),
         Which::Send(a) => send(&a),
         Which::Reply { socket, otp, text } => reply(&socket, otp, &text),
         Which::Recv {
@@ -143,11 +155,20 @@ fn agent(
     placement: &std::path::Path,
     host: &str,
     socket: &std::path::Path,
+    net: &crate::sikker_net::AgentNetArgs,
 ) -> anyhow::Result<ExitCode> {
     let p = crate::policy::load_policy(policy)?;
     let nos = crate::policy::load_nos(placement, &p)?;
     let core = AgentCore::new(nos, host)?;
+    let links = crate::sikker_net::links(net, &core)?;
     let mut server = Server::bind(core, socket)?;
+    if let Some(l) = links {
+        eprintln!(
+            "sikker agent for host {host}: listening for agents on {}",
+            l.local_addr()?
+        );
+        server = server.with_links(l);
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;

@@ -6,16 +6,24 @@
 //! Denials are typed, counted by kind, and name services and domains the way
 //! `sidecore policy trace` explains a verdict.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
 use sidecore_sikker_nmu::{
     DomainId, Header, LocalIndex, NmuError, NmuTables, ProcessId, ServiceId, Triple,
 };
 use sidecore_sikker_policy::Nos;
+use sidecore_wire::{AgentSend, Message};
 
 use crate::attest::{ProcessFacts, attest};
 use crate::proto::{Denied, Dest, FromAgent, Identity, ToAgent};
+use crate::rate::{Admit, RateControl};
+
+mod peering;
+pub use peering::PeerIn;
+use peering::to_wire;
 
 /// A connection to the agent, numbered by the I/O layer.
 pub type ConnId = u64;
@@ -45,8 +53,16 @@ pub struct Counters {
     pub refused: u64,
     pub sent: u64,
     pub delivered: u64,
+    /// Messages sent to other hosts' agents, and received from them.
+    pub forwarded: u64,
+    pub received_from_peers: u64,
+    /// Messages held until their rate limit admitted them.
+    pub held: u64,
     /// Denials by kind (`permission`, `forged`, `passed-socket`, …).
     pub denied: BTreeMap<String, u64>,
+    /// Policy updates applied, and refused (the last good policy kept enforcing).
+    pub policy_updates: u64,
+    pub policy_refused: u64,
 }
 
 /// Why an agent cannot start.
@@ -54,6 +70,24 @@ pub struct Counters {
 pub enum AgentError {
     #[error("host `{host}` is not in the placement (hosts: {known})")]
     UnknownHost { host: String, known: String },
+    #[error(transparent)]
+    Rate(#[from] crate::rate::RateError),
+}
+
+/// A message waiting for its rate limit's tokens.
+#[derive(Clone, Debug)]
+struct Held {
+    conn: ConnId,
+    id: u64,
+    header: Header,
+    payload: Vec<u8>,
+}
+
+/// What became of a request: answered now, or later (held by a rate limit
+/// or forwarded to another agent, whose verdict answers it).
+enum Flow {
+    Done(Vec<Effect>),
+    Later,
 }
 
 /// One node's agent.
@@ -62,6 +96,16 @@ pub struct AgentCore {
     host: String,
     attached: HashMap<ConnId, Attached>,
     counters: Counters,
+    rate: RateControl,
+    /// Held messages per (rate slot, source process), oldest first.
+    held: BTreeMap<(u32, ProcessId), VecDeque<Held>>,
+    /// Other hosts' agents this one is linked to.
+    linked: BTreeSet<String>,
+    /// Forwarded messages awaiting their receiver's verdict: fid → (host, conn, request).
+    forwards: HashMap<u64, (String, ConnId, u64)>,
+    next_fid: u64,
+    /// Messages for other hosts' agents.
+    outbox: Vec<(String, Message)>,
 }
 
 fn kind(d: &Denied) -> &'static str {
@@ -74,6 +118,8 @@ fn kind(d: &Denied) -> &'static str {
         Denied::Otp(_) => "otp",
         Denied::Undeliverable(_) => "undeliverable",
         Denied::Malformed(_) => "malformed",
+        Denied::Rate(_) => "rate",
+        Denied::Remote { .. } => "remote",
     }
 }
 
@@ -86,11 +132,18 @@ impl AgentCore {
                 known: nos.host_names().join(", "),
             });
         }
+        let rate = RateControl::new(&nos, host, 0.0)?;
         Ok(AgentCore {
             nos,
             host: host.to_string(),
             attached: HashMap::new(),
             counters: Counters::default(),
+            rate,
+            held: BTreeMap::new(),
+            linked: BTreeSet::new(),
+            forwards: HashMap::new(),
+            next_fid: 1,
+            outbox: Vec::new(),
         })
     }
 
@@ -198,24 +251,34 @@ impl AgentCore {
                 if let Some(a) = self.attached.get_mut(&conn) {
                     a.listening = true;
                 }
-                Ok(Vec::new())
+                Ok(Flow::Done(Vec::new()))
             }
             ToAgent::Send {
                 to,
                 payload,
                 otp_for,
                 claim,
-            } => self.send(&me, &to, payload, otp_for.as_ref(), claim.as_ref(), now_ns),
-            ToAgent::Reply { otp, payload } => self.reply(&me, otp, payload, now_ns),
+            } => self.send(
+                conn,
+                id,
+                &me,
+                &to,
+                payload,
+                otp_for.as_ref(),
+                claim.as_ref(),
+                now_ns,
+            ),
+            ToAgent::Reply { otp, payload } => self.reply(conn, id, &me, otp, payload, now_ns),
         };
         match r {
-            Ok(mut effects) => {
+            Ok(Flow::Done(mut effects)) => {
                 effects.push(Effect {
                     to: conn,
                     msg: FromAgent::Ok(id),
                 });
                 effects
             }
+            Ok(Flow::Later) => Vec::new(),
             Err(d) => vec![self.deny(conn, Some(id), d)],
         }
     }
@@ -270,15 +333,18 @@ impl AgentCore {
         Denied::Permission(text)
     }
 
+    #[allow(clippy::too_many_arguments)] // the request's parts, as they arrived
     fn send(
         &mut self,
+        conn: ConnId,
+        id: u64,
         me: &Attached,
         to: &Dest,
         payload: Vec<u8>,
         otp_for: Option<&Dest>,
         claim: Option<&Identity>,
         now_ns: u64,
-    ) -> Result<Vec<Effect>, Denied> {
+    ) -> Result<Flow, Denied> {
         let actual = self.identity(me.svc, me.proc);
         if let Some(c) = claim
             && *c != actual
@@ -298,16 +364,40 @@ impl AgentCore {
         }
         .map_err(|e| self.explain(&e))?;
         self.counters.sent += 1;
-        self.deliver(&out.header, payload, now_ns)
+        if let Some(slot) = out.rate_slot.filter(|s| self.rate.controls(*s, me.proc)) {
+            let key = (slot, me.proc);
+            let queued = self.held.get(&key).is_some_and(|q| !q.is_empty());
+            let admit = if queued {
+                // Behind older held messages: keep the order.
+                Admit::Later(0.0)
+            } else {
+                self.rate
+                    .admit(slot, me.proc, payload.len(), now_ns as f64)
+                    .map_err(|e| Denied::Rate(e.to_string()))?
+            };
+            if let Admit::Later(_) = admit {
+                self.counters.held += 1;
+                self.held.entry(key).or_default().push_back(Held {
+                    conn,
+                    id,
+                    header: out.header,
+                    payload,
+                });
+                return Ok(Flow::Later);
+            }
+        }
+        self.route(conn, id, &out.header, payload, now_ns)
     }
 
     fn reply(
         &mut self,
+        conn: ConnId,
+        id: u64,
         me: &Attached,
         otp: u32,
         payload: Vec<u8>,
         now_ns: u64,
-    ) -> Result<Vec<Effect>, Denied> {
+    ) -> Result<Flow, Denied> {
         let host = self.host.clone();
         let out = self
             .nos
@@ -316,7 +406,44 @@ impl AgentCore {
             .send_using_otp(me.li, otp, now_ns)
             .map_err(|e| self.explain(&e))?;
         self.counters.sent += 1;
-        self.deliver(&out.header, payload, now_ns)
+        self.route(conn, id, &out.header, payload, now_ns)
+    }
+
+    /// Delivers here, or forwards to the agent of the destination's host
+    /// (whose verdict answers request `id` of `conn` later).
+    fn route(
+        &mut self,
+        conn: ConnId,
+        id: u64,
+        h: &Header,
+        payload: Vec<u8>,
+        now_ns: u64,
+    ) -> Result<Flow, Denied> {
+        let dst_name = self.identity(h.dst.svc, h.dst.proc);
+        match self.nos.locate(h.dst.svc, h.dst.proc) {
+            Some((host, ..)) if host == self.host => {
+                self.deliver(h, payload, now_ns).map(Flow::Done)
+            }
+            Some((host, ..)) if self.linked.contains(&host) => {
+                let fid = self.next_fid;
+                self.next_fid += 1;
+                self.forwards.insert(fid, (host.clone(), conn, id));
+                self.counters.forwarded += 1;
+                self.outbox.push((
+                    host,
+                    Message::AgentSend(AgentSend {
+                        fid,
+                        header: to_wire(h),
+                        payload: B64.encode(&payload),
+                    }),
+                ));
+                Ok(Flow::Later)
+            }
+            Some((host, ..)) => Err(Denied::Undeliverable(format!(
+                "{dst_name} runs on host {host}, whose agent this one is not linked to"
+            ))),
+            None => Err(Denied::Undeliverable(format!("{dst_name} is not placed"))),
+        }
     }
 
     /// The receiver's side: the destination must be resident here and
@@ -378,4 +505,120 @@ impl AgentCore {
             },
         }])
     }
+}
+
+/// Live policy updates (issue 15): a new policy replaces the running one
+/// through [`Nos::update_policy`], atomically. A refused update (or a policy
+/// text that did not parse, reported through [`AgentCore::policy_refused`])
+/// leaves the last good policy enforcing, and is counted and logged with its
+/// reason.
+impl AgentCore {
+    /// Applies `p`: only the NMU entries that change are rewritten, attached
+    /// processes keep their connections (under their service's new ID if it
+    /// changed), OTPs stay live, and rate control is rebuilt only when a rate
+    /// limit or the placement of a limited service changed (its senders then
+    /// start again from their share of the limit, with a full bucket). On an
+    /// error nothing changes.
+    pub fn update_policy(
+        &mut self,
+        p: sidecore_sikker_policy::Policy,
+    ) -> Result<sidecore_sikker_policy::Delta, String> {
+        let old = self.nos.policy().clone();
+        let rates_before = rate_shape(&self.nos);
+        let d = match self.nos.update_policy(p) {
+            Ok(d) => d,
+            Err(e) => return Err(self.policy_refused(&e.to_string())),
+        };
+        if rate_shape(&self.nos) != rates_before {
+            match RateControl::new(&self.nos, &self.host, 0.0) {
+                Ok(mut rc) => {
+                    rc.set_view(self.rate.view().0.clone(), 0.0);
+                    self.rate = rc;
+                }
+                Err(e) => {
+                    // The last good policy compiled against this placement
+                    // before, so it does again.
+                    let back = self.nos.update_policy(old).err();
+                    let why = match back {
+                        None => format!("rate limits: {e}"),
+                        Some(b) => format!(
+                            "rate limits: {e} (and restoring the last good policy failed: {b})"
+                        ),
+                    };
+                    return Err(self.policy_refused(&why));
+                }
+            }
+        }
+        self.reattach(&old);
+        self.counters.policy_updates += 1;
+        Ok(d)
+    }
+
+    /// Counts and logs a refused policy update (from [`AgentCore::update_policy`],
+    /// or a policy text the I/O layer could not parse); returns the reason.
+    pub fn policy_refused(&mut self, why: &str) -> String {
+        self.counters.policy_refused += 1;
+        eprintln!(
+            "sikker agent {}: policy update refused, the last good policy keeps enforcing: {why}",
+            self.host
+        );
+        why.to_string()
+    }
+
+    /// Points attached connections at their identities under the new policy
+    /// (found by service name); one whose identity is no longer placed here
+    /// ends, and its connection is closed at its next message.
+    fn reattach(&mut self, old: &sidecore_sikker_policy::Policy) {
+        let mut ended = Vec::new();
+        for (conn, a) in &mut self.attached {
+            let now = old
+                .services
+                .get(&a.svc)
+                .and_then(|s| self.nos.policy().service_by_name(&s.name))
+                .and_then(|s| self.nos.locate(s.id, a.proc).map(|l| (s.id, l)));
+            match now {
+                Some((svc, (host, _, li))) if host == self.host => {
+                    a.svc = svc;
+                    a.li = li;
+                }
+                _ => ended.push(*conn),
+            }
+        }
+        for conn in ended {
+            if let Some(a) = self.attached.remove(&conn) {
+                eprintln!(
+                    "sikker agent {}: the new policy ends the identity of connection {conn} (pid {}): it is no longer placed here",
+                    self.host, a.pid
+                );
+            }
+        }
+    }
+}
+
+/// What rate control is built from: each limit and where its source
+/// service's processes run.
+fn rate_shape(
+    nos: &Nos,
+) -> Vec<(
+    sidecore_sikker_policy::RateLimit,
+    Vec<(ProcessId, Option<String>)>,
+)> {
+    nos.policy()
+        .rate_limits
+        .iter()
+        .map(|r| {
+            let procs = nos
+                .policy()
+                .services
+                .get(&r.from)
+                .map(|s| {
+                    s.processes
+                        .keys()
+                        .map(|&p| (p, nos.locate(r.from, p).map(|l| l.0)))
+                        .collect()
+                })
+                .unwrap_or_default();
+            (r.clone(), procs)
+        })
+        .collect()
 }

@@ -11,19 +11,24 @@
 //! | [`attest`] | identity from peer credentials, cgroup and executable (sans-IO matching) |
 //! | [`core`] | the agent's logic, sans-IO: attach, check, deliver, deny |
 //! | [`rate`] | rate limits on real time: SE-TRE between the source service's processes (sans-IO) |
+//! | [`tls`] | node identity: the cluster authority, host certificates, mutual TLS |
+//! | [`links`] | links to other hosts' agents (TCP in mutual TLS, non-blocking) |
 //! | [`server`] | the Unix-socket server around the core (per-message credentials) |
 //! | [`client`] | the library a process uses to send and receive |
 //!
-//! Not here yet: agents on several nodes talking to each other (with mutual
-//! authentication), SE-TRE between them on real time, etcd for the Network
-//! OS's state, and the eBPF L4 mode.
+//! Agents on several hosts link over mutual TLS; a message for a process on
+//! another host is checked at the sender's agent, forwarded, checked again
+//! at the receiver's and answered with its verdict; rate limits run SE-TRE
+//! between the agents on real time.
 
 pub mod attest;
 pub mod client;
 pub mod core;
+pub mod links;
 pub mod proto;
 pub mod rate;
 pub mod server;
+pub mod tls;
 
 pub use client::{Client, ClientError};
 pub use core::{AgentCore, AgentError, ConnId, Counters, Effect};

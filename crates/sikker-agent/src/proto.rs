@@ -112,6 +112,12 @@ pub enum Denied {
     /// The bytes were not a message.
     #[error("malformed message: {0}")]
     Malformed(String),
+    /// The message can never pass its rate limit as it is.
+    #[error("rate limit: {0}")]
+    Rate(String),
+    /// The agent of the destination's host refused it (its receiver-side check).
+    #[error("the agent of host {host} refused it: {why}")]
+    Remote { host: String, why: String },
 }
 
 /// From the agent to a process.

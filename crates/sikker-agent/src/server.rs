@@ -22,6 +22,7 @@ use nix::sys::socket::{
 
 use crate::attest::read_facts;
 use crate::core::{AgentCore, ConnId, Effect};
+use crate::links::{LinkEvent, Links};
 use crate::proto::{self, Denied, FromAgent, MAX_MESSAGE_BYTES, Request};
 
 /// How long one `poll` waits before the loop checks its stop flag.
@@ -38,7 +39,12 @@ pub struct Server {
     conns: HashMap<ConnId, OwnedFd>,
     next: ConnId,
     epoch: Instant,
+    on_turn: Option<TurnHook>,
+    links: Option<Links>,
 }
+
+/// Called with the core once per turn.
+type TurnHook = Box<dyn FnMut(&mut AgentCore) + Send>;
 
 /// An I/O failure of the server, with what it was doing.
 #[derive(Debug, thiserror::Error)]
@@ -89,12 +95,40 @@ impl Server {
             conns: HashMap::new(),
             next: 1,
             epoch: Instant::now(),
+            on_turn: None,
+            links: None,
         })
     }
 
     /// The core, for its counters.
     pub fn core(&self) -> &AgentCore {
         &self.core
+    }
+
+    /// The core, to change it between turns.
+    pub fn core_mut(&mut self) -> &mut AgentCore {
+        &mut self.core
+    }
+
+    /// Calls `f` with the core once per turn (at least every `POLL_MS`), on
+    /// the server's thread: how policy updates reach a running agent.
+    pub fn set_on_turn(&mut self, f: impl FnMut(&mut AgentCore) + Send + 'static) {
+        self.on_turn = Some(Box::new(f));
+    }
+
+    /// Links this agent to the other hosts' agents through `links`.
+    pub fn with_links(mut self, links: Links) -> Server {
+        self.links = Some(links);
+        self
+    }
+
+    /// The links, if any (for their address and counters).
+    pub fn links(&self) -> Option<&Links> {
+        self.links.as_ref()
+    }
+
+    fn now_ns(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Serves until `stop` is set.
@@ -108,15 +142,35 @@ impl Server {
 
     /// One `poll` and everything it reports.
     pub fn turn(&mut self) -> Result<(), ServerError> {
+        if let Some(f) = self.on_turn.as_mut() {
+            f(&mut self.core);
+        }
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        // Held messages wait for tokens, links for heartbeats: wake for them.
+        let wait = if self.core.holding() {
+            1
+        } else if self.links.is_some() {
+            20
+        } else {
+            POLL_MS
+        };
+        let mut link_ready = Vec::new();
         let ready: Vec<(Option<ConnId>, bool)> = {
             let mut fds = vec![PollFd::new(self.listener.as_fd(), PollFlags::POLLIN)];
             fds.extend(
                 ids.iter()
                     .map(|c| PollFd::new(self.conns[c].as_fd(), PollFlags::POLLIN)),
             );
-            match poll(&mut fds, PollTimeout::from(POLL_MS)) {
-                Ok(0) | Err(nix::Error::EINTR) => return Ok(()),
+            let n_local = fds.len();
+            if let Some(l) = &self.links {
+                fds.extend(l.poll_fds());
+            }
+            match poll(&mut fds, PollTimeout::from(wait)) {
+                Ok(0) | Err(nix::Error::EINTR) => {
+                    drop(fds);
+                    self.after_poll(Vec::new());
+                    return Ok(());
+                }
                 Ok(_) => {}
                 Err(e) => {
                     return Err(ServerError {
@@ -126,7 +180,15 @@ impl Server {
                     });
                 }
             }
+            link_ready.extend(
+                fds.iter()
+                    .enumerate()
+                    .skip(n_local)
+                    .filter(|(_, f)| f.revents().is_some_and(|r| !r.is_empty()))
+                    .map(|(i, _)| i - n_local),
+            );
             fds.iter()
+                .take(n_local)
                 .enumerate()
                 .filter(|(_, f)| f.revents().is_some_and(|r| !r.is_empty()))
                 .map(|(i, f)| {
@@ -143,7 +205,72 @@ impl Server {
                 Some(c) => self.readable(c, hup),
             }
         }
+        self.after_poll(link_ready);
         Ok(())
+    }
+
+    /// The links' readiness and upkeep, held messages whose tokens came, and
+    /// what the core has for other agents.
+    fn after_poll(&mut self, link_ready: Vec<usize>) {
+        let now = Instant::now();
+        let mut events = Vec::new();
+        if let Some(l) = self.links.as_mut() {
+            for i in link_ready {
+                l.ready(i, now, &mut events);
+            }
+            l.maintain(now, &mut events);
+        }
+        for e in events {
+            let now_ns = self.now_ns();
+            match e {
+                LinkEvent::Up(h) => {
+                    eprintln!("sikker agent {}: linked to host {h}", self.core.host());
+                    self.core.linked(&h, now_ns);
+                }
+                LinkEvent::Down(h, why) => {
+                    eprintln!(
+                        "sikker agent {}: link to host {h} down: {why}",
+                        self.core.host()
+                    );
+                    let effects = self.core.unlinked(&h, now_ns);
+                    self.send_all(effects);
+                }
+                LinkEvent::Refused(who, why) => {
+                    eprintln!(
+                        "sikker agent {}: refused agent {who}: {why}",
+                        self.core.host()
+                    );
+                }
+                LinkEvent::Msg(h, m) => {
+                    let r = self.core.on_peer(&h, m, now_ns);
+                    let delivered = self.send_all(r.effects);
+                    if let Some(fid) = r.delivery_of {
+                        self.core.forward_delivered(&h, fid, delivered);
+                    }
+                }
+            }
+        }
+        let now_ns = self.now_ns();
+        for (from, effects) in self.core.tick(now_ns) {
+            self.apply(from, effects);
+        }
+        let out = self.core.take_outbox();
+        if let Some(l) = self.links.as_mut() {
+            for (h, m) in out {
+                l.send(&h, &m, now);
+            }
+        }
+    }
+
+    /// Sends effects; whether every delivery among them went out.
+    fn send_all(&mut self, effects: Vec<Effect>) -> bool {
+        let mut all = true;
+        for e in effects {
+            let is_delivery = matches!(e.msg, FromAgent::Deliver { .. });
+            let sent = self.conns.get(&e.to).is_some_and(|fd| send(fd, &e.msg));
+            all &= sent || !is_delivery;
+        }
+        all
     }
 
     fn accept(&mut self) {
@@ -237,7 +364,7 @@ impl Server {
         }
         match req {
             Ok(r) => {
-                let now_ns = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+                let now_ns = self.now_ns();
                 self.core.handle(conn, r.id, r.body, now_ns)
             }
             Err(e) => vec![self.core.deny(conn, None, Denied::Malformed(e.to_string()))],

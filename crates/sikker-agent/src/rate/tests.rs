@@ -104,12 +104,14 @@ impl Sim {
                 continue;
             };
             r.tick(now);
-            while active[i] {
-                match r.admit(0, i as u32, SIZE, now).unwrap() {
-                    Admit::Now => sent[i] += SIZE,
-                    Admit::Later(t) => {
-                        assert!(t > now, "later must be later");
-                        break;
+            if active[i] {
+                loop {
+                    match r.admit(0, i as u32, SIZE, now).unwrap() {
+                        Admit::Now => sent[i] += SIZE,
+                        Admit::Later(t) => {
+                            assert!(t > now, "later must be later");
+                            break;
+                        }
                     }
                 }
             }
@@ -176,7 +178,7 @@ fn the_survivors_reclaim_a_lost_agents_share_and_a_returning_one_gets_one_back()
     // h2 dies: its messages vanish, the others see their links go.
     sim.rc[2] = None;
     sim.wire.retain(|(to, _)| *to != 2);
-    let two: BTreeSet<String> = ["h0", "h1"].iter().map(|s| s.to_string()).collect();
+    let two: BTreeSet<String> = ["h0", "h1"].iter().map(ToString::to_string).collect();
     for r in sim.rc.iter_mut().flatten() {
         r.set_view(two.clone(), sim.now);
     }
