@@ -10,90 +10,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Output, Stdio};
 use std::time::Duration;
 
+use common::cgroups::*;
 use common::*;
-
-/// Where cgroup v2 is mounted (`/sys/fs/cgroup` or `/sys/fs/cgroup/unified`).
-fn cgroup2_root() -> Option<PathBuf> {
-    let m = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
-    m.lines().find_map(|l| {
-        let (pre, post) = l.split_once(" - ")?;
-        if !post.starts_with("cgroup2 ") {
-            return None;
-        }
-        pre.split_whitespace().nth(4).map(PathBuf::from)
-    })
-}
-
-/// Cgroups made for the test, removed (after their processes) on drop.
-struct Groups {
-    root: PathBuf,
-    name: String,
-}
-
-impl Groups {
-    fn new(root: &Path, subs: &[&str]) -> Groups {
-        let name = format!("sc-sikker-test-{}", std::process::id());
-        for s in subs {
-            std::fs::create_dir_all(root.join(&name).join(s)).unwrap();
-        }
-        Groups {
-            root: root.to_path_buf(),
-            name,
-        }
-    }
-    /// The cgroup v2 path of `sub`, as `/proc/PID/cgroup` shows it.
-    fn path(&self, sub: &str) -> String {
-        format!("/{}/{sub}", self.name)
-    }
-    fn procs(&self, sub: &str) -> PathBuf {
-        self.root.join(&self.name).join(sub).join("cgroup.procs")
-    }
-}
-
-impl Drop for Groups {
-    fn drop(&mut self) {
-        let top = self.root.join(&self.name);
-        if let Ok(rd) = std::fs::read_dir(&top) {
-            for e in rd.flatten().filter(|e| e.path().is_dir()) {
-                let _ = std::fs::write(e.path().join("cgroup.kill"), "1");
-                std::thread::sleep(Duration::from_millis(50));
-                let _ = std::fs::remove_dir(e.path());
-            }
-        }
-        let _ = std::fs::remove_dir(&top);
-    }
-}
-
-/// `sidecore ARGS` started inside cgroup `procs` (the shell joins it, then execs).
-fn in_group(procs: &Path, args: &[&str]) -> Command {
-    let exe = env!("CARGO_BIN_EXE_sidecore");
-    let mut c = Command::new("sh");
-    c.arg("-c")
-        .arg(format!(
-            "echo $$ > {} && exec \"$0\" \"$@\"",
-            procs.display()
-        ))
-        .arg(exe)
-        .args(args)
-        .env_remove("SIDECORE_SOCKET");
-    c
-}
-
-fn run_in(procs: &Path, args: &[&str]) -> Output {
-    in_group(procs, args).output().unwrap()
-}
-
-fn spawn_in(procs: &Path, args: &[&str]) -> Child {
-    in_group(procs, args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap()
-}
 
 #[track_caller]
 fn expect_refused(o: &Output, what: &str) {
@@ -118,7 +39,7 @@ fn the_agent_derives_identities_checks_every_message_and_refuses_every_spoof() {
         panic!("no cgroup v2 mount on this machine");
     };
     let _s = serial();
-    let g = Groups::new(&cg, &["kvs3", "bill", "other"]);
+    let g = Groups::new(&cg, "sikker", &["kvs3", "bill", "other"]);
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.toml");
     std::fs::write(

@@ -2,6 +2,8 @@
 //! it, reading its output, waiting, and guards that leave no process behind.
 #![allow(dead_code)]
 
+pub mod cgroups;
+
 use std::path::PathBuf;
 use std::process::{Child, Command, Output};
 use std::sync::Mutex;
