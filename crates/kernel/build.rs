@@ -17,6 +17,8 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let clang = std::env::var("CLANG").unwrap_or_else(|_| "clang".into());
     println!("cargo:rerun-if-env-changed=CLANG");
+    // The directory too, so that a new program is compiled.
+    println!("cargo:rerun-if-changed=bpf");
     let mut sources: Vec<PathBuf> = std::fs::read_dir("bpf")
         .expect("crates/kernel/bpf exists")
         .filter_map(|e| e.ok().map(|e| e.path()))

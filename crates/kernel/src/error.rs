@@ -59,6 +59,16 @@ pub enum KernelError {
         netns: Option<String>,
         detail: String,
     },
+    #[error("{path} is not a cgroup v2 directory: {detail}")]
+    NotCgroup2 { path: String, detail: String },
+    #[error("cannot attach `{program}` to cgroup {cgroup}: {detail}{}", hint(.detail))]
+    CgroupAttach {
+        program: String,
+        cgroup: String,
+        detail: String,
+    },
+    #[error("Sikker L4 tables: {0}")]
+    L4Tables(String),
     #[error("BPF map `{map}`: {detail}")]
     Map { map: String, detail: String },
     #[error(transparent)]

@@ -13,10 +13,16 @@
 //!
 //! * [`firewall`] — SCIRON at XDP: the tuple-space tables of
 //!   `sidecore-firewall` in BPF maps, swapped live between two generations.
+//! * [`sikker_l4`] — Sikker's L4 mode: cgroup connect4/connect6 and egress
+//!   programs holding plain TCP to service permissions and rate limits.
 
 mod error;
 pub mod firewall;
 pub mod objects;
+pub mod sikker_l4;
 
 pub use error::{KernelError, XdpMode};
 pub use firewall::{FwStats, LogEvent, XdpFirewall};
+pub use sikker_l4::{
+    L4Counters, L4PairCounters, L4Peer, L4Rate, L4Tables, L4Totals, L4Update, SikkerL4,
+};

@@ -6,7 +6,12 @@ pub fn firewall() -> &'static [u8] {
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/firewall.bpf.o"))
 }
 
+/// Sikker's L4 mode: cgroup connect and egress programs (`bpf/sikker_l4.bpf.c`).
+pub fn sikker_l4() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sikker_l4.bpf.o"))
+}
+
 /// Every embedded object, by name (for `sidecore devices` and errors).
-pub fn all() -> [(&'static str, &'static [u8]); 1] {
-    [("firewall", firewall())]
+pub fn all() -> [(&'static str, &'static [u8]); 2] {
+    [("firewall", firewall()), ("sikker_l4", sikker_l4())]
 }
