@@ -595,14 +595,15 @@ impl AgentCore {
     }
 }
 
-/// What rate control is built from: each limit and where its source
-/// service's processes run.
-fn rate_shape(
-    nos: &Nos,
-) -> Vec<(
+/// One rate limit and where its source service's processes run.
+type RateShape = (
     sidecore_sikker_policy::RateLimit,
     Vec<(ProcessId, Option<String>)>,
-)> {
+);
+
+/// What rate control is built from: each limit and where its source
+/// service's processes run.
+fn rate_shape(nos: &Nos) -> Vec<RateShape> {
     nos.policy()
         .rate_limits
         .iter()

@@ -15,6 +15,7 @@
 //! | [`links`] | links to other hosts' agents (TCP in mutual TLS, non-blocking) |
 //! | [`server`] | the Unix-socket server around the core (per-message credentials) |
 //! | [`client`] | the library a process uses to send and receive |
+//! | [`store`] | where the policy is kept (a watched file, or a key in etcd) and how its changes reach the agent |
 //!
 //! Agents on several hosts link over mutual TLS; a message for a process on
 //! another host is checked at the sender's agent, forwarded, checked again
@@ -28,6 +29,7 @@ pub mod links;
 pub mod proto;
 pub mod rate;
 pub mod server;
+pub mod store;
 pub mod tls;
 
 pub use client::{Client, ClientError};

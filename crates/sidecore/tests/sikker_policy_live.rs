@@ -1,0 +1,385 @@
+//! Sikker's live policy updates end to end, as root: a running agent takes a
+//! new policy from its store without a restart, and keeps enforcing the last
+//! good one when the new one is wrong or the store goes away.
+//!
+//! - **File** (the one-node store): a denied send is permitted within a
+//!   bounded wait after the policy file grants it; a policy with a syntax
+//!   error, and one that no longer defines a placed process, are refused and
+//!   reported (with `file:line:col` for the syntax error) while the last good
+//!   policy keeps enforcing (a permitted send passes, a denied one is denied);
+//!   a later good policy still applies; the receiver stays attached through
+//!   every update; the agent's counters say 2 applied and 2 refused.
+//! - **etcd** (a real one, started by the test on loopback): the agent starts
+//!   from the key, applies `put-policy` updates, refuses a broken text written
+//!   to the key (located as `etcd:KEY:line:col`), reports etcd going away once
+//!   while it keeps enforcing, and after etcd comes back applies the next update.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // test code: a failed unwrap is a failed run; one scenario read top to bottom
+
+mod common;
+
+use std::path::Path;
+use std::process::{Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::cgroups::*;
+use common::*;
+use sidecore_sikker_agent::store::LocalEtcd;
+
+/// How long an update may take to reach the agent (the file is polled every
+/// 200 ms, the agent looks every 100 ms; etcd reconnects within 2 s).
+const BOUND: Duration = Duration::from_secs(5);
+
+/// The policy: kvs:3 and bill:101 in their cgroups; `grant` decides what
+/// bill may reach; `extra` goes at the end.
+fn policy(g: &Groups, grant: &str, extra: &str) -> String {
+    format!(
+        r#"[[service]]
+name = "kvs"
+domains = ["Get", "Set"]
+[[service.process]]
+id = 3
+cgroup = "{}"
+[[service.portal]]
+name = "ForBill"
+processes = [3]
+domains = ["Get"]
+
+[[service]]
+name = "bill"
+domains = ["Reply"]
+[[service.process]]
+id = 101
+cgroup = "{}"
+{grant}
+{extra}"#,
+        g.path("kvs3"),
+        g.path("bill")
+    )
+}
+
+const GRANT_GET: &str = "[[grant]]\nfrom = \"bill\"\nto = \"kvs\"\nportal = \"ForBill\"\n";
+const GRANT_ALL: &str =
+    "[[grant]]\nfrom = \"bill\"\nto = \"kvs\"\nall_processes = true\nall_domains = true\n";
+
+const PLACEMENT: &str = "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\", \"bill:101\"]\n";
+
+fn send(bill: &Path, sock: &str, dom: &str, text: &str) -> Output {
+    run_in(
+        bill,
+        &[
+            "sikker",
+            "send",
+            "--socket",
+            sock,
+            "--to",
+            &format!("kvs:3:{dom}"),
+            text,
+        ],
+    )
+}
+
+#[track_caller]
+fn expect_sent(o: &Output) {
+    assert!(o.status.success(), "{:?}", text(o));
+}
+
+#[track_caller]
+fn expect_denied(o: &Output, what: &str) {
+    let (out, err) = text(o);
+    assert_eq!(o.status.code(), Some(1), "{out}\n{err}");
+    assert!(err.contains(what), "expected `{what}` in:\n{err}");
+}
+
+/// Sends until one is permitted; how long that took.
+#[track_caller]
+fn permitted_within(bill: &Path, sock: &str, dom: &str, text: &str) -> Duration {
+    let t0 = Instant::now();
+    loop {
+        let o = send(bill, sock, dom, text);
+        if o.status.success() {
+            return t0.elapsed();
+        }
+        assert!(
+            t0.elapsed() < BOUND,
+            "still denied after {BOUND:?}: {:?}",
+            common::text(&o)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[track_caller]
+fn logged(log: &Path, what: &str) -> String {
+    let ok = wait_for(
+        || {
+            std::fs::read_to_string(log)
+                .unwrap_or_default()
+                .contains(what)
+        },
+        BOUND.as_secs(),
+    );
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    assert!(ok, "the agent never logged `{what}`:\n{text}");
+    text
+}
+
+/// A receiver for kvs:3 taking `n` messages; its lines' texts.
+fn receiver(kvs: &Path, sock: &str, n: usize) -> Guard {
+    Guard(spawn_in(
+        kvs,
+        &[
+            "sikker",
+            "recv",
+            "--socket",
+            sock,
+            "--count",
+            &n.to_string(),
+            "--timeout-ms",
+            "20000",
+        ],
+    ))
+}
+
+fn received(mut g: Guard) -> Vec<String> {
+    assert!(
+        wait_exit(&mut g.0, 10).is_some(),
+        "the receiver did not finish"
+    );
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut g.0.stdout.take().unwrap(), &mut out).unwrap();
+    out.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["text"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// Stops the agent with SIGTERM; its counters.
+fn counters(mut agent: Guard) -> serde_json::Value {
+    let pid = agent.0.id().to_string();
+    assert!(
+        std::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(
+        wait_exit(&mut agent.0, 10).is_some(),
+        "the agent did not stop"
+    );
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut agent.0.stdout.take().unwrap(), &mut out).unwrap();
+    serde_json::from_str(out.trim()).unwrap()
+}
+
+fn start_agent(args: &[&str], log: &Path) -> Guard {
+    let log = std::fs::File::create(log).unwrap();
+    Guard(
+        bin()
+            .args(["sikker", "agent"])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .spawn()
+            .unwrap(),
+    )
+}
+
+#[test]
+fn a_watched_policy_file_updates_the_running_agent_and_a_bad_one_is_refused() {
+    if !sidecore_testbed::testing::root() {
+        return;
+    }
+    let Some(cg) = cgroup2_root() else {
+        panic!("no cgroup v2 mount on this machine");
+    };
+    let _s = serial();
+    let g = Groups::new(&cg, "live-file", &["kvs3", "bill"]);
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("policy.toml");
+    std::fs::write(&file, policy(&g, "", "")).unwrap();
+    let placement = dir.path().join("placement.toml");
+    std::fs::write(&placement, PLACEMENT).unwrap();
+    let sock = dir.path().join("agent.sock");
+    let s = sock.to_str().unwrap();
+    let log = dir.path().join("agent.log");
+    let agent = start_agent(
+        &[
+            "--host",
+            "h1",
+            "--socket",
+            s,
+            "--policy",
+            file.to_str().unwrap(),
+            "--placement",
+            placement.to_str().unwrap(),
+        ],
+        &log,
+    );
+    assert!(wait_for(|| sock.exists(), 10), "the agent never listened");
+    let (kvs, bill) = (g.procs("kvs3"), g.procs("bill"));
+    let rx = receiver(&kvs, s, 3);
+    std::thread::sleep(Duration::from_millis(300));
+
+    expect_denied(
+        &send(&bill, s, "Get", "before"),
+        "service bill holds no permission to service kvs",
+    );
+    // Granted in the file: permitted within the bound, and only Get.
+    std::fs::write(&file, policy(&g, GRANT_GET, "")).unwrap();
+    let took = permitted_within(&bill, s, "Get", "granted");
+    eprintln!("the grant took effect after {took:?}");
+    logged(&log, "applied: 1 NMU entries set, 0 removed");
+    expect_denied(
+        &send(&bill, s, "Set", "x"),
+        "service bill may not use domain Set of kvs",
+    );
+
+    // A syntax error on the last line: refused, located, and the last good
+    // policy keeps enforcing.
+    std::fs::write(&file, policy(&g, GRANT_ALL, "bogus = 1\n")).unwrap();
+    let line = policy(&g, GRANT_ALL, "").lines().count() + 1;
+    logged(
+        &log,
+        &format!("{}:{line}:1: unknown field `bogus`", file.display()),
+    );
+    expect_sent(&send(&bill, s, "Get", "still"));
+    expect_denied(
+        &send(&bill, s, "Set", "x"),
+        "service bill may not use domain Set of kvs",
+    );
+    // A policy that parses but drops a placed process: refused too.
+    let no_bill = policy(&g, "", "").replace("id = 101\n", "id = 102\n");
+    std::fs::write(&file, no_bill).unwrap();
+    logged(
+        &log,
+        "the new policy does not define process bill:101, which is placed on host `h1`",
+    );
+    expect_denied(
+        &send(&bill, s, "Set", "x"),
+        "service bill may not use domain Set of kvs",
+    );
+
+    // A good one after the refusals applies.
+    std::fs::write(&file, policy(&g, GRANT_ALL, "")).unwrap();
+    permitted_within(&bill, s, "Set", "set");
+    assert_eq!(received(rx), ["granted", "still", "set"]);
+    let c = counters(agent);
+    assert_eq!(c["policy_updates"], 2, "{c}");
+    assert_eq!(c["policy_refused"], 2, "{c}");
+}
+
+#[test]
+fn the_agent_follows_its_policy_in_etcd_across_an_etcd_restart() {
+    if !sidecore_testbed::testing::root() {
+        return;
+    }
+    let Some(cg) = cgroup2_root() else {
+        panic!("no cgroup v2 mount on this machine");
+    };
+    let _s = serial();
+    let g = Groups::new(&cg, "live-etcd", &["kvs3", "bill"]);
+    let dir = tempfile::tempdir().unwrap();
+    let mut etcd = LocalEtcd::start(&dir.path().join("etcd")).unwrap();
+    let ep = etcd.endpoint();
+    let key = "/sidecore-test/sikker/policy";
+    let put = |name: &str, body: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, body).unwrap();
+        let o = run(&[
+            "sikker",
+            "put-policy",
+            "--etcd",
+            &ep,
+            "--key",
+            key,
+            f.to_str().unwrap(),
+        ]);
+        assert!(o.status.success(), "{:?}", text(&o));
+        assert!(
+            String::from_utf8_lossy(&o.stdout).contains(&format!("at etcd key {key} (revision")),
+            "{:?}",
+            text(&o)
+        );
+    };
+    put("deny.toml", &policy(&g, "", ""));
+    // put-policy checks before it stores.
+    let bad = dir.path().join("bad.toml");
+    std::fs::write(&bad, policy(&g, GRANT_ALL, "bogus = 1\n")).unwrap();
+    let o = run(&[
+        "sikker",
+        "put-policy",
+        "--etcd",
+        &ep,
+        "--key",
+        key,
+        bad.to_str().unwrap(),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{:?}", text(&o));
+    assert!(text(&o).1.contains("not stored"), "{:?}", text(&o));
+
+    let placement = dir.path().join("placement.toml");
+    std::fs::write(&placement, PLACEMENT).unwrap();
+    let sock = dir.path().join("agent.sock");
+    let s = sock.to_str().unwrap();
+    let log = dir.path().join("agent.log");
+    let agent = start_agent(
+        &[
+            "--host",
+            "h1",
+            "--socket",
+            s,
+            "--etcd",
+            &ep,
+            "--etcd-key",
+            key,
+            "--placement",
+            placement.to_str().unwrap(),
+        ],
+        &log,
+    );
+    assert!(wait_for(|| sock.exists(), 10), "the agent never listened");
+    let (kvs, bill) = (g.procs("kvs3"), g.procs("bill"));
+    let rx = receiver(&kvs, s, 4);
+    std::thread::sleep(Duration::from_millis(300));
+    expect_denied(
+        &send(&bill, s, "Get", "before"),
+        "service bill holds no permission to service kvs",
+    );
+    put("get.toml", &policy(&g, GRANT_GET, ""));
+    permitted_within(&bill, s, "Get", "granted");
+
+    // A broken text written straight to the key: refused, located.
+    sidecore_sikker_agent::store::put(
+        std::slice::from_ref(&ep),
+        key,
+        &policy(&g, GRANT_ALL, "bogus = 1\n"),
+    )
+    .unwrap();
+    let line = policy(&g, GRANT_ALL, "").lines().count() + 1;
+    logged(&log, &format!("etcd:{key}:{line}:1: unknown field `bogus`"));
+    expect_sent(&send(&bill, s, "Get", "still"));
+
+    // etcd goes away: reported once, and enforcement goes on.
+    etcd.stop();
+    logged(&log, "cannot be read");
+    expect_sent(&send(&bill, s, "Get", "while-down"));
+    expect_denied(
+        &send(&bill, s, "Set", "x"),
+        "service bill may not use domain Set of kvs",
+    );
+    std::thread::sleep(Duration::from_millis(2500));
+    // Back: the watch resumes, and the next update applies.
+    etcd.restart().unwrap();
+    logged(&log, "can be read again");
+    put("all.toml", &policy(&g, GRANT_ALL, ""));
+    permitted_within(&bill, s, "Set", "set");
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(text.matches("cannot be read").count(), 1, "{text}");
+    assert_eq!(received(rx), ["granted", "still", "while-down", "set"]);
+    let c = counters(agent);
+    assert_eq!(c["policy_updates"], 2, "{c}");
+    assert_eq!(c["policy_refused"], 1, "{c}");
+}

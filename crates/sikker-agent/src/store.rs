@@ -1,0 +1,584 @@
+//! Where a running agent's policy comes from, and how its changes reach it
+//! (issue 15, "NOS state"): a policy file on this node (the embedded
+//! one-node store, the default) or a key in etcd shared by every node's agent.
+//!
+//! [`watch`] runs a thread that sends the policy it finds first and then every
+//! change, each text parsed with the policy parser; a text that does not parse
+//! is sent as [`PolicyUpdate::Invalid`] with every error located
+//! (`policy.toml:12:5: …`, or `etcd:/sidecore/sikker/policy:12:5: …`), and the
+//! agent keeps the last good policy. A source that cannot be read (a missing
+//! file, an etcd that went away) is reported once
+//! ([`PolicyUpdate::Unavailable`]); the thread retries, with backoff for etcd,
+//! reports [`PolicyUpdate::Restored`] when the source is back, reads it again
+//! and watches on. The thread ends at the first update after its receiver has
+//! gone.
+//!
+//! - **File**: polled every [`FILE_POLL`]; a changed text is read again until
+//!   two reads agree, so a file caught half-written is not reported as broken.
+//! - **etcd** (v3, as Debian's `etcd-server` 3.4 ships it): through its
+//!   JSON gateway over HTTP — `/v3/kv/range` to read, `/v3/kv/put` to write,
+//!   and a streaming `/v3/watch` from the revision after the one read, keys
+//!   and values in base64. The client is `ureq` (small, blocking, no async
+//!   runtime); not the `etcd-client` crate, which speaks gRPC through
+//!   tonic/prost and needs `protoc` at build time. Plain HTTP only: the
+//!   endpoints are expected on loopback or a trusted network.
+
+use std::io::{BufRead, BufReader};
+use std::path::PathBuf;
+use std::sync::mpsc::Sender;
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as B64;
+use serde_json::{Value, json};
+use sidecore_sikker_policy::{Policy, parse_policy};
+
+/// How often a policy file is looked at.
+pub const FILE_POLL: Duration = Duration::from_millis(200);
+/// The etcd key agents read their policy from unless told otherwise.
+pub const DEFAULT_ETCD_KEY: &str = "/sidecore/sikker/policy";
+/// First and longest wait between attempts to reach etcd again.
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Connecting to etcd, and a whole read or write, may take this long.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the policy is kept.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PolicySource {
+    /// A TOML file on this node.
+    File(PathBuf),
+    /// A key in etcd; endpoints as `http://HOST:PORT` (or `HOST:PORT`).
+    Etcd {
+        /// Client URLs, tried in turn.
+        endpoints: Vec<String>,
+        /// The key holding the policy's TOML text.
+        key: String,
+    },
+}
+
+impl std::fmt::Display for PolicySource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PolicySource::File(p) => write!(f, "{}", p.display()),
+            PolicySource::Etcd { endpoints, key } => {
+                write!(f, "etcd key {key} at {}", endpoints.join(","))
+            }
+        }
+    }
+}
+
+/// What a watched source says.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PolicyUpdate {
+    /// A policy that parsed, from `source` (a path, or an etcd key and revision).
+    Policy { source: String, policy: Policy },
+    /// A text that did not parse: every error, one per line, located.
+    Invalid { source: String, errors: String },
+    /// The source cannot be read (said once per outage).
+    Unavailable { source: String, why: String },
+    /// The source can be read again; its text follows if it changed.
+    Restored { source: String },
+}
+
+/// Why etcd did not do what was asked.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("etcd {0}")]
+pub struct EtcdError(String);
+
+/// Parses a policy text, naming `name` in every error.
+fn parsed(name: &str, source: String, text: &str) -> PolicyUpdate {
+    match parse_policy(name, text) {
+        Ok(policy) => PolicyUpdate::Policy { source, policy },
+        Err(e) => PolicyUpdate::Invalid {
+            source,
+            errors: e.to_string(),
+        },
+    }
+}
+
+/// Starts watching `src`: its policy now and every change go to `tx`.
+pub fn watch(src: PolicySource, tx: Sender<PolicyUpdate>) -> JoinHandle<()> {
+    std::thread::spawn(move || match src {
+        PolicySource::File(path) => watch_file(&path, &tx),
+        PolicySource::Etcd { endpoints, key } => EtcdWatch::new(&endpoints, key, tx).run(),
+    })
+}
+
+/// A file's text, once two reads a moment apart agree (a writer may be
+/// half-way through); `Err` says why it cannot be read.
+fn read_settled(path: &std::path::Path, last: Option<&str>) -> Result<String, String> {
+    let read = || {
+        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
+        String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())
+    };
+    let mut text = read()?;
+    if Some(text.as_str()) == last {
+        return Ok(text);
+    }
+    for _ in 0..10 {
+        std::thread::sleep(Duration::from_millis(30));
+        let again = read()?;
+        if again == text {
+            break;
+        }
+        text = again;
+    }
+    Ok(text)
+}
+
+fn watch_file(path: &std::path::Path, tx: &Sender<PolicyUpdate>) {
+    let name = path.display().to_string();
+    let mut last: Option<String> = None;
+    let mut down = false;
+    loop {
+        let update = match read_settled(path, last.as_deref()) {
+            Ok(text) => {
+                if down {
+                    down = false;
+                    let back = PolicyUpdate::Restored {
+                        source: name.clone(),
+                    };
+                    if tx.send(back).is_err() {
+                        return;
+                    }
+                }
+                (last.as_deref() != Some(text.as_str())).then(|| {
+                    let u = parsed(&name, name.clone(), &text);
+                    last = Some(text);
+                    u
+                })
+            }
+            Err(why) if why == "not UTF-8 text" => {
+                last = None;
+                Some(PolicyUpdate::Invalid {
+                    source: name.clone(),
+                    errors: format!("{name}: {why}"),
+                })
+            }
+            Err(why) => (!down).then(|| {
+                down = true;
+                PolicyUpdate::Unavailable {
+                    source: name.clone(),
+                    why,
+                }
+            }),
+        };
+        if let Some(u) = update
+            && tx.send(u).is_err()
+        {
+            return;
+        }
+        std::thread::sleep(FILE_POLL);
+    }
+}
+
+/// A key's value and the store's revision when it was read.
+struct Read {
+    value: Option<Vec<u8>>,
+    revision: i64,
+}
+
+/// A small etcd v3 client over its JSON gateway.
+pub struct Etcd {
+    endpoints: Vec<String>,
+    /// Reads and writes: bounded in time.
+    short: ureq::Agent,
+    /// The watch stream: no bound on the whole exchange.
+    long: ureq::Agent,
+    /// The endpoint that answered last, tried first.
+    good: usize,
+}
+
+fn agent(whole: Option<Duration>) -> ureq::Agent {
+    let cfg = ureq::Agent::config_builder()
+        .timeout_connect(Some(CONNECT_TIMEOUT))
+        .timeout_global(whole)
+        .http_status_as_error(false)
+        .build();
+    ureq::Agent::new_with_config(cfg)
+}
+
+/// An `int64` as etcd's JSON gateway writes it (a string), or 0.
+fn int(v: &Value) -> i64 {
+    match v {
+        Value::String(s) => s.parse().unwrap_or(0),
+        v => v.as_i64().unwrap_or(0),
+    }
+}
+
+impl Etcd {
+    /// A client for these endpoints (`HOST:PORT` gets `http://`).
+    pub fn new(endpoints: &[String]) -> Etcd {
+        let endpoints = endpoints
+            .iter()
+            .map(|e| {
+                let e = e.trim().trim_end_matches('/');
+                if e.contains("://") {
+                    e.to_string()
+                } else {
+                    format!("http://{e}")
+                }
+            })
+            .collect();
+        Etcd {
+            endpoints,
+            short: agent(Some(REQUEST_TIMEOUT)),
+            long: agent(None),
+            good: 0,
+        }
+    }
+
+    /// POSTs `body` to `path` on the first endpoint that answers; the
+    /// response, or every endpoint's failure.
+    fn post(
+        &mut self,
+        path: &str,
+        body: &Value,
+        stream: bool,
+    ) -> Result<ureq::http::Response<ureq::Body>, EtcdError> {
+        if self.endpoints.is_empty() {
+            return Err(EtcdError("has no endpoint".into()));
+        }
+        let mut why = Vec::new();
+        let n = self.endpoints.len();
+        for i in 0..n {
+            let at = (self.good + i) % n;
+            let url = format!("{}{path}", self.endpoints[at]);
+            let agent = if stream { &self.long } else { &self.short };
+            match agent.post(&url).send(body.to_string().as_bytes()) {
+                Ok(r) if r.status().is_success() => {
+                    self.good = at;
+                    return Ok(r);
+                }
+                Ok(mut r) => {
+                    let text = r.body_mut().read_to_string().unwrap_or_default();
+                    why.push(format!("{url}: HTTP {}: {}", r.status(), text.trim()));
+                }
+                Err(e) => why.push(format!("{url}: {e}")),
+            }
+        }
+        Err(EtcdError(format!("unreachable: {}", why.join("; "))))
+    }
+
+    fn call(&mut self, path: &str, body: &Value) -> Result<Value, EtcdError> {
+        let mut r = self.post(path, body, false)?;
+        let text = r
+            .body_mut()
+            .read_to_string()
+            .map_err(|e| EtcdError(format!("{path}: reading the answer: {e}")))?;
+        serde_json::from_str(&text)
+            .map_err(|e| EtcdError(format!("{path}: the answer is not JSON ({e}): {text}")))
+    }
+
+    /// Stores `value` at `key`; the store's new revision.
+    pub fn put(&mut self, key: &str, value: &[u8]) -> Result<i64, EtcdError> {
+        let v = self.call(
+            "/v3/kv/put",
+            &json!({"key": B64.encode(key), "value": B64.encode(value)}),
+        )?;
+        Ok(int(&v["header"]["revision"]))
+    }
+
+    fn get(&mut self, key: &str) -> Result<Read, EtcdError> {
+        let v = self.call("/v3/kv/range", &json!({"key": B64.encode(key)}))?;
+        let value = match v["kvs"].get(0) {
+            None => None,
+            Some(kv) => Some(decode(&kv["value"], key)?),
+        };
+        Ok(Read {
+            value,
+            revision: int(&v["header"]["revision"]),
+        })
+    }
+
+    /// The value at `key` (`None`: no such key).
+    pub fn get_value(&mut self, key: &str) -> Result<Option<Vec<u8>>, EtcdError> {
+        self.get(key).map(|r| r.value)
+    }
+
+    /// Watches `key` from revision `from`, calling `event` with each new
+    /// value (`None`: deleted) until it says stop (`Ok(true)`), the stream
+    /// is cancelled by etcd (`Ok(false)`: read the key again and watch
+    /// anew), or it fails.
+    fn watch(
+        &mut self,
+        key: &str,
+        from: i64,
+        mut event: impl FnMut(Option<Vec<u8>>) -> bool,
+    ) -> Result<bool, EtcdError> {
+        let body = json!({"create_request": {"key": B64.encode(key), "start_revision": from}});
+        let r = self.post("/v3/watch", &body, true)?;
+        let lines = BufReader::new(r.into_body().into_reader()).lines();
+        for line in lines {
+            let line = line.map_err(|e| EtcdError(format!("watch stream broke: {e}")))?;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let v: Value = serde_json::from_str(&line)
+                .map_err(|e| EtcdError(format!("watch: not JSON ({e}): {line}")))?;
+            if !v["error"].is_null() {
+                return Err(EtcdError(format!("watch failed: {}", v["error"])));
+            }
+            let res = &v["result"];
+            if res["canceled"].as_bool() == Some(true) {
+                return Ok(false);
+            }
+            for ev in res["events"].as_array().into_iter().flatten() {
+                let value = if ev["type"].as_str() == Some("DELETE") {
+                    None
+                } else {
+                    Some(decode(&ev["kv"]["value"], key)?)
+                };
+                if event(value) {
+                    return Ok(true);
+                }
+            }
+        }
+        Err(EtcdError("closed the watch stream".into()))
+    }
+}
+
+fn decode(v: &Value, key: &str) -> Result<Vec<u8>, EtcdError> {
+    // An empty value is left out of the JSON.
+    B64.decode(v.as_str().unwrap_or(""))
+        .map_err(|e| EtcdError(format!("key {key}: the value is not base64: {e}")))
+}
+
+/// Stores a policy text at `key` in the etcd at `endpoints`; the revision.
+pub fn put(endpoints: &[String], key: &str, text: &str) -> Result<i64, EtcdError> {
+    Etcd::new(endpoints).put(key, text.as_bytes())
+}
+
+/// What the watching thread tells its receiver about an etcd key.
+struct Sink {
+    key: String,
+    source: String,
+    tx: Sender<PolicyUpdate>,
+    /// The value last sent (`Some(None)`: that there is none).
+    last: Option<Option<Vec<u8>>>,
+    down: bool,
+}
+
+impl Sink {
+    /// Sends what `value` comes to, unless it was sent last; false when the
+    /// receiver has gone.
+    fn offer(&mut self, value: Option<Vec<u8>>) -> bool {
+        if self.last.as_ref() == Some(&value) {
+            return true;
+        }
+        let source = self.source.clone();
+        let u = match &value {
+            None => PolicyUpdate::Invalid {
+                errors: format!("{source}: holds no policy (no such key, or it was deleted)"),
+                source,
+            },
+            Some(bytes) => match std::str::from_utf8(bytes) {
+                Ok(text) => parsed(&format!("etcd:{}", self.key), source, text),
+                Err(_) => PolicyUpdate::Invalid {
+                    errors: format!("{source}: the value is not UTF-8 text"),
+                    source,
+                },
+            },
+        };
+        self.last = Some(value);
+        self.tx.send(u).is_ok()
+    }
+
+    /// Reports an outage, once; false when the receiver has gone.
+    fn down(&mut self, e: &EtcdError) -> bool {
+        if self.down {
+            return true;
+        }
+        self.down = true;
+        self.tx
+            .send(PolicyUpdate::Unavailable {
+                source: self.source.clone(),
+                why: format!("{e}; retrying, the last good policy keeps enforcing"),
+            })
+            .is_ok()
+    }
+
+    /// Reports the end of an outage; false when the receiver has gone.
+    fn up(&mut self) -> bool {
+        if !self.down {
+            return true;
+        }
+        self.down = false;
+        self.tx
+            .send(PolicyUpdate::Restored {
+                source: self.source.clone(),
+            })
+            .is_ok()
+    }
+}
+
+/// The watching thread for an etcd key.
+struct EtcdWatch {
+    etcd: Etcd,
+    sink: Sink,
+}
+
+impl EtcdWatch {
+    fn new(endpoints: &[String], key: String, tx: Sender<PolicyUpdate>) -> EtcdWatch {
+        let etcd = Etcd::new(endpoints);
+        let source = format!("etcd key {key} at {}", etcd.endpoints.join(","));
+        EtcdWatch {
+            etcd,
+            sink: Sink {
+                key,
+                source,
+                tx,
+                last: None,
+                down: false,
+            },
+        }
+    }
+
+    fn run(mut self) {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            match self.round() {
+                Ok(false) => return,
+                Ok(true) => backoff = BACKOFF_MIN,
+                Err(e) => {
+                    if !self.sink.down(&e) {
+                        return;
+                    }
+                    std::thread::sleep(backoff);
+                    backoff = (backoff * 2).min(BACKOFF_MAX);
+                }
+            }
+        }
+    }
+
+    /// Reads the key, sends it if it changed, and watches it from the next
+    /// revision. `Ok(false)`: the receiver has gone; `Ok(true)`: etcd
+    /// cancelled the watch (read again); `Err`: etcd cannot be reached or the
+    /// stream broke.
+    fn round(&mut self) -> Result<bool, EtcdError> {
+        let read = self.etcd.get(&self.sink.key)?;
+        if !self.sink.up() || !self.sink.offer(read.value) {
+            return Ok(false);
+        }
+        let key = self.sink.key.clone();
+        let mut gone = false;
+        let sink = &mut self.sink;
+        self.etcd.watch(&key, read.revision + 1, |value| {
+            gone = !sink.offer(value);
+            gone
+        })?;
+        Ok(!gone)
+    }
+}
+
+/// A one-member etcd on loopback (Debian's `/usr/bin/etcd`, or `$ETCD`), for
+/// tests and demonstrations: its own data directory and free ports; killed
+/// when dropped. It can be stopped and started again on the same ports and
+/// data, as an etcd that goes away and comes back.
+pub struct LocalEtcd {
+    dir: PathBuf,
+    client: u16,
+    peer: u16,
+    child: Option<std::process::Child>,
+}
+
+/// A loopback port free right now.
+fn free_port() -> Result<u16, String> {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .map_err(|e| format!("no free loopback port: {e}"))
+}
+
+impl LocalEtcd {
+    /// Starts one with its data in `dir` (created), and waits until it answers.
+    pub fn start(dir: &std::path::Path) -> Result<LocalEtcd, String> {
+        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+        let mut e = LocalEtcd {
+            dir: dir.to_path_buf(),
+            client: free_port()?,
+            peer: free_port()?,
+            child: None,
+        };
+        e.restart()?;
+        Ok(e)
+    }
+
+    /// Its client URL.
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client)
+    }
+
+    /// Kills it (its data stays).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it (again) on the same ports and data, and waits until it answers.
+    pub fn restart(&mut self) -> Result<(), String> {
+        self.stop();
+        let bin = std::env::var_os("ETCD").unwrap_or_else(|| "etcd".into());
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("etcd.log"))
+            .map_err(|e| format!("{}: {e}", self.dir.join("etcd.log").display()))?;
+        let log2 = log.try_clone().map_err(|e| e.to_string())?;
+        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let child = std::process::Command::new(&bin)
+            .arg("--name=default")
+            .arg(format!("--data-dir={}", self.dir.join("data").display()))
+            .arg(format!("--listen-client-urls={}", self.endpoint()))
+            .arg(format!("--advertise-client-urls={}", self.endpoint()))
+            .arg(format!("--listen-peer-urls={peer}"))
+            .arg(format!("--initial-advertise-peer-urls={peer}"))
+            .arg(format!("--initial-cluster=default={peer}"))
+            .stdin(std::process::Stdio::null())
+            .stdout(log)
+            .stderr(log2)
+            .spawn()
+            .map_err(|e| {
+                format!(
+                    "cannot start {} ({e}); scripts/setup.sh installs Debian's etcd-server",
+                    std::path::Path::new(&bin).display()
+                )
+            })?;
+        self.child = Some(child);
+        let mut probe = Etcd::new(&[self.endpoint()]);
+        let t0 = std::time::Instant::now();
+        while t0.elapsed() < Duration::from_secs(15) {
+            if probe.get_value("/sidecore/probe").is_ok() {
+                return Ok(());
+            }
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(std::process::Child::try_wait) {
+                self.child = None;
+                return Err(format!(
+                    "etcd exited ({st}) before answering; see {}",
+                    self.dir.join("etcd.log").display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        self.stop();
+        Err(format!(
+            "etcd did not answer at {} within 15 s; see {}",
+            self.endpoint(),
+            self.dir.join("etcd.log").display()
+        ))
+    }
+}
+
+impl Drop for LocalEtcd {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests;
