@@ -21,6 +21,9 @@ use crate::model::{Grant, Policy, Sacl, Selection};
 pub struct Placement {
     /// Host name and its processes.
     pub hosts: Vec<(String, Vec<(ServiceId, ProcessId)>)>,
+    /// Where a process listens for plain TCP (Sikker's L4 mode, for services
+    /// that cannot link the client library): its addresses, on its host.
+    pub l4: BTreeMap<(ServiceId, ProcessId), Vec<std::net::SocketAddr>>,
 }
 
 /// What an update changed.

@@ -33,11 +33,21 @@
 //! gbps = 100.0
 //! ```
 //!
-//! A placement: `[[host]] name = "h1"  processes = ["kvs:3", "bill:101"]`.
+//! A placement: `[[host]] name = "h1"  processes = ["kvs:3", "bill:101"]`,
+//! and, for Sikker's L4 mode (plain TCP, for services that cannot link the
+//! client library), where processes of that host listen:
+//!
+//! ```toml
+//! [[host]]
+//! name = "h1"
+//! processes = ["kvs:3", "bill:101"]
+//! l4 = { "kvs:3" = "10.9.0.2:8080" }   # or a list: ["10.9.0.2:8080", "[fd00::2]:8080"]
+//! ```
 //!
 //! Every error names the file, line and column of the offending value.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
 use std::ops::Range;
 
 use codespan_reporting::diagnostic::{Diagnostic as CsDiagnostic, Label};
@@ -238,6 +248,17 @@ struct RawHost {
     name: Spanned<String>,
     #[serde(default)]
     processes: Vec<Spanned<String>>,
+    /// `"service:process" = "IP:PORT"` or a list of them.
+    #[serde(default)]
+    l4: BTreeMap<Spanned<String>, Spanned<RawL4>>,
+}
+
+/// A process's L4 addresses: one, or a list.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum RawL4 {
+    One(String),
+    Many(Vec<String>),
 }
 
 fn syntax<T: for<'de> Deserialize<'de>>(ctx: &mut Ctx, src: &str) -> Option<T> {
@@ -853,9 +874,95 @@ pub fn parse_placement(name: &str, src: &str, pol: &Policy) -> Result<Placement,
             );
             continue;
         }
+        l4_addresses(&mut ctx, h, pol, &procs, &mut out.l4);
         out.hosts.push((hn, procs));
     }
     ctx.finish(out)
+}
+
+/// Validates a host's `l4` table into `out`: each key a process placed on
+/// this host, each address a specific `IP:PORT` that no other process has.
+fn l4_addresses(
+    ctx: &mut Ctx,
+    h: &RawHost,
+    pol: &Policy,
+    procs: &[(ServiceId, ProcessId)],
+    out: &mut BTreeMap<(ServiceId, ProcessId), Vec<SocketAddr>>,
+) {
+    let hn = h.name.get_ref();
+    for (key, value) in &h.l4 {
+        let name = key.get_ref();
+        let Some((svc, pid)) = name
+            .split_once(':')
+            .and_then(|(s, p)| Some((pol.service_by_name(s)?, p.parse::<u32>().ok()?)))
+        else {
+            ctx.err(
+                key.span(),
+                format!("l4: `{name}` is not a `service:process` of the policy"),
+            );
+            continue;
+        };
+        if !procs.contains(&(svc.id, pid)) {
+            ctx.err(
+                key.span(),
+                format!("l4: process {name} is not placed on host `{hn}`"),
+            );
+            continue;
+        }
+        let texts: Vec<&str> = match value.get_ref() {
+            RawL4::One(a) => vec![a.as_str()],
+            RawL4::Many(v) => v.iter().map(String::as_str).collect(),
+        };
+        if texts.is_empty() {
+            ctx.err(value.span(), format!("l4: {name} has no address"));
+        }
+        for text in texts {
+            match l4_address(text) {
+                Err(why) => ctx.err(value.span(), format!("l4 address of {name}: {why}")),
+                Ok(a) => {
+                    let a = normalize(a);
+                    if let Some(((s, p), _)) = out.iter().find(|(_, v)| v.contains(&a)) {
+                        let owner = pol.services.get(s).map_or("?", |s| s.name.as_str());
+                        ctx.err(
+                            value.span(),
+                            format!("l4: {a} is already the address of {owner}:{p}"),
+                        );
+                        continue;
+                    }
+                    out.entry((svc.id, pid)).or_default().push(a);
+                }
+            }
+        }
+    }
+}
+
+/// An L4 address a client connects to: `IP:PORT` (`[IPv6]:PORT`), with a
+/// specific IP and a port other than 0.
+fn l4_address(text: &str) -> Result<SocketAddr, String> {
+    let a: SocketAddr = text
+        .parse()
+        .map_err(|_| format!("`{text}` is not IP:PORT (for IPv6, `[fd00::2]:8080`)"))?;
+    if a.ip().is_unspecified() {
+        return Err(format!(
+            "`{text}` has no specific address; give the one clients connect to"
+        ));
+    }
+    if a.port() == 0 {
+        return Err(format!("`{text}` has port 0"));
+    }
+    Ok(a)
+}
+
+/// IPv4-mapped IPv6 addresses as the IPv4 ones, so that each address has one
+/// form.
+fn normalize(a: SocketAddr) -> SocketAddr {
+    match a {
+        SocketAddr::V6(v6) => match v6.ip().to_ipv4_mapped() {
+            Some(v4) => SocketAddr::new(v4.into(), v6.port()),
+            None => a,
+        },
+        SocketAddr::V4(_) => a,
+    }
 }
 
 #[cfg(test)]

@@ -99,7 +99,7 @@ proptest! {
                 if w < 2 { hosts[w as usize].1.push((s, p)); }
             }
         }
-        let mut n = Nos::compile(pol, &Placement { hosts }).unwrap();
+        let mut n = Nos::compile(pol, &Placement { hosts, ..Placement::default() }).unwrap();
         check_all(&n)?;
         for (op, s, x) in ops {
             let s = s + 1;

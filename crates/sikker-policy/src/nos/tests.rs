@@ -203,6 +203,7 @@ fn incremental_updates_equal_a_fresh_compile() {
                 (h, ps)
             })
             .collect(),
+        ..Placement::default()
     };
     let fresh = Nos::compile(n.policy().clone(), &placement).unwrap();
     // Addresses differ by slot assignment order; compare with addresses erased.

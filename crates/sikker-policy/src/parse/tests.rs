@@ -271,3 +271,69 @@ fn placement_errors() {
         assert!(e.0[0].to_string().starts_with("h.toml:"));
     }
 }
+
+#[test]
+fn l4_addresses_are_parsed_and_bad_ones_located() {
+    let p = parse_policy("p.toml", KVS).unwrap();
+    let ok = parse_placement(
+        "h.toml",
+        "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\", \"bill:101\"]\n\
+         l4 = { \"kvs:3\" = [\"10.9.0.2:8080\", \"[fd00::2]:8080\"], \"bill:101\" = \"[::ffff:10.9.0.3]:80\" }\n",
+        &p,
+    )
+    .unwrap();
+    assert_eq!(
+        ok.l4[&(7, 3)],
+        vec![
+            "10.9.0.2:8080".parse().unwrap(),
+            "[fd00::2]:8080".parse().unwrap()
+        ]
+    );
+    // An IPv4-mapped address is kept as the IPv4 one.
+    assert_eq!(ok.l4[&(1, 101)], vec!["10.9.0.3:80".parse().unwrap()]);
+    let head = "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\"]\n";
+    let cases = [
+        (
+            "l4 = { \"kvs:3\" = \"10.9.0.300:8080\" }",
+            "l4 address of kvs:3: `10.9.0.300:8080` is not IP:PORT (for IPv6, `[fd00::2]:8080`)",
+        ),
+        (
+            "l4 = { \"kvs:3\" = \"10.9.0.2\" }",
+            "l4 address of kvs:3: `10.9.0.2` is not IP:PORT (for IPv6, `[fd00::2]:8080`)",
+        ),
+        (
+            "l4 = { \"kvs:3\" = \"0.0.0.0:80\" }",
+            "l4 address of kvs:3: `0.0.0.0:80` has no specific address; give the one clients connect to",
+        ),
+        (
+            "l4 = { \"kvs:3\" = \"10.0.0.1:0\" }",
+            "l4 address of kvs:3: `10.0.0.1:0` has port 0",
+        ),
+        (
+            "l4 = { \"kvs:4\" = \"10.0.0.1:80\" }",
+            "l4: process kvs:4 is not placed on host `h1`",
+        ),
+        (
+            "l4 = { \"nope:1\" = \"10.0.0.1:80\" }",
+            "l4: `nope:1` is not a `service:process` of the policy",
+        ),
+        ("l4 = { \"kvs:3\" = [] }", "l4: kvs:3 has no address"),
+    ];
+    for (line, want) in cases {
+        let src = format!("{head}{line}\n");
+        let e = parse_placement("h.toml", &src, &p).unwrap_err();
+        assert_eq!(e.0.len(), 1, "{e}");
+        assert_eq!(e.0[0].message, want);
+        assert_eq!(e.0[0].line, 4, "{e}");
+        assert!(e.0[0].to_string().starts_with("h.toml:4:"), "{e}");
+    }
+    // One address, two processes (on two hosts).
+    let src = "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\"]\nl4 = { \"kvs:3\" = \"10.0.0.1:80\" }\n\
+               [[host]]\nname = \"h2\"\nprocesses = [\"kvs:4\"]\nl4 = { \"kvs:4\" = \"10.0.0.1:80\" }\n";
+    let e = parse_placement("h.toml", src, &p).unwrap_err();
+    assert_eq!(
+        e.0[0].message,
+        "l4: 10.0.0.1:80 is already the address of kvs:3"
+    );
+    assert_eq!(e.0[0].line, 8);
+}

@@ -53,6 +53,7 @@ fn placement_of(n: &Nos) -> Placement {
                 (h, ps)
             })
             .collect(),
+        ..Placement::default()
     }
 }
 
