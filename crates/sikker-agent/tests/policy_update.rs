@@ -109,8 +109,7 @@ fn updates_reach_attached_connections_and_refusals_keep_the_last_good_policy() {
     send(&mut c, 4, "Get").unwrap();
 
     // A rate algorithm the agent does not run: refused, and rolled back.
-    let re = policy(GRANT, "id = 7\n");
-    let mut re = re;
+    let mut re = policy(GRANT, "id = 7\n");
     re.rate_limits.push(sidecore_sikker_policy::RateLimit {
         from: re.service_by_name("bill").unwrap().id,
         to: 7,
