@@ -9,8 +9,9 @@
 // * `sikker_connect4` / `sikker_connect6` (cgroup/connect4, cgroup/connect6)
 //   run when a process calls connect(2) on a TCP socket. If the destination
 //   ip:port belongs to a Sikker service (`l4_dests`), the caller's service is
-//   looked up by its cgroup id (`l4_cgroups`) and the pair by `l4_permits`;
-//   anything not found is refused, and connect(2) fails with EPERM. A
+//   looked up by its cgroup id (`l4_cgroups`; with the user the policy
+//   requires, if it requires one) and the pair by `l4_permits`; anything not
+//   found is refused, and connect(2) fails with EPERM. A
 //   destination that belongs to no service is none of Sikker's business and
 //   passes. IPv4-mapped IPv6 destinations are the IPv4 ones. A permitted
 //   connection of a rate-limited pair is paced by TCP itself at just under
@@ -60,6 +61,7 @@
 /* The counters' source for a process in no mapped cgroup: the Network OS's
  * service id, which no policy service can have (Sikker's NOS_SERVICE). */
 #define L4_NO_SERVICE 0xffffffff
+#define L4_ANY_UID 0xffffffff
 
 #define L4_SOCK_STREAM 1
 #define L4_SOL_SOCKET 1          /* asm-generic/socket.h */
@@ -83,6 +85,14 @@ struct l4_addr {
 struct l4_peer {
 	__u32 service;
 	__u32 process;
+};
+
+/* The (service, process) of a cgroup's processes, and the user they must run
+ * as to connect as it (L4_ANY_UID: any). */
+struct l4_source {
+	__u32 service;
+	__u32 process;
+	__u32 uid;
 };
 
 /* May `src` (a service) connect to `dst` (an address)? */
@@ -134,12 +144,12 @@ enum l4_stat {
 };
 
 /* Which (service, process) each cgroup's processes are: cgroup v2 id (the
- * directory's inode number) -> peer. Written by user space. */
+ * directory's inode number) -> source. Written by user space. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, L4_MAX_CGROUPS);
 	__type(key, __u64);
-	__type(value, struct l4_peer);
+	__type(value, struct l4_source);
 } l4_cgroups SEC(".maps");
 
 /* Which (service, process) listens at each address Sikker manages:
@@ -209,8 +219,21 @@ static __always_inline struct l4_counts *counts(__u32 src, __u32 dst)
 /* The service of a cgroup, or L4_NO_SERVICE. */
 static __always_inline __u32 service_of(__u64 cgroup)
 {
-	struct l4_peer *p = bpf_map_lookup_elem(&l4_cgroups, &cgroup);
+	struct l4_source *p = bpf_map_lookup_elem(&l4_cgroups, &cgroup);
 	return p ? p->service : L4_NO_SERVICE;
+}
+
+/* The service of the calling process (by its cgroup, and its user when the
+ * policy requires one), or L4_NO_SERVICE. */
+static __always_inline __u32 caller_service(void)
+{
+	__u64 cgroup = bpf_get_current_cgroup_id();
+	struct l4_source *p = bpf_map_lookup_elem(&l4_cgroups, &cgroup);
+	if (!p)
+		return L4_NO_SERVICE;
+	if (p->uid != L4_ANY_UID && p->uid != (__u32)bpf_get_current_uid_gid())
+		return L4_NO_SERVICE;
+	return p->service;
 }
 
 /* The connect(2) decision, once the destination is known. */
@@ -226,7 +249,7 @@ static __always_inline int decide_connect(struct bpf_sock_addr *ctx, struct l4_a
 		return L4_ALLOW;
 	}
 	__u32 to_service = to->service;
-	struct l4_permit_key k = { .src = service_of(bpf_get_current_cgroup_id()), .dst = *dst };
+	struct l4_permit_key k = { .src = caller_service(), .dst = *dst };
 	int allowed = k.src != L4_NO_SERVICE && bpf_map_lookup_elem(&l4_permits, &k) != 0;
 	struct l4_counts *c = counts(k.src, to_service);
 	if (c) {

@@ -24,5 +24,5 @@ pub mod sikker_l4;
 pub use error::{KernelError, XdpMode};
 pub use firewall::{FwStats, LogEvent, XdpFirewall};
 pub use sikker_l4::{
-    L4Counters, L4PairCounters, L4Peer, L4Rate, L4Tables, L4Totals, L4Update, SikkerL4,
+    L4Counters, L4PairCounters, L4Peer, L4Rate, L4Source, L4Tables, L4Totals, L4Update, SikkerL4,
 };

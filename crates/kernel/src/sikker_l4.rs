@@ -41,6 +41,8 @@ pub const EGRESS: &str = "sikker_egress";
 /// The source the counters give a process in no mapped cgroup (Sikker's
 /// `NOS_SERVICE`, which no policy service can have).
 pub const NO_SERVICE: u32 = u32::MAX;
+/// A source's uid when any user may connect as it (`L4_ANY_UID`).
+const ANY_UID: u32 = u32::MAX;
 /// The largest rate a bucket takes, bytes/s (1 TiB/s; above, the program's
 /// arithmetic could overflow). A faster limit is no limit on one host.
 pub const MAX_RATE: u64 = 1 << 40;
@@ -73,6 +75,14 @@ struct RawAddr {
 struct RawPeer {
     service: u32,
     process: u32,
+}
+
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+struct RawSource {
+    service: u32,
+    process: u32,
+    uid: u32,
 }
 
 #[repr(C)]
@@ -122,6 +132,8 @@ unsafe impl aya::Pod for RawAddr {}
 // SAFETY: as above.
 unsafe impl aya::Pod for RawPeer {}
 // SAFETY: as above.
+unsafe impl aya::Pod for RawSource {}
+// SAFETY: as above.
 unsafe impl aya::Pod for RawPermitKey {}
 // SAFETY: as above.
 unsafe impl aya::Pod for RawPair {}
@@ -151,6 +163,16 @@ pub struct L4Peer {
     pub process: u32,
 }
 
+/// Who a cgroup's processes are.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct L4Source {
+    pub service: u32,
+    pub process: u32,
+    /// The user they must run as to connect as this process (checked at
+    /// connect); `None`: any.
+    pub uid: Option<u32>,
+}
+
 /// A pair's rate limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct L4Rate {
@@ -167,7 +189,7 @@ pub struct L4Rate {
 pub struct L4Tables {
     /// Which (service, process) each cgroup's processes are, by cgroup id
     /// ([`cgroup_id`]).
-    pub cgroups: BTreeMap<u64, L4Peer>,
+    pub cgroups: BTreeMap<u64, L4Source>,
     /// Which (service, process) listens at each address Sikker manages. A
     /// connect to any of these is refused unless permitted.
     pub destinations: BTreeMap<SocketAddr, L4Peer>,
@@ -241,7 +263,7 @@ struct Attachment {
 /// The L4 programs: loaded, their maps, and where they are attached.
 pub struct SikkerL4 {
     ebpf: Ebpf,
-    cgroups: HashMap<MapData, u64, RawPeer>,
+    cgroups: HashMap<MapData, u64, RawSource>,
     dests: HashMap<MapData, RawAddr, RawPeer>,
     permits: HashMap<MapData, RawPermitKey, RawPeer>,
     rates: HashMap<MapData, RawPair, RawBucket>,
@@ -566,8 +588,13 @@ impl SikkerL4 {
         };
         for (&id, &p) in &t.cgroups {
             if old.cgroups.get(&id) != Some(&p) {
+                let src = RawSource {
+                    service: p.service,
+                    process: p.process,
+                    uid: p.uid.unwrap_or(ANY_UID),
+                };
                 self.cgroups
-                    .insert(id, peer(p), 0)
+                    .insert(id, src, 0)
                     .map_err(map_err("l4_cgroups"))?;
                 u.written += 1;
             }
@@ -709,6 +736,7 @@ mod tests {
     fn layouts_match_the_c_structs() {
         assert_eq!(std::mem::size_of::<RawAddr>(), 20);
         assert_eq!(std::mem::size_of::<RawPeer>(), 8);
+        assert_eq!(std::mem::size_of::<RawSource>(), 12);
         assert_eq!(std::mem::size_of::<RawPermitKey>(), 24);
         assert_eq!(std::mem::size_of::<RawPair>(), 8);
         assert_eq!(std::mem::size_of::<RawBucket>(), 48);

@@ -1,7 +1,8 @@
 //! Sikker's L4 programs on the real kernel (as root): client processes in real
 //! cgroup v2 directories connect over TCP on loopback. A permitted connect
-//! succeeds; an unpermitted one, or one from a cgroup that is no service,
-//! fails with EPERM (over IPv4, IPv6 and IPv4-mapped IPv6); an address of no
+//! succeeds; an unpermitted one, one from a cgroup that is no service, or one
+//! by a user other than the one the policy requires, fails with EPERM (over
+//! IPv4, IPv6 and IPv4-mapped IPv6); an address of no
 //! service is left alone; a live update revokes a permission; a rate-limited
 //! pair's bulk transfer stays near its rate while an unlimited pair's goes
 //! far faster; dropping the loader detaches everything.
@@ -19,7 +20,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sidecore_kernel::sikker_l4::{cgroup_id, cgroup2_root};
-use sidecore_kernel::{KernelError, L4Peer, L4Rate, L4Tables, SikkerL4};
+use sidecore_kernel::{KernelError, L4Peer, L4Rate, L4Source, L4Tables, SikkerL4};
 use sidecore_testbed::testing::root;
 
 /// One scenario at a time: the rate measurement wants the two cores.
@@ -179,6 +180,14 @@ fn peer(service: u32, process: u32) -> L4Peer {
     L4Peer { service, process }
 }
 
+fn source(service: u32, process: u32) -> L4Source {
+    L4Source {
+        service,
+        process,
+        uid: None,
+    }
+}
+
 #[test]
 fn connects_are_permitted_refused_and_default_denied_by_cgroup() {
     if !root() {
@@ -187,7 +196,7 @@ fn connects_are_permitted_refused_and_default_denied_by_cgroup() {
     let _s = SERIAL
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let g = Groups::new("connect", &["bill", "eve", "nobody"]);
+    let g = Groups::new("connect", &["bill", "eve", "nobody", "bill-as-nobody"]);
     let (l4, kvs4) = listen("127.0.0.1:0");
     let (l6, kvs6) = listen("[::1]:0");
     let (lfree, free) = listen("127.0.0.1:0");
@@ -195,16 +204,24 @@ fn connects_are_permitted_refused_and_default_denied_by_cgroup() {
         sink(l);
     }
     let mut t = L4Tables::default();
-    t.cgroups.insert(g.id("bill"), peer(BILL, 101));
-    t.cgroups.insert(g.id("eve"), peer(EVE, 1));
+    t.cgroups.insert(g.id("bill"), source(BILL, 101));
+    t.cgroups.insert(g.id("eve"), source(EVE, 1));
     t.destinations.insert(kvs4, peer(KVS, 3));
     t.destinations.insert(kvs6, peer(KVS, 3));
+    // bill's process 102 must run as user 65534 (these clients run as root).
+    t.cgroups.insert(
+        g.id("bill-as-nobody"),
+        L4Source {
+            uid: Some(65534),
+            ..source(BILL, 102)
+        },
+    );
     t.permits.insert((BILL, kvs4));
     t.permits.insert((BILL, kvs6));
 
     let mut fw = SikkerL4::load().unwrap();
     let u = fw.install(&t).unwrap();
-    assert_eq!(u.written, 6);
+    assert_eq!(u.written, 7);
     fw.attach(&g.top).unwrap();
     fw.attach(&g.top).unwrap(); // idempotent
     assert_eq!(fw.attached_to().len(), 1);
@@ -220,8 +237,8 @@ fn connects_are_permitted_refused_and_default_denied_by_cgroup() {
             "bill → {a}"
         );
     }
-    // Not permitted, and in no mapped cgroup: EPERM, every way.
-    for dir in ["eve", "nobody"] {
+    // Not permitted, in no mapped cgroup, or as another user: EPERM, every way.
+    for dir in ["eve", "nobody", "bill-as-nobody"] {
         for a in [kvs4, kvs6, mapped] {
             assert_eq!(
                 client(&g.dir(dir), &format!("connect {a}")),
@@ -238,7 +255,7 @@ fn connects_are_permitted_refused_and_default_denied_by_cgroup() {
     let c = fw.counters().unwrap();
     assert_eq!(c.pair(Some(BILL), KVS).connects_allowed, 3, "{c:?}");
     assert_eq!(c.pair(Some(EVE), KVS).connects_denied, 3, "{c:?}");
-    assert_eq!(c.pair(None, KVS).connects_denied, 3, "{c:?}");
+    assert_eq!(c.pair(None, KVS).connects_denied, 6, "{c:?}");
     assert_eq!(c.pair(Some(BILL), KVS).connects_denied, 0, "{c:?}");
     assert!(c.totals.connects_unmanaged >= 1, "{c:?}");
     assert!(c.pair(Some(BILL), KVS).packets_passed >= 3, "{c:?}");
@@ -347,8 +364,8 @@ fn a_rate_limited_pair_holds_its_rate_and_an_unlimited_one_does_not() {
     // 80 Mbit/s, the policy's default 25,000-byte bucket.
     let limit = 10_000_000u64;
     let mut t = L4Tables::default();
-    t.cgroups.insert(g.id("bill"), peer(BILL, 101));
-    t.cgroups.insert(g.id("eve"), peer(EVE, 1));
+    t.cgroups.insert(g.id("bill"), source(BILL, 101));
+    t.cgroups.insert(g.id("eve"), source(EVE, 1));
     t.destinations.insert(store, peer(STORE, 0));
     t.permits.insert((BILL, store));
     t.permits.insert((EVE, store));

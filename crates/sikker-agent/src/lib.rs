@@ -16,6 +16,7 @@
 //! | [`server`] | the Unix-socket server around the core (per-message credentials) |
 //! | [`client`] | the library a process uses to send and receive |
 //! | [`store`] | where the policy is kept (a watched file, or a key in etcd) and how its changes reach the agent |
+//! | [`l4`] | L4 mode for plain TCP: what the kernel's cgroup programs hold for one host (sans-IO) |
 //!
 //! Agents on several hosts link over mutual TLS; a message for a process on
 //! another host is checked at the sender's agent, forwarded, checked again
@@ -25,6 +26,7 @@
 pub mod attest;
 pub mod client;
 pub mod core;
+pub mod l4;
 pub mod links;
 pub mod proto;
 pub mod rate;
