@@ -22,6 +22,7 @@ mod fw;
 mod layout;
 mod policy;
 mod sikker_cmd;
+mod sikker_l4;
 mod sikker_net;
 mod sim_cmd;
 mod testbed_cmd;

@@ -55,6 +55,10 @@ enum Which {
     Load(crate::sikker_net::LoadArgs),
     /// Receive for a while; print the bytes received per time window.
     Meter(crate::sikker_net::MeterArgs),
+    /// L4 mode for plain TCP: eBPF cgroup programs enforce the policy's
+    /// permissions and rate limits between services that cannot link the
+    /// client library; runs until Ctrl-C, then prints the counters as JSON.
+    L4(crate::sikker_l4::L4Args),
     /// Check a policy and store it in etcd, where agents started with
     /// `--etcd` read it and apply it live.
     PutPolicy {
@@ -147,6 +151,7 @@ pub fn run(cmd: SikkerCommand) -> anyhow::Result<ExitCode> {
         Which::Certs(a) => crate::sikker_net::certs(&a),
         Which::Load(a) => crate::sikker_net::load(&a),
         Which::Meter(a) => crate::sikker_net::meter(&a),
+        Which::L4(a) => crate::sikker_l4::run(&a),
         Which::Send(a) => send(&a),
         Which::Reply { socket, otp, text } => reply(&socket, otp, &text),
         Which::Recv {

@@ -1,0 +1,296 @@
+//! `sidecore sikker l4`: Sikker's L4 mode on this host, for services that
+//! cannot link the client library. Loads the kernel PE's cgroup programs
+//! (`sidecore_kernel::SikkerL4`), attaches them to a cgroup v2 directory,
+//! feeds their maps from the policy and the placement's L4 addresses
+//! (`sidecore_sikker_agent::l4::plan`), and runs until SIGINT or SIGTERM,
+//! printing the counters as JSON (at the end, and every `--stats-ms`).
+//! Cgroups the policy names that do not exist yet are looked for again every
+//! second, and mapped when they appear.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use serde_json::json;
+use sidecore_kernel::sikker_l4::{MAX_BUCKET, MAX_RATE, cgroup_id, cgroup2_root};
+use sidecore_kernel::{L4Counters, L4Peer, L4Rate, L4Source, L4Tables, SikkerL4};
+use sidecore_sikker_agent::l4::{L4Plan, plan};
+use sidecore_sikker_policy::{Nos, Placement, Policy, parse_placement};
+
+/// `sidecore sikker l4`.
+#[derive(Args, Debug)]
+pub struct L4Args {
+    /// The policy (TOML).
+    #[arg(long)]
+    policy: PathBuf,
+    /// The placement (TOML), with each listening process's L4 addresses:
+    /// `l4 = { "SERVICE:PROCESS" = "IP:PORT" }` in its `[[host]]`.
+    #[arg(long)]
+    placement: PathBuf,
+    /// This host's name in the placement.
+    #[arg(long)]
+    host: String,
+    /// The cgroup v2 directory to attach to: the programs see every process
+    /// in it and below. Default: the cgroup v2 root (every process).
+    #[arg(long)]
+    cgroup: Option<PathBuf>,
+    /// Also print the counters every this many milliseconds (0: only at the end).
+    #[arg(long, default_value_t = 0)]
+    stats_ms: u64,
+}
+
+/// Reads a placement (errors located and drawn, as `load_nos` does).
+fn load_placement(path: &Path, policy: &Policy) -> anyhow::Result<Placement> {
+    let src = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+    parse_placement(&path.display().to_string(), &src, policy).map_err(|e| {
+        eprint!("{}", e.rendered());
+        anyhow::anyhow!("{}: {} problem(s) found", path.display(), e.0.len())
+    })
+}
+
+/// What the maps are built from, and names for what they hold.
+struct State {
+    policy: Policy,
+    plan: L4Plan,
+    /// The cgroup v2 mount point, where the policy's cgroup paths start.
+    root: PathBuf,
+}
+
+impl State {
+    fn service(&self, id: u32) -> String {
+        self.policy
+            .services
+            .get(&id)
+            .map_or_else(|| id.to_string(), |s| s.name.clone())
+    }
+
+    /// The tables, with the cgroups that exist now; and the sources whose
+    /// cgroup does not (with why).
+    fn tables(&self) -> (L4Tables, Vec<(String, String)>) {
+        let mut t = L4Tables::default();
+        let mut missing = Vec::new();
+        for s in &self.plan.sources {
+            let dir = self.root.join(s.cgroup.trim_start_matches('/'));
+            match cgroup_id(&dir) {
+                Ok(id) => {
+                    t.cgroups.insert(
+                        id,
+                        L4Source {
+                            service: s.service,
+                            process: s.process,
+                            uid: s.uid,
+                        },
+                    );
+                }
+                Err(e) => missing.push((
+                    format!("{}:{} ← {}", self.service(s.service), s.process, s.cgroup),
+                    e.to_string(),
+                )),
+            }
+        }
+        for (&a, &(service, process)) in &self.plan.destinations {
+            t.destinations.insert(a, L4Peer { service, process });
+        }
+        t.permits.clone_from(&self.plan.permits);
+        for (&pair, r) in &self.plan.rates {
+            t.rates.insert(
+                pair,
+                L4Rate {
+                    bytes_per_sec: r.bytes_per_sec,
+                    bucket_bytes: r.bucket_bytes,
+                },
+            );
+        }
+        (t, missing)
+    }
+
+    /// Refuses limits the programs cannot hold, by name.
+    fn check_rates(&self) -> anyhow::Result<()> {
+        for (&(src, dst), r) in &self.plan.rates {
+            let pair = format!("{} → {}", self.service(src), self.service(dst));
+            if r.bytes_per_sec > MAX_RATE {
+                bail!(
+                    "rate limit {pair}: {} Gbps is above the {} Gbps L4 mode can hold",
+                    r.gbps,
+                    MAX_RATE * 8 / 1_000_000_000
+                );
+            }
+            if r.bucket_bytes > MAX_BUCKET {
+                bail!(
+                    "rate limit {pair}: a {}-byte bucket is above the {MAX_BUCKET} bytes L4 mode can hold",
+                    r.bucket_bytes
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The summary printed once attached.
+    fn summary(&self, host: &str, dir: &Path, t: &L4Tables, missing: &[(String, String)]) {
+        eprintln!(
+            "sikker l4 for host {host}: attached to {} (connect4, connect6, egress)",
+            dir.display()
+        );
+        for s in &self.plan.sources {
+            eprintln!(
+                "  source       {}:{} ← cgroup {}{}",
+                self.service(s.service),
+                s.process,
+                s.cgroup,
+                s.uid.map(|u| format!(" as uid {u}")).unwrap_or_default()
+            );
+        }
+        for (what, why) in missing {
+            eprintln!("  not yet      {what}: {why}; mapped when it appears");
+        }
+        for &(s, p) in &self.plan.unidentified {
+            eprintln!(
+                "  unidentified {}:{p} names no cgroup: its connects to L4 addresses are refused",
+                self.service(s)
+            );
+        }
+        for (a, &(s, p)) in &self.plan.destinations {
+            eprintln!("  destination  {a} → {}:{p}", self.service(s));
+        }
+        for (s, a) in &self.plan.permits {
+            eprintln!("  permit       {} → {a}", self.service(*s));
+        }
+        for (&(s, d), r) in &self.plan.rates {
+            eprintln!(
+                "  rate         {} → {}: {} Gbps = {} bytes/s, bucket {} bytes",
+                self.service(s),
+                self.service(d),
+                r.gbps,
+                r.bytes_per_sec,
+                r.bucket_bytes
+            );
+        }
+        eprintln!(
+            "{} cgroup(s), {} destination(s), {} permit(s), {} rate limit(s) installed; Ctrl-C stops it",
+            t.cgroups.len(),
+            t.destinations.len(),
+            t.permits.len(),
+            t.rates.len()
+        );
+    }
+
+    /// The counters as one JSON object, services by name (`null`: a process
+    /// in no mapped cgroup).
+    fn json(&self, c: &L4Counters, host: &str, elapsed: Duration, last: bool) -> serde_json::Value {
+        let pairs: Vec<serde_json::Value> = c
+            .pairs
+            .iter()
+            .map(|p| {
+                json!({
+                    "from": p.src.map(|s| self.service(s)),
+                    "to": self.service(p.dst),
+                    "connects_allowed": p.connects_allowed,
+                    "connects_denied": p.connects_denied,
+                    "packets_passed": p.packets_passed,
+                    "bytes_passed": p.bytes_passed,
+                    "packets_dropped": p.packets_dropped,
+                    "bytes_dropped": p.bytes_dropped,
+                    "packets_denied": p.packets_denied,
+                    "bytes_denied": p.bytes_denied,
+                })
+            })
+            .collect();
+        let t = &c.totals;
+        json!({
+            "host": host,
+            "elapsed_ms": u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX),
+            "final": last,
+            "pairs": pairs,
+            "connects_paced": t.connects_paced,
+            "unmanaged": {
+                "connects": t.connects_unmanaged,
+                "connects_not_tcp": t.connects_not_tcp,
+                "packets": t.packets_unmanaged,
+                "packets_unparsed": t.packets_unparsed,
+            },
+        })
+    }
+}
+
+/// Runs L4 mode until SIGINT or SIGTERM.
+pub fn run(a: &L4Args) -> anyhow::Result<ExitCode> {
+    let policy = crate::policy::load_policy(&a.policy)?;
+    let placement = load_placement(&a.placement, &policy)?;
+    let nos = Nos::compile(policy.clone(), &placement)
+        .map_err(|e| anyhow::anyhow!("{}: {e}", a.placement.display()))?;
+    let plan = plan(&nos, &placement.l4, &a.host)?;
+    let root = cgroup2_root().context(
+        "no cgroup v2 file system is mounted (none in /proc/self/mountinfo); L4 mode needs one",
+    )?;
+    let state = State { policy, plan, root };
+    state.check_rates()?;
+    let dir = a.cgroup.clone().unwrap_or_else(|| state.root.clone());
+
+    let stop = Arc::new(AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, Arc::clone(&stop))?;
+    }
+    let mut l4 = SikkerL4::load()?;
+    let (tables, mut missing) = state.tables();
+    l4.install(&tables)?;
+    l4.attach(&dir)?;
+    state.summary(&a.host, &dir, &tables, &missing);
+
+    let start = Instant::now();
+    let mut next_stats = start + Duration::from_millis(a.stats_ms);
+    let mut next_scan = start + Duration::from_secs(1);
+    while !stop.load(Ordering::Relaxed) {
+        std::thread::sleep(Duration::from_millis(20));
+        let now = Instant::now();
+        if a.stats_ms > 0 && now >= next_stats {
+            next_stats = now + Duration::from_millis(a.stats_ms);
+            println!(
+                "{}",
+                state.json(&l4.counters()?, &a.host, start.elapsed(), false)
+            );
+        }
+        if now >= next_scan {
+            next_scan = now + Duration::from_secs(1);
+            missing = rescan(&state, &mut l4, &missing)?;
+        }
+    }
+    println!(
+        "{}",
+        state.json(&l4.counters()?, &a.host, start.elapsed(), true)
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Resolves the policy's cgroups again (one may have appeared, or been made
+/// anew with another id) and installs what changed; the sources still
+/// missing.
+fn rescan(
+    state: &State,
+    l4: &mut SikkerL4,
+    before: &[(String, String)],
+) -> anyhow::Result<Vec<(String, String)>> {
+    let (tables, missing) = state.tables();
+    if tables.cgroups != l4.tables().cgroups {
+        let was: BTreeMap<&str, &str> = before
+            .iter()
+            .map(|(w, e)| (w.as_str(), e.as_str()))
+            .collect();
+        l4.install(&tables)?;
+        for (what, _) in before {
+            if !missing.iter().any(|(w, _)| w == what) {
+                eprintln!("mapped {what}");
+            }
+        }
+        for (what, why) in &missing {
+            if !was.contains_key(what.as_str()) {
+                eprintln!("unmapped {what}: {why}");
+            }
+        }
+    }
+    Ok(missing)
+}
