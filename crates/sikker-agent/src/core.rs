@@ -22,8 +22,17 @@ use crate::proto::{Denied, Dest, FromAgent, Identity, ToAgent};
 use crate::rate::{Admit, RateControl};
 
 mod peering;
-pub use peering::PeerIn;
-use peering::to_wire;
+use crate::header::to_wire;
+
+/// What a message from another agent came to here.
+#[derive(Debug, Default)]
+pub struct PeerIn {
+    /// Messages for local processes.
+    pub effects: Vec<Effect>,
+    /// When the effects deliver a forwarded message: its number. The I/O
+    /// layer reports whether the delivery went out ([`AgentCore::forward_delivered`]).
+    pub delivery_of: Option<u64>,
+}
 
 /// A connection to the agent, numbered by the I/O layer.
 pub type ConnId = u64;

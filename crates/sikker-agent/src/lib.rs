@@ -7,6 +7,7 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`header`] | the trusted header as agents forward it |
 //! | [`proto`] | the messages between a process and its agent |
 //! | [`attest`] | identity from peer credentials, cgroup and executable (sans-IO matching) |
 //! | [`core`] | the agent's logic, sans-IO: attach, check, deliver, deny |
@@ -26,6 +27,7 @@
 pub mod attest;
 pub mod client;
 pub mod core;
+pub mod header;
 pub mod l4;
 pub mod links;
 pub mod proto;

@@ -12,12 +12,14 @@
 //! * [`tcp`] — the thin blocking driver that runs a session over a socket.
 //! * [`line`] — the control socket's JSON lines, through one bounded reader.
 //!
-//! * [`agents`] — Sikker's agent-to-agent link: its messages and its grammar.
+//! * [`agents`] — Sikker's agent-to-agent link and its grammar; [`agent_msg`]
+//!   the bodies of its messages.
 //!
 //! Later conversations (Orion's monitor, Metachory's sessions) add their
 //! messages to [`Message`] and their rules beside [`session`]'s; the framing,
 //! the handshake and the driver stay as they are.
 
+pub mod agent_msg;
 pub mod agents;
 pub mod frame;
 pub mod line;
@@ -26,9 +28,8 @@ pub mod part;
 pub mod session;
 pub mod tcp;
 
-pub use agents::{
-    AgentHello, AgentLink, AgentResult, AgentSend, RateExchange, WireHeader, WireOtp,
-};
+pub use agent_msg::{AgentHello, AgentResult, AgentSend, RateExchange, WireHeader, WireOtp};
+pub use agents::AgentLink;
 pub use msg::{Hello, Message, NodeInfo};
 pub use part::{PartError, RemoteChannel, RemoteOffcode, RemotePart};
 pub use session::{Error, ErrorKind, Origin, Peer};

@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use sidecore_types::AppStatus;
 
-use crate::agents::{AgentHello, AgentResult, AgentSend, RateExchange};
+use crate::agent_msg::{AgentHello, AgentResult, AgentSend, RateExchange};
 use crate::part::RemotePart;
 
 /// The origin's first message: who is asking.

@@ -6,44 +6,8 @@
 //! for its own processes), SE-TRE exchange messages, and the messages held by
 //! a rate limit until their tokens come.
 
-use sidecore_wire::{WireHeader, WireOtp};
-
 use super::*;
-
-/// What a message from another agent came to here.
-#[derive(Debug, Default)]
-pub struct PeerIn {
-    /// Messages for local processes.
-    pub effects: Vec<Effect>,
-    /// When the effects deliver a forwarded message: its number. The I/O
-    /// layer reports whether the delivery went out ([`AgentCore::forward_delivered`]).
-    pub delivery_of: Option<u64>,
-}
-
-/// The trusted header as the node protocol carries it.
-pub(crate) fn to_wire(h: &Header) -> WireHeader {
-    WireHeader {
-        src: [h.src.0, h.src.1],
-        dst: [h.dst.svc, h.dst.proc, h.dst.dom],
-        otp: h.otp.map(|o| WireOtp {
-            recipient: [o.recipient.svc, o.recipient.proc, o.recipient.dom],
-            recipient_addr: o.recipient_addr.0,
-            requester: o.requester.map(|(s, p)| [s, p]),
-        }),
-    }
-}
-
-fn from_wire(h: &WireHeader) -> Header {
-    Header {
-        src: (h.src[0], h.src[1]),
-        dst: Triple::new(h.dst[0], h.dst[1], h.dst[2]),
-        otp: h.otp.map(|o| sidecore_sikker_nmu::OtpBlock {
-            recipient: Triple::new(o.recipient[0], o.recipient[1], o.recipient[2]),
-            recipient_addr: sidecore_sikker_nmu::Address(o.recipient_addr),
-            requester: o.requester.map(|r| (r[0], r[1])),
-        }),
-    }
-}
+use crate::header::from_wire;
 
 impl AgentCore {
     /// This agent's host.
