@@ -10,11 +10,18 @@
 //!   (each send waits for the agent's verdict), against A writing N messages
 //!   straight into the socket pair.
 //!
+//! * Across hosts: the same round trips and throughput with A and B placed on
+//!   two hosts whose agents (two threads here) link over mutual TLS on
+//!   loopback, so every message is checked at the sender's agent, forwarded,
+//!   checked at the receiver's and answered with its verdict; against a bare
+//!   TCP connection on loopback carrying the same request/response.
+//!
 //! Run: `cargo bench -p sidecore-sikker-agent --bench agent` (environment:
 //! `AGENT_BENCH_ROUNDS`, default 20,000; `AGENT_BENCH_MSGS`, default 100,000).
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // benchmark code: a failed unwrap is a failed run
 
 use std::io::{BufRead, Write};
+use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -23,7 +30,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, send, socketpair};
+use sidecore_sikker_agent::links::Links;
 use sidecore_sikker_agent::server::Server;
+use sidecore_sikker_agent::tls;
 use sidecore_sikker_agent::{AgentCore, Client, Dest};
 use sidecore_sikker_policy::{Nos, parse_placement, parse_policy};
 
@@ -67,6 +76,146 @@ fn echo(sock: &Path) {
     }
 }
 
+/// Round trips and throughput from A (this process, attached to `a_sock`)
+/// to B (an echo child in cgroup `b`, attached to `b_sock`).
+fn through(top: &Path, a_sock: &Path, b_sock: &Path, rounds: u64, msgs: u64) -> (Vec<u64>, f64) {
+    let mut child = Command::new(std::env::current_exe().unwrap())
+        .env("AGENT_BENCH_ECHO", b_sock)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::fs::write(top.join("b").join("cgroup.procs"), child.id().to_string()).unwrap();
+    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "ready");
+
+    let mut a = Client::connect(a_sock).unwrap();
+    a.listen().unwrap();
+    let to_b: Dest = "b:1:In".parse().unwrap();
+    let ping = [b'p'; MSG];
+    // Round trips through the agent.
+    let mut agent_rtt = Vec::with_capacity(rounds as usize);
+    for i in 0..rounds + 1000 {
+        let t = Instant::now();
+        a.send(&to_b, &ping).unwrap();
+        let d = a.recv(Duration::from_secs(5)).unwrap().unwrap();
+        if i >= 1000 {
+            agent_rtt.push(t.elapsed().as_nanos() as u64);
+        }
+        assert_eq!(d.from.to_string(), "b:1");
+    }
+    // Throughput through the agent (the echo side ignores these: 'q').
+    let quiet = [b'q'; MSG];
+    let t = Instant::now();
+    for _ in 0..msgs {
+        a.send(&to_b, &quiet).unwrap();
+    }
+    let agent_tput = msgs as f64 / t.elapsed().as_secs_f64();
+    a.send(&to_b, &[]).unwrap(); // stop the echo
+    let _ = child.wait();
+
+    (agent_rtt, agent_tput)
+}
+
+/// A on host h1 and B on host h2, whose agents link over mutual TLS on
+/// loopback; then the bare-TCP control.
+fn across_hosts(
+    top: &Path,
+    policy: &sidecore_sikker_policy::Policy,
+    dir: &Path,
+    stop: &Arc<AtomicBool>,
+    rounds: u64,
+    msgs: u64,
+) -> (Vec<u64>, f64, Vec<u64>, f64) {
+    let two = parse_placement(
+        "h.toml",
+        "[[host]]\nname = \"h1\"\nprocesses = [\"a:1\"]\n[[host]]\nname = \"h2\"\nprocesses = [\"b:1\"]\n",
+        policy,
+    )
+    .unwrap();
+    let certs = dir.join("tls");
+    tls::generate(&certs, &["h1".into(), "h2".into()]).unwrap();
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let h2_addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let mut far = Vec::new();
+    for (h, listen, peer) in [
+        (
+            "h1",
+            "127.0.0.1:0".parse().unwrap(),
+            ("h2".to_string(), h2_addr),
+        ),
+        (
+            "h2",
+            h2_addr,
+            ("h1".to_string(), "127.0.0.1:1".parse().unwrap()),
+        ),
+    ] {
+        let core = AgentCore::new(Nos::compile(policy.clone(), &two).unwrap(), h).unwrap();
+        let links = Links::bind(
+            h,
+            core.peer_hosts().into_iter().collect(),
+            tls::load(&tls::TlsFiles::in_dir(&certs, h)).unwrap(),
+            listen,
+            &[peer],
+        )
+        .unwrap();
+        let path = dir.join(format!("{h}.sock"));
+        let mut s = Server::bind(core, &path).unwrap().with_links(links);
+        let st = Arc::clone(stop);
+        far.push((path, std::thread::spawn(move || s.run(&st).unwrap())));
+    }
+    // Let the two agents link.
+    std::thread::sleep(Duration::from_millis(800));
+    let (rtt, tput) = through(top, &far[0].0, &far[1].0, rounds, msgs);
+    let (tcp_rtt, tcp_tput) = tcp_control(rounds, msgs);
+    (rtt, tput, tcp_rtt, tcp_tput)
+}
+
+/// The same request/response over a bare TCP connection on loopback.
+fn tcp_control(rounds: u64, msgs: u64) -> (Vec<u64>, f64) {
+    use std::io::Read;
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let t = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        s.set_nodelay(true).unwrap();
+        let mut buf = [0u8; MSG];
+        while s.read_exact(&mut buf).is_ok() {
+            if buf[0] == b'x' {
+                break;
+            }
+            // Every message is answered, as the agents answer each send.
+            s.write_all(&buf).unwrap();
+        }
+    });
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_nodelay(true).unwrap();
+    let ping = [b'p'; MSG];
+    let mut buf = [0u8; MSG];
+    let mut rtt = Vec::with_capacity(rounds as usize);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        s.write_all(&ping).unwrap();
+        s.read_exact(&mut buf).unwrap();
+        rtt.push(t.elapsed().as_nanos() as u64);
+    }
+    let t0 = Instant::now();
+    for _ in 0..msgs {
+        s.write_all(&ping).unwrap();
+        s.read_exact(&mut buf).unwrap();
+    }
+    let tput = msgs as f64 / t0.elapsed().as_secs_f64();
+    s.write_all(&[b'x'; MSG]).unwrap();
+    t.join().unwrap();
+    (rtt, tput)
+}
+
 fn median(mut v: Vec<u64>) -> u64 {
     v.sort_unstable();
     v[v.len() / 2]
@@ -107,7 +256,7 @@ fn main() {
         &policy,
     )
     .unwrap();
-    let nos = Nos::compile(policy, &placement).unwrap();
+    let nos = Nos::compile(policy.clone(), &placement).unwrap();
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("agent.sock");
     let mut server = Server::bind(AgentCore::new(nos, "h").unwrap(), &sock).unwrap();
@@ -120,44 +269,11 @@ fn main() {
         std::process::id().to_string(),
     )
     .unwrap();
-    let mut child = Command::new(std::env::current_exe().unwrap())
-        .env("AGENT_BENCH_ECHO", &sock)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    std::fs::write(top.join("b").join("cgroup.procs"), child.id().to_string()).unwrap();
-    child.stdin.as_mut().unwrap().write_all(b"go\n").unwrap();
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    assert_eq!(line.trim(), "ready");
+    let (agent_rtt, agent_tput) = through(&top, &sock, &sock, rounds, msgs);
+    let (far_rtt, far_tput, tcp_rtt, tcp_tput) =
+        across_hosts(&top, &policy, dir.path(), &stop, rounds / 4, msgs / 4);
 
-    let mut a = Client::connect(&sock).unwrap();
-    a.listen().unwrap();
-    let to_b: Dest = "b:1:In".parse().unwrap();
-    let ping = [b'p'; MSG];
-    // Round trips through the agent.
-    let mut agent_rtt = Vec::with_capacity(rounds as usize);
-    for i in 0..rounds + 1000 {
-        let t = Instant::now();
-        a.send(&to_b, &ping).unwrap();
-        let d = a.recv(Duration::from_secs(5)).unwrap().unwrap();
-        if i >= 1000 {
-            agent_rtt.push(t.elapsed().as_nanos() as u64);
-        }
-        assert_eq!(d.from.to_string(), "b:1");
-    }
-    // Throughput through the agent (the echo side ignores these: 'q').
-    let quiet = [b'q'; MSG];
-    let t = Instant::now();
-    for _ in 0..msgs {
-        a.send(&to_b, &quiet).unwrap();
-    }
-    let agent_tput = msgs as f64 / t.elapsed().as_secs_f64();
-    a.send(&to_b, &[]).unwrap(); // stop the echo
-    let _ = child.wait();
-
+    let (ping, quiet) = ([b'p'; MSG], [b'q'; MSG]);
     // The same over a direct socket pair (two threads of this process).
     let (x, y) = socketpair(
         AddressFamily::Unix,
@@ -206,6 +322,7 @@ fn main() {
     let _ = std::fs::remove_dir(&top);
 
     let (ar, dr) = (median(agent_rtt), median(direct_rtt));
+    let (fr, tr) = (median(far_rtt), median(tcp_rtt));
     println!("{rounds} round trips, {msgs} messages of {MSG} B");
     println!("| path | round trip p50 ns | one-way ≈ p50/2 ns | throughput msg/s |");
     println!("|---|---:|---:|---:|");
@@ -221,5 +338,18 @@ fn main() {
         "agent adds ≈ {} ns per message (p50, half the round-trip difference); throughput {:.2}× the direct socket",
         ar.saturating_sub(dr) / 2,
         agent_tput / direct_tput
+    );
+    println!(
+        "| bare TCP on loopback (request/response) | {tr} | {} | {tcp_tput:.0} |",
+        tr / 2
+    );
+    println!(
+        "| through two agents over mutual TLS (loopback) | {fr} | {} | {far_tput:.0} |",
+        fr / 2
+    );
+    println!(
+        "across hosts the agents add ≈ {} ns per message over bare TCP (p50); throughput {:.2}× bare TCP request/response",
+        fr.saturating_sub(tr) / 2,
+        far_tput / tcp_tput
     );
 }
