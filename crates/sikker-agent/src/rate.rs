@@ -399,5 +399,6 @@ impl RateControl {
     }
 }
 
+pub mod sim;
 #[cfg(test)]
 mod tests;

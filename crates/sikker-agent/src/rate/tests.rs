@@ -3,6 +3,7 @@
 //! take one step (50 µs); every sender sends 4 KiB messages as fast as its
 //! bucket admits.
 
+use super::sim::Sim;
 use super::*;
 use sidecore_sikker_policy::{parse_placement, parse_policy};
 
@@ -45,111 +46,21 @@ bucket_bytes = 65536
     Nos::compile(policy, &placement).unwrap()
 }
 
-struct Sim {
-    rc: Vec<Option<RateControl>>,
-    wire: Vec<(usize, sidecore_wire::Message)>,
-    now: f64,
+/// Runs `secs`; the aggregate over the last `measure` seconds as a fraction of the limit.
+fn phase(sim: &mut Sim, active: [bool; 3], secs: f64, measure: f64) -> f64 {
+    let per_step = sim.run(&active, secs);
+    let n = (measure * 1e9 / STEP) as usize;
+    let bytes: usize = per_step[per_step.len() - n..].iter().sum();
+    bytes as f64 / (measure * 1e9) / LIMIT
 }
 
-fn idx(h: &str) -> usize {
-    h[1..].parse().unwrap()
-}
-
-impl Sim {
-    fn new() -> Sim {
-        let n = nos();
-        let mut rc: Vec<Option<RateControl>> = (0..3)
-            .map(|i| Some(RateControl::new(&n, &format!("h{i}"), 0.0).unwrap()))
-            .collect();
-        let all: BTreeSet<String> = (0..3).map(|i| format!("h{i}")).collect();
-        for r in rc.iter_mut().flatten() {
-            r.set_view(all.clone(), 0.0);
-        }
-        Sim {
-            rc,
-            wire: Vec::new(),
-            now: 0.0,
-        }
-    }
-
-    /// One step: deliver last step's messages, let `active` senders send as
-    /// much as they may; the bytes each sent.
-    fn step(&mut self, active: &[bool; 3]) -> [usize; 3] {
-        self.now += STEP;
-        let now = self.now;
-        for (to, m) in std::mem::take(&mut self.wire) {
-            let Some(r) = self.rc[to].as_mut() else {
-                continue;
-            };
-            match m {
-                sidecore_wire::Message::RateRequest(ex) => {
-                    let resp = r.on_request(&ex, now);
-                    let back = r.limits[&ex.slot]
-                        .procs
-                        .iter()
-                        .find(|x| x.0 == ex.from)
-                        .unwrap()
-                        .1
-                        .clone();
-                    self.wire
-                        .push((idx(&back), sidecore_wire::Message::RateResponse(resp)));
-                }
-                sidecore_wire::Message::RateResponse(ex) => r.on_response(&ex, now),
-                other => panic!("unexpected {other:?}"),
-            }
-        }
-        let mut sent = [0; 3];
-        for i in 0..3 {
-            let Some(r) = self.rc[i].as_mut() else {
-                continue;
-            };
-            r.tick(now);
-            if active[i] {
-                loop {
-                    match r.admit(0, i as u32, SIZE, now).unwrap() {
-                        Admit::Now => sent[i] += SIZE,
-                        Admit::Later(t) => {
-                            assert!(t > now, "later must be later");
-                            break;
-                        }
-                    }
-                }
-            }
-            for (h, m) in r.take_out() {
-                self.wire.push((idx(&h), m));
-            }
-        }
-        sent
-    }
-
-    /// Runs `secs`; the aggregate rate over the last `measure` seconds,
-    /// as a fraction of the limit.
-    fn phase(&mut self, active: [bool; 3], secs: f64, measure: f64) -> f64 {
-        let steps = (secs * 1e9 / STEP) as usize;
-        let from = steps - (measure * 1e9 / STEP) as usize;
-        let mut bytes = 0usize;
-        for k in 0..steps {
-            let s = self.step(&active);
-            if k >= from {
-                bytes += s.iter().sum::<usize>();
-            }
-        }
-        bytes as f64 / (measure * 1e9) / LIMIT
-    }
-
-    fn total_rate(&self) -> f64 {
-        self.rc
-            .iter()
-            .flatten()
-            .map(|r| r.local_rates().get(&0).copied().unwrap_or(0.0))
-            .sum::<f64>()
-            / 1e9
-    }
+fn sim() -> Sim {
+    Sim::new(&nos(), 3, 0, SIZE, STEP)
 }
 
 #[test]
 fn four_phases_hold_the_aggregate_within_one_percent() {
-    let mut sim = Sim::new();
+    let mut sim = sim();
     let phases = [
         [true, true, true],
         [true, false, false],
@@ -157,7 +68,7 @@ fn four_phases_hold_the_aggregate_within_one_percent() {
         [true, true, true],
     ];
     for (i, active) in phases.into_iter().enumerate() {
-        let r = sim.phase(active, 2.0, 1.0);
+        let r = phase(&mut sim, active, 2.0, 1.0);
         assert!(
             (r - 1.0).abs() <= 0.01,
             "phase {} ({active:?}): aggregate {r:.4} x the limit",
@@ -173,30 +84,19 @@ fn four_phases_hold_the_aggregate_within_one_percent() {
 
 #[test]
 fn the_survivors_reclaim_a_lost_agents_share_and_a_returning_one_gets_one_back() {
-    let mut sim = Sim::new();
-    sim.phase([true, true, true], 1.0, 0.5);
+    let mut sim = sim();
+    phase(&mut sim, [true, true, true], 1.0, 0.5);
     // h2 dies: its messages vanish, the others see their links go.
-    sim.rc[2] = None;
-    sim.wire.retain(|(to, _)| *to != 2);
-    let two: BTreeSet<String> = ["h0", "h1"].iter().map(ToString::to_string).collect();
-    for r in sim.rc.iter_mut().flatten() {
-        r.set_view(two.clone(), sim.now);
-    }
-    let r = sim.phase([true, true, false], 2.0, 1.0);
+    sim.kill(2);
+    let r = phase(&mut sim, [true, true, false], 2.0, 1.0);
     assert!(
         (r - 1.0).abs() <= 0.01,
         "after the loss: {r:.4} x the limit"
     );
     assert!((sim.total_rate() - LIMIT).abs() < 1e-9);
     // h2 comes back, with a fresh rate control (nothing kept but the policy).
-    let mut back = RateControl::new(&nos(), "h2", sim.now).unwrap();
-    let all: BTreeSet<String> = (0..3).map(|i| format!("h{i}")).collect();
-    back.set_view(all.clone(), sim.now);
-    sim.rc[2] = Some(back);
-    for r in sim.rc.iter_mut().flatten() {
-        r.set_view(all.clone(), sim.now);
-    }
-    let r = sim.phase([false, false, true], 2.0, 1.0);
+    sim.restart(2, &nos());
+    let r = phase(&mut sim, [false, false, true], 2.0, 1.0);
     assert!(
         (r - 1.0).abs() <= 0.01,
         "after the return, all on h2: {r:.4}"
@@ -205,9 +105,9 @@ fn the_survivors_reclaim_a_lost_agents_share_and_a_returning_one_gets_one_back()
 
 #[test]
 fn a_response_from_another_view_is_not_applied() {
-    let mut sim = Sim::new();
+    let mut sim = sim();
     // Drain h0's bucket so that it asks.
-    sim.phase([true, false, false], 0.01, 0.005);
+    phase(&mut sim, [true, false, false], 0.01, 0.005);
     let asked: Vec<RateExchange> = sim
         .wire
         .iter()
@@ -218,8 +118,7 @@ fn a_response_from_another_view_is_not_applied() {
         .collect();
     assert!(!asked.is_empty(), "a low bucket asks its peers");
     let before = sim.total_rate();
-    let r0 = sim.rc[0].as_mut().unwrap();
-    let old_view = r0.view().1;
+    let old_view = sim.rc[0].as_ref().unwrap().view().1;
     let forged = RateExchange {
         from: asked[0].to,
         to: asked[0].from,
@@ -228,7 +127,9 @@ fn a_response_from_another_view_is_not_applied() {
         tokens: 100.0,
         ..asked[0]
     };
-    r0.on_response(&forged, sim.now);
+    let now = sim.now();
+    let r0 = sim.rc[0].as_mut().unwrap();
+    r0.on_response(&forged, now);
     assert_eq!(sim.total_rate(), before, "another view's rate is not added");
 }
 
