@@ -5,12 +5,13 @@
 //! pairs are permitted, each pair's rate) and reads its counters back.
 //!
 //! The programs refuse (EPERM) a TCP connect to an address of a Sikker service
-//! unless the caller's cgroup is a service permitted to reach it, pace each
-//! permitted connection of a rate-limited pair at just under its rate (with
-//! its segments capped to a sixteenth of the bucket), and hold every pair's
-//! aggregate to its token bucket on egress. Addresses of no
-//! service pass untouched. Attachments are BPF links owned by this process:
-//! dropping the [`SikkerL4`], or the process dying, detaches them.
+//! unless the caller's cgroup is a service permitted to reach it (run by the
+//! user the policy requires, if it requires one); pace each permitted
+//! connection of a rate-limited pair at just under its rate (with its
+//! segments capped to a sixteenth of the bucket); and hold every pair's
+//! aggregate to its token bucket on egress. Addresses of no service pass
+//! untouched. Attachments are BPF links owned by this process: dropping the
+//! [`SikkerL4`], or the process dying, detaches them.
 //!
 //! [`SikkerL4::install`] replaces the tables live: new entries are written
 //! before stale ones are deleted, so a pair permitted before and after an
