@@ -17,6 +17,7 @@
 //!   TCP connection on loopback carrying the same request/response.
 //!
 //! Run: `cargo bench -p sidecore-sikker-agent --bench agent` (environment:
+//! `AGENT_BENCH_CPU`, default 1, the one CPU everything runs on, `none` to unpin;
 //! `AGENT_BENCH_ROUNDS`, default 20,000; `AGENT_BENCH_MSGS`, default 100,000).
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // benchmark code: a failed unwrap is a failed run
 
@@ -33,7 +34,7 @@ use nix::sys::socket::{AddressFamily, MsgFlags, SockFlag, SockType, recv, send, 
 use sidecore_sikker_agent::links::Links;
 use sidecore_sikker_agent::server::Server;
 use sidecore_sikker_agent::tls;
-use sidecore_sikker_agent::{AgentCore, Client, Dest};
+use sidecore_sikker_agent::{AgentCore, Client, ClientError, Denied, Dest};
 use sidecore_sikker_policy::{Nos, parse_placement, parse_policy};
 
 const MSG: usize = 64;
@@ -110,10 +111,25 @@ fn through(top: &Path, a_sock: &Path, b_sock: &Path, rounds: u64, msgs: u64) -> 
     // Throughput through the agent (the echo side ignores these: 'q').
     let quiet = [b'q'; MSG];
     let t = Instant::now();
+    let mut full = 0u64;
     for _ in 0..msgs {
-        a.send(&to_b, &quiet).unwrap();
+        // A receiver whose socket is full refuses the message (it is not
+        // dropped silently): the sender backs off and sends it again.
+        loop {
+            match a.send(&to_b, &quiet) {
+                Ok(()) => break,
+                Err(ClientError::Denied(Denied::Undeliverable(_) | Denied::Remote { .. })) => {
+                    full += 1;
+                    std::thread::sleep(Duration::from_micros(50));
+                }
+                Err(e) => panic!("send: {e}"),
+            }
+        }
     }
     let agent_tput = msgs as f64 / t.elapsed().as_secs_f64();
+    if full > 0 {
+        println!("(the receiver was full {full} times: those messages were sent again)");
+    }
     a.send(&to_b, &[]).unwrap(); // stop the echo
     let _ = child.wait();
 
@@ -230,6 +246,18 @@ fn main() {
     if unsafe { nix::libc::geteuid() } != 0 {
         println!("the agent benchmark needs root (two processes in two cgroups)");
         return;
+    }
+    // Every thread and process of the benchmark on one CPU (inherited by the
+    // echo child and the agents' threads): unpinned, a wake-up on this VM
+    // takes ~3 µs or ~30 µs depending on where the scheduler puts the two
+    // ends, and the figures flip between the two. AGENT_BENCH_CPU=none unpins.
+    if let Ok(cpu) = std::env::var("AGENT_BENCH_CPU").or_else(|_| Ok::<_, ()>("1".into()))
+        && let Ok(cpu) = cpu.parse::<usize>()
+    {
+        let mut set = nix::sched::CpuSet::new();
+        set.set(cpu).unwrap();
+        nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+        println!("all on CPU {cpu}");
     }
     let rounds = env("AGENT_BENCH_ROUNDS", 20_000);
     let msgs = env("AGENT_BENCH_MSGS", 100_000);
