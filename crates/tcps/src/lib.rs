@@ -6,5 +6,34 @@
 //! | module | what |
 //! |---|---|
 //! | [`gr3`] | the connection scheduler (Eqs. 2.1–2.8, Alg. 1 with E1), sans-IO |
+//! | [`poller`] | the PPE's event source: io_uring multishot poll, or epoll |
+//! | [`conn`] | the application's side: `Conn` (recv/send rings), `App` (events) |
+//! | [`pconn`] | the PPE's side of a connection: early demux, sends, closes |
+//! | [`ppe`] | the PPE loop on a dedicated core |
+//! | [`shared`] | configuration, AllowedPPE/ActivePPE, mailboxes |
+//! | [`server`] | start, add/remove PPEs, stats |
+//! | [`stats`] | counters |
+//! | [`http`] | HTTP/1.1 request heads (httparse) with limits and statuses |
+//! | [`apps`] | example applications: static file server, block streamer |
+//!
+//! What the kernel still does: TCP itself (the seed replaced FreeBSD's stack
+//! below the socket layer; a user-space PPE over Linux owns the sockets
+//! instead, so "packets" are socket readiness events and receive-queue
+//! slots, and the kernel's window is the back-pressure).
 
+pub mod apps;
+pub mod conn;
 pub mod gr3;
+pub mod http;
+pub mod pconn;
+pub mod poller;
+pub mod ppe;
+pub mod server;
+pub mod shared;
+pub mod stats;
+
+pub use conn::{App, AppEvent, BlobId, CloseReason, Conn, RecvStatus};
+pub use poller::Backend;
+pub use server::{Counters, Error, TcpServers, usable_cpus};
+pub use shared::{Config, CoreSet};
+pub use stats::{PpeSnapshot, Snapshot};
