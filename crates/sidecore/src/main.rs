@@ -25,6 +25,7 @@ mod sikker_cmd;
 mod sikker_l4;
 mod sikker_net;
 mod sim_cmd;
+mod tcps_cmd;
 mod testbed_cmd;
 mod up;
 
@@ -115,6 +116,9 @@ enum Command {
     /// Build, inspect and remove a testbed of network namespaces.
     #[command(subcommand)]
     Testbed(testbed_cmd::TestbedCommand),
+    /// TCPServers: a file server or block streamer with PPEs on dedicated CPUs, and its control.
+    #[command(subcommand)]
+    Tcps(tcps_cmd::TcpsCommand),
 }
 
 fn main() -> ExitCode {
@@ -147,6 +151,7 @@ fn main() -> ExitCode {
         Command::Fw(cmd) => fw::run(cmd),
         Command::Demo(cmd) => demo::run(cmd),
         Command::Testbed(cmd) => testbed_cmd::run(cmd),
+        Command::Tcps(cmd) => tcps_cmd::run(cmd),
     };
     match r {
         Ok(code) => code,

@@ -14,6 +14,7 @@
 //! | [`server`] | start, add/remove PPEs, stats |
 //! | [`stats`] | counters |
 //! | [`http`] | HTTP/1.1 request heads (httparse) with limits and statuses |
+//! | [`ctl`] | the control socket (`ppe add|remove`, `stats`) |
 //! | [`apps`] | example applications: static file server, block streamer |
 //!
 //! What the kernel still does: TCP itself (the seed replaced FreeBSD's stack
@@ -23,6 +24,7 @@
 
 pub mod apps;
 pub mod conn;
+pub mod ctl;
 pub mod gr3;
 pub mod http;
 pub mod pconn;

@@ -243,12 +243,19 @@ impl Ppe {
                     }
                 }
                 PpeMsg::Stop => {
+                    // Not running first: senders redirect new adoptions to
+                    // the master from now on.
+                    self.slot().running.store(false, Ordering::SeqCst);
                     let to = self.shared.config.master;
                     let ids: Vec<u64> = self.conns.keys().copied().collect();
                     for id in ids {
                         self.hand_off(id, to);
                     }
-                    self.slot().running.store(false, Ordering::Release);
+                    // Adoptions sent just before the flag changed are passed on.
+                    for _ in 0..3 {
+                        self.shared.forward_adoptions(self.cpu);
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
                     return None;
                 }
             }

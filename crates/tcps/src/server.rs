@@ -117,8 +117,11 @@ impl TcpServers {
             cpu,
             allowed: self.shared.config.allowed,
         })?;
-        // Messages left from an earlier life of this PPE were handled then.
-        while slot.rx.try_recv().is_ok() {}
+        // Connections left in the mailbox since this PPE last stopped go to
+        // the master (which is never stopped).
+        if cpu != self.shared.config.master {
+            self.shared.forward_adoptions(cpu);
+        }
         let ppe = Ppe::new(Arc::clone(&self.shared), cpu, listener)
             .map_err(|source| Error::Start { cpu, source })?;
         slot.running.store(true, Ordering::Release);
@@ -238,6 +241,7 @@ impl TcpServers {
             std::thread::sleep(Duration::from_millis(1));
         }
         self.reap(cpu);
+        self.shared.forward_adoptions(cpu);
         Ok(())
     }
 

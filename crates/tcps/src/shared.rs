@@ -212,11 +212,34 @@ impl Shared {
         let Some(slot) = self.slot(cpu) else {
             return Err(msg);
         };
+        // A connection is never left in the mailbox of a PPE that stopped.
+        if matches!(msg, PpeMsg::Adopt(_))
+            && cpu != self.config.master
+            && !slot.running.load(Ordering::SeqCst)
+        {
+            return self.send(self.config.master, msg);
+        }
         slot.tx.send(msg).map_err(|e| e.0)?;
         if slot.parked.load(Ordering::SeqCst) {
             slot.waker.wake();
         }
         Ok(())
+    }
+
+    /// Passes connections waiting in the mailbox of the (stopped) PPE on
+    /// `cpu` to the master; drops everything else there (doorbells are
+    /// re-derived on adoption, shed orders are moot).
+    pub fn forward_adoptions(&self, cpu: usize) {
+        let Some(slot) = self.slot(cpu) else {
+            return;
+        };
+        while let Ok(msg) = slot.rx.try_recv() {
+            if let PpeMsg::Adopt(c) = msg
+                && let Err(PpeMsg::Adopt(c)) = self.send(self.config.master, PpeMsg::Adopt(c))
+            {
+                c.close(crate::conn::CloseReason::Reset, true);
+            }
+        }
     }
 
     /// The active PPE with the fewest connections (new connections go there).

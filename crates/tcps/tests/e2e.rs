@@ -172,7 +172,7 @@ fn many_correct_clients_get_every_byte_in_order() {
 #[test]
 fn misbehaving_clients_cost_only_their_own_queues() {
     let mut cfg = one_ppe();
-    cfg.first_byte_timeout = Duration::from_millis(800);
+    cfg.first_byte_timeout = Duration::from_millis(2000);
     let server = TcpServers::start(cfg).expect("start");
     let stop = Arc::new(AtomicBool::new(false));
     let app = echo(server.app(), Arc::clone(&stop));
@@ -430,4 +430,27 @@ fn the_block_streamer_sends_the_file_block_by_block() {
     }
     stop.store(true, Ordering::Release);
     h.join().expect("streamer");
+}
+
+#[test]
+fn the_epoll_backend_serves_too() {
+    let mut cfg = one_ppe();
+    cfg.backend = sidecore_tcps::Backend::Epoll;
+    let server = TcpServers::start(cfg).expect("start");
+    let stop = Arc::new(AtomicBool::new(false));
+    let app = echo(server.app(), Arc::clone(&stop));
+    let addr = server.local_addr();
+    let clients: Vec<_> = (0..8)
+        .map(|i| thread::spawn(move || echo_client(addr, 700 + i, 256 * 1024)))
+        .collect();
+    for c in clients {
+        c.join().expect("client").expect("echo over epoll");
+    }
+    assert!(
+        server.stats().backend.starts_with("epoll"),
+        "{}",
+        server.stats().backend
+    );
+    stop.store(true, Ordering::Release);
+    app.join().expect("app");
 }
