@@ -293,7 +293,11 @@ fn pump(c: &mut Conn, me: &str, known: &BTreeSet<String>, now: Instant, out: &mu
     if c.closed.is_some() {
         return;
     }
-    loop {
+    // Read a TLS chunk, decrypt it, and move its plaintext out before the
+    // next: rustls holds a bounded plaintext buffer and refuses to read
+    // more while it is full.
+    let mut buf = [0u8; 16 * 1024];
+    'read: loop {
         match c.tls.read_tls(&mut c.sock) {
             Ok(0) => {
                 c.closed = Some("the other agent closed the connection".into());
@@ -313,19 +317,18 @@ fn pump(c: &mut Conn, me: &str, known: &BTreeSet<String>, now: Instant, out: &mu
                 break;
             }
         }
-    }
-    let mut buf = [0u8; 16 * 1024];
-    loop {
-        match c.tls.reader().read(&mut buf) {
-            Ok(0) => break,
-            Ok(n) => {
-                c.last_rx = now;
-                c.link.handle_input(&buf[..n]);
-            }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
-            Err(e) => {
-                c.closed = Some(format!("TLS: {e}"));
-                break;
+        loop {
+            match c.tls.reader().read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => {
+                    c.last_rx = now;
+                    c.link.handle_input(&buf[..n]);
+                }
+                Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                Err(e) => {
+                    c.closed = Some(format!("TLS: {e}"));
+                    break 'read;
+                }
             }
         }
     }

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cgroups;
+pub mod sikker;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output};
