@@ -196,10 +196,27 @@ fn agent(
         );
         server = server.with_links(l);
     }
+    let mut feed = if net.l4 {
+        Some(crate::sikker_l4::L4Feed::start(
+            &p,
+            placement,
+            host,
+            net.l4_cgroup.as_deref(),
+        )?)
+    } else {
+        None
+    };
     let (host_name, mut last) = (host.to_string(), p);
     server.set_on_turn(move |core| {
         while let Ok(u) = updates.try_recv() {
             policy_update(core, u, &host_name, &mut last);
+        }
+        if let Some(f) = feed.as_mut() {
+            f.refresh(
+                core.nos().policy(),
+                core.nos(),
+                core.counters().policy_updates,
+            );
         }
     });
     eprintln!(

@@ -294,3 +294,90 @@ fn rescan(
     }
     Ok(missing)
 }
+
+/// L4 mode fed by a running agent (`sidecore sikker agent --l4`): the maps
+/// follow the agent's policy, so a live update (file or etcd) reaches plain
+/// TCP too. Built once at start; [`L4Feed::refresh`] runs on the agent's
+/// thread every turn.
+pub struct L4Feed {
+    state: State,
+    l4: SikkerL4,
+    l4_addrs: BTreeMap<(u32, u32), Vec<std::net::SocketAddr>>,
+    host: String,
+    updates_seen: u64,
+    missing: Vec<(String, String)>,
+    next_scan: Instant,
+}
+
+impl L4Feed {
+    /// Loads the programs, feeds them from `policy` and the placement's L4
+    /// addresses, and attaches them to `cgroup` (default: the v2 root).
+    pub fn start(
+        policy: &Policy,
+        placement: &Path,
+        host: &str,
+        cgroup: Option<&Path>,
+    ) -> anyhow::Result<L4Feed> {
+        let p = load_placement(placement, policy)?;
+        let nos = Nos::compile(policy.clone(), &p)
+            .map_err(|e| anyhow::anyhow!("{}: {e}", placement.display()))?;
+        let root = cgroup2_root().context(
+            "no cgroup v2 file system is mounted (none in /proc/self/mountinfo); L4 mode needs one",
+        )?;
+        let state = State {
+            policy: policy.clone(),
+            plan: plan(&nos, &p.l4, host)?,
+            root,
+        };
+        state.check_rates()?;
+        let dir = cgroup.map_or_else(|| state.root.clone(), Path::to_path_buf);
+        let mut l4 = SikkerL4::load()?;
+        let (tables, missing) = state.tables();
+        l4.install(&tables)?;
+        l4.attach(&dir)?;
+        state.summary(host, &dir, &tables, &missing);
+        Ok(L4Feed {
+            state,
+            l4,
+            l4_addrs: p.l4,
+            host: host.to_string(),
+            updates_seen: 0,
+            missing,
+            next_scan: Instant::now() + Duration::from_secs(1),
+        })
+    }
+
+    /// After a policy update the agent applied, the maps follow it; every
+    /// second, cgroups that appeared are mapped. A policy L4 mode cannot
+    /// hold is reported and the maps keep the last one.
+    pub fn refresh(&mut self, policy: &Policy, nos: &Nos, updates: u64) {
+        if updates != self.updates_seen {
+            self.updates_seen = updates;
+            let next = plan(nos, &self.l4_addrs, &self.host).map(|plan| State {
+                policy: policy.clone(),
+                plan,
+                root: self.state.root.clone(),
+            });
+            match next.map_err(anyhow::Error::from).and_then(|st| {
+                st.check_rates()?;
+                let (tables, missing) = st.tables();
+                self.l4.install(&tables)?;
+                Ok((st, missing))
+            }) {
+                Ok((st, missing)) => {
+                    self.state = st;
+                    self.missing = missing;
+                    eprintln!("sikker l4: maps follow the new policy");
+                }
+                Err(e) => eprintln!("sikker l4: the new policy is not installed: {e:#}"),
+            }
+        }
+        if Instant::now() >= self.next_scan {
+            self.next_scan = Instant::now() + Duration::from_secs(1);
+            match rescan(&self.state, &mut self.l4, &self.missing) {
+                Ok(m) => self.missing = m,
+                Err(e) => eprintln!("sikker l4: {e:#}"),
+            }
+        }
+    }
+}

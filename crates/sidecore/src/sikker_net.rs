@@ -28,6 +28,13 @@ pub struct AgentNetArgs {
     /// Directory with `ca.pem`, `HOST.pem` and `HOST.key` (`sidecore sikker certs`).
     #[arg(long)]
     pub tls: Option<PathBuf>,
+    /// Also run L4 mode for plain TCP (as `sidecore sikker l4`), its maps fed
+    /// from this agent's policy as it changes.
+    #[arg(long)]
+    pub l4: bool,
+    /// With `--l4`: the cgroup v2 directory to attach to (default: the root).
+    #[arg(long, requires = "l4")]
+    pub l4_cgroup: Option<PathBuf>,
 }
 
 fn parse_peer(s: &str) -> Result<(String, SocketAddr), String> {

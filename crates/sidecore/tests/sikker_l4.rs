@@ -281,3 +281,106 @@ fn a_malformed_l4_address_and_an_unknown_host_are_refused_with_file_and_line() {
         "{err}"
     );
 }
+
+/// `sidecore sikker agent --l4`: the agent feeds L4 mode from its policy as
+/// it changes. eve may not connect to kvs's L4 address; the policy file is
+/// rewritten to grant eve a portal, and within a bound eve connects; a broken
+/// policy is refused and the maps keep the last good one.
+#[test]
+fn the_agent_feeds_l4_mode_and_a_live_policy_update_reaches_plain_tcp() {
+    if !sidecore_testbed::testing::root() {
+        return;
+    }
+    let Some(cg) = cgroup2_root() else {
+        panic!("no cgroup v2 mount on this machine");
+    };
+    let _s = serial();
+    let g = Groups::new(&cg, "l4-agent", &["kvs", "bill", "eve"]);
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            drop(s);
+        }
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let pol = dir.path().join("policy.toml");
+    let base = policy(&g);
+    std::fs::write(&pol, &base).unwrap();
+    let placement = dir.path().join("placement.toml");
+    std::fs::write(
+        &placement,
+        format!(
+            "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\", \"bill:101\", \"eve:1\"]\n\
+             l4 = {{ \"kvs:3\" = \"127.0.0.1:{port}\" }}\n"
+        ),
+    )
+    .unwrap();
+    let top = g
+        .procs("kvs")
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let mut child = bin()
+        .args(["sikker", "agent", "--host", "h1", "--l4", "--policy"])
+        .arg(&pol)
+        .arg("--placement")
+        .arg(&placement)
+        .arg("--socket")
+        .arg(dir.path().join("agent.sock"))
+        .arg("--l4-cgroup")
+        .arg(&top)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = Arc::new(Mutex::new(String::new()));
+    let sink = Arc::clone(&stderr);
+    let pipe = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
+            let mut s = sink.lock().unwrap();
+            s.push_str(&line);
+            s.push('\n');
+        }
+    });
+    let _child = Guard(child);
+    let said = |what: &str| stderr.lock().unwrap().contains(what);
+    assert!(
+        wait_for(
+            || said("Ctrl-C stops it") && said("sikker agent for host h1"),
+            20
+        ),
+        "{}",
+        stderr.lock().unwrap()
+    );
+    assert_eq!(connect_from(&g.procs("bill"), port), Ok(()));
+    let e = connect_from(&g.procs("eve"), port).unwrap_err();
+    assert!(e.contains("Operation not permitted"), "{e}");
+    // Grant eve the portal: the agent applies it, and the maps follow.
+    std::fs::write(
+        &pol,
+        format!("{base}\n[[grant]]\nfrom = \"eve\"\nto = \"kvs\"\nportal = \"ForBill\"\n"),
+    )
+    .unwrap();
+    assert!(
+        wait_for(|| connect_from(&g.procs("eve"), port).is_ok(), 10),
+        "{}",
+        stderr.lock().unwrap()
+    );
+    assert!(
+        said("maps follow the new policy"),
+        "{}",
+        stderr.lock().unwrap()
+    );
+    // A broken policy: refused, and eve still connects (the last good one holds).
+    std::fs::write(&pol, format!("{base}\n[[grant]]\nfrom = \"nobody\"\n")).unwrap();
+    assert!(
+        wait_for(|| said("policy.toml:"), 10),
+        "{}",
+        stderr.lock().unwrap()
+    );
+    assert_eq!(connect_from(&g.procs("eve"), port), Ok(()));
+}

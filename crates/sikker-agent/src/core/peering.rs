@@ -15,6 +15,11 @@ impl AgentCore {
         &self.host
     }
 
+    /// The compiled policy this agent enforces.
+    pub fn nos(&self) -> &Nos {
+        &self.nos
+    }
+
     /// The other hosts of the placement: the agents this one may link to.
     pub fn peer_hosts(&self) -> Vec<String> {
         self.nos
