@@ -23,12 +23,18 @@
 //!   and the freeze → walk → kill → thaw executor that logs every action with its
 //!   evidence.
 
+pub mod actions;
 pub mod aggregate;
 pub mod client;
 pub mod detect;
 pub mod error;
 pub mod implicit;
+pub mod lock;
 pub mod monitor;
+pub mod policy;
+pub mod procscan;
+pub mod repair;
 pub mod sbox;
 pub mod sensor;
 pub mod shm;
+pub mod tree;
