@@ -244,6 +244,6 @@ mod tests {
         assert_eq!((s.count, s.depth, s.breadth.clone()), (4, 2, vec![3, 1]));
         t.fork(14, 15);
         assert_eq!(t.origin_parent(15), Some(14));
-        assert_eq!(t.created(), 5);
+        assert_eq!(t.created(), 6); // four first seen, 14 scanned, 15 forked
     }
 }
