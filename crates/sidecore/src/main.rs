@@ -20,6 +20,7 @@ mod devices;
 mod ext_cmd;
 mod fw;
 mod layout;
+mod orion_cmd;
 mod policy;
 mod sikker_cmd;
 mod sikker_l4;
@@ -119,6 +120,9 @@ enum Command {
     /// TCPServers: a file server or block streamer with PPEs on dedicated CPUs, and its control.
     #[command(subcommand)]
     Tcps(tcps_cmd::TcpsCommand),
+    /// Orion: sensor boxes, counter-slope liveness, fork-bomb repair from outside a cgroup.
+    #[command(subcommand)]
+    Orion(orion_cmd::OrionCommand),
 }
 
 fn main() -> ExitCode {
@@ -152,6 +156,7 @@ fn main() -> ExitCode {
         Command::Demo(cmd) => demo::run(cmd),
         Command::Testbed(cmd) => testbed_cmd::run(cmd),
         Command::Tcps(cmd) => tcps_cmd::run(cmd),
+        Command::Orion(cmd) => orion_cmd::run(cmd),
     };
     match r {
         Ok(code) => code,

@@ -1,0 +1,298 @@
+//! `sidecore orion status|query|watch`: Orion (sidecore-orion) from the command line —
+//! the exported Sensor Boxes, one fetch of a box with the host's implicit sensors, and a
+//! monitor loop that judges liveness by counter slope and, with `--heal`, repairs fork
+//! bombs in a cgroup from outside it.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+use sidecore_orion::actions::ActionLog;
+use sidecore_orion::aggregate::Rate;
+use sidecore_orion::detect::{LivenessConfig, SlopeDetector, Transition};
+use sidecore_orion::implicit::ImplicitSource;
+use sidecore_orion::monitor::{MonitorBox, View};
+use sidecore_orion::policy::{VictimScope, Whitelist};
+use sidecore_orion::repair::{Healer, HealerConfig};
+use sidecore_orion::sbox::ExportRecord;
+
+/// Where boxes are exported when no `--dir` is given.
+pub const DEFAULT_DIR: &str = "/run/sidecore/orion";
+
+#[derive(Debug, Subcommand)]
+pub enum OrionCommand {
+    /// The Sensor Boxes exported in the directory, with their owners and counters.
+    Status {
+        #[arg(long, default_value = DEFAULT_DIR)]
+        dir: PathBuf,
+    },
+    /// One fetch of a box (or of the host's implicit sensors alone with --host).
+    Query {
+        /// The box's name.
+        #[arg(required_unless_present = "host")]
+        name: Option<String>,
+        #[arg(long, default_value = DEFAULT_DIR)]
+        dir: PathBuf,
+        /// Implicit sensors only: /proc/stat and /proc/vmstat.
+        #[arg(long)]
+        host: bool,
+        /// Also read this cgroup's cpu.stat, pids.current and memory use.
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fetch every refresh period, judge liveness by counter slope (k refreshes without
+    /// progress declare the target dead), and print changes; --heal repairs fork bombs.
+    Watch {
+        /// A box to fetch (default: implicit sensors only).
+        name: Option<String>,
+        #[arg(long, default_value = DEFAULT_DIR)]
+        dir: PathBuf,
+        /// A cgroup v2 directory to watch (its cpu.stat is the default liveness sensor).
+        #[arg(long)]
+        cgroup: Option<PathBuf>,
+        /// The liveness sensor (default: cpu.usage_usec with --cgroup, else stat.ctxt).
+        #[arg(long)]
+        sensor: Option<String>,
+        #[arg(long, default_value_t = 25)]
+        refresh_ms: u64,
+        #[arg(short, default_value_t = 3)]
+        k: u32,
+        /// Stop after this many seconds (default: run until killed).
+        #[arg(long)]
+        seconds: Option<u64>,
+        /// Repair fork bombs in --cgroup (freeze, kill the culprit's subtree, thaw).
+        #[arg(long, requires = "cgroup")]
+        heal: bool,
+        /// Command names never killed (comma-separated).
+        #[arg(long, value_delimiter = ',')]
+        whitelist: Vec<String>,
+        /// Memory-hog victim scope: process-group, uid or cgroup.
+        #[arg(long, default_value = "process-group")]
+        scope: String,
+        /// Append the action log here as JSON lines.
+        #[arg(long)]
+        log: Option<PathBuf>,
+    },
+}
+
+pub fn run(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
+    match cmd {
+        OrionCommand::Status { dir } => status(&dir),
+        OrionCommand::Query {
+            name,
+            dir,
+            host,
+            cgroup,
+            json,
+        } => {
+            let mut mon = open(name.as_deref().filter(|_| !host), &dir, cgroup.as_ref())?;
+            let view = mon.fetch();
+            mon.flush(&view);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&view)?);
+            } else {
+                print_view(&view);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        watch @ OrionCommand::Watch { .. } => run_watch(watch),
+    }
+}
+
+fn open(
+    name: Option<&str>,
+    dir: &std::path::Path,
+    cgroup: Option<&PathBuf>,
+) -> anyhow::Result<MonitorBox> {
+    let mut mon = match name {
+        Some(n) => MonitorBox::discover(dir, n)?,
+        None => MonitorBox::implicit_only("host")?,
+    };
+    mon.add_implicit(ImplicitSource::ProcStat);
+    mon.add_implicit(ImplicitSource::VmStat);
+    if let Some(cg) = cgroup {
+        mon.add_implicit(ImplicitSource::CgroupCpu(cg.clone()));
+        mon.add_implicit(ImplicitSource::CgroupPids(cg.clone()));
+    }
+    Ok(mon)
+}
+
+fn status(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+    let (records, bad) = match ExportRecord::list(dir) {
+        Ok(r) => r,
+        Err(_) if !dir.exists() => {
+            println!(
+                "no sensor boxes exported ({} does not exist)",
+                dir.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+        Err(e) => return Err(e.into()),
+    };
+    println!(
+        "{:<24} {:>8} {:>8} {:>10} {:>10} {:>8}  STATE",
+        "BOX", "PID", "SENSORS", "UPDATES", "UNFLUSHED", "DROPPED"
+    );
+    for r in &records {
+        match MonitorBox::discover(dir, &r.name) {
+            Ok(mut m) => {
+                let v = m.fetch();
+                println!(
+                    "{:<24} {:>8} {:>8} {:>10} {:>10} {:>8}  exported, period {} µs",
+                    r.name,
+                    r.pid,
+                    v.sensors.len(),
+                    v.info.updates,
+                    v.info.head - v.info.tail,
+                    v.info.dropped,
+                    r.period_us
+                );
+            }
+            Err(e) => println!("{:<24} {:>8}  unreachable: {e}", r.name, r.pid),
+        }
+    }
+    for b in bad {
+        println!("skipped: {b}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_view(v: &View) {
+    println!(
+        "box `{}` (owner {}): {} sensor(s), {} event(s) unflushed, {} dropped",
+        v.info.name,
+        v.info.owner_pid,
+        v.sensors.len(),
+        v.events.len(),
+        v.info.dropped
+    );
+    for s in &v.sensors {
+        println!(
+            "  {:<32} {:<8} {:>20} {:>20}  updates {}",
+            s.name,
+            s.kind.name(),
+            s.value[0],
+            s.value[1],
+            s.updates
+        );
+    }
+    for e in &v.events {
+        println!(
+            "  event #{} sensor {} = ({}, {})",
+            e.pos, e.handle.id, e.value[0], e.value[1]
+        );
+    }
+    for (k, val) in &v.implicit {
+        println!("  {k:<32} implicit {val:>20}");
+    }
+    for e in &v.errors {
+        println!("  unread: {e}");
+    }
+}
+
+fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
+    let OrionCommand::Watch {
+        name,
+        dir,
+        cgroup,
+        sensor,
+        refresh_ms,
+        k,
+        seconds,
+        heal,
+        whitelist,
+        scope,
+        log,
+    } = cmd
+    else {
+        bail!("not a watch command");
+    };
+    let cfg = LivenessConfig::new(refresh_ms.saturating_mul(1_000_000), k)?;
+    let sensor = sensor.unwrap_or_else(|| {
+        if cgroup.is_some() {
+            "cpu.usage_usec"
+        } else {
+            "stat.ctxt"
+        }
+        .to_owned()
+    });
+    let mut mon = open(name.as_deref(), &dir, cgroup.as_ref())?;
+    let mut healer = match (&cgroup, heal) {
+        (Some(cg), true) => {
+            let mut hc = HealerConfig::new(cg);
+            hc.whitelist = Whitelist {
+                names: whitelist.into_iter().collect(),
+                ..Whitelist::default()
+            };
+            hc.scope = scope.parse::<VictimScope>()?;
+            Some(Healer::new(hc, ActionLog::new(log)).context("--heal")?)
+        }
+        _ => None,
+    };
+    let mut det = SlopeDetector::new(cfg);
+    let mut rate = Rate::new(1_000_000_000);
+    println!(
+        "watching `{sensor}` every {refresh_ms} ms, k = {k}: a target without progress for {} ms is declared dead",
+        refresh_ms * u64::from(k)
+    );
+    let start = Instant::now();
+    let mut next_print = Instant::now();
+    while seconds.is_none_or(|s| start.elapsed() < Duration::from_secs(s)) {
+        let view = mon.fetch();
+        mon.flush(&view);
+        let value = view.value(&sensor);
+        if let Some(v) = value {
+            rate.push(view.at_ns, v);
+        }
+        match det.observe(view.at_ns, value) {
+            Some(Transition::Declared {
+                last_progress_ns,
+                value,
+                ..
+            }) => println!(
+                "DEAD: `{sensor}` stuck at {value:?} for {} ms ({} refreshes)",
+                (view.at_ns - last_progress_ns) / 1_000_000,
+                k
+            ),
+            Some(Transition::Recovered { .. }) => {
+                println!(
+                    "RECOVERED: `{sensor}` moves again (the declaration was a false positive)"
+                );
+            }
+            None => {}
+        }
+        if let Some(h) = healer.as_mut() {
+            match h.check_fork_bomb() {
+                Ok(Some(r)) => println!(
+                    "REPAIRED fork bomb: culprit {}, {} killed in {:.1} ms ({} pass(es))",
+                    r.culprit,
+                    r.killed.len(),
+                    r.total_ms,
+                    r.passes
+                ),
+                Ok(None) => {}
+                Err(e) => println!("heal: {e}"),
+            }
+        }
+        if Instant::now() >= next_print {
+            next_print += Duration::from_secs(1);
+            let r = rate
+                .per_second()
+                .map_or("-".to_owned(), |r| format!("{r:.0}/s"));
+            println!(
+                "{sensor} = {} ({r}), {:?}",
+                value.map_or("unread".to_owned(), |v| v.to_string()),
+                det.state()
+            );
+            for e in &view.errors {
+                println!("  unread: {e}");
+            }
+        }
+        std::thread::sleep(Duration::from_millis(refresh_ms));
+    }
+    Ok(ExitCode::SUCCESS)
+}
