@@ -106,6 +106,12 @@ fn start(pol: &Path, placement: &Path, top: &Path) -> (Guard, Arc<Mutex<String>>
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    let stderr = collect_stderr(&mut child);
+    (Guard(child), stderr)
+}
+
+/// The child's stderr, collected as it comes.
+fn collect_stderr(child: &mut std::process::Child) -> Arc<Mutex<String>> {
     let stderr = Arc::new(Mutex::new(String::new()));
     let sink = Arc::clone(&stderr);
     let pipe = child.stderr.take().unwrap();
@@ -116,7 +122,7 @@ fn start(pol: &Path, placement: &Path, top: &Path) -> (Guard, Arc<Mutex<String>>
             s.push('\n');
         }
     });
-    (Guard(child), stderr)
+    stderr
 }
 
 /// The JSON lines the stopped child printed.
@@ -336,16 +342,7 @@ fn the_agent_feeds_l4_mode_and_a_live_policy_update_reaches_plain_tcp() {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    let stderr = Arc::new(Mutex::new(String::new()));
-    let sink = Arc::clone(&stderr);
-    let pipe = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        for line in BufReader::new(pipe).lines().map_while(Result::ok) {
-            let mut s = sink.lock().unwrap();
-            s.push_str(&line);
-            s.push('\n');
-        }
-    });
+    let stderr = collect_stderr(&mut child);
     let _child = Guard(child);
     let said = |what: &str| stderr.lock().unwrap().contains(what);
     assert!(
