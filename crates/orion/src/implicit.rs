@@ -88,19 +88,14 @@ impl ImplicitSource {
                 Ok(vec![("cpu.usage_usec".to_owned(), ns / 1000)])
             }
             ImplicitSource::CgroupPids(dir) => {
-                let p = dir.join("pids.current");
+                let p = in_hierarchy(dir, "pids", "pids.current")?;
                 let v =
                     parse_single(&read(&p)?).ok_or_else(|| OrionError::file(&p, "not a number"))?;
                 Ok(vec![("pids.current".to_owned(), v)])
             }
             ImplicitSource::CgroupMemory(dir) => {
-                let p = [
-                    dir.join("memory.usage_in_bytes"),
-                    dir.join("memory.current"),
-                ]
-                .into_iter()
-                .find(|p| p.exists())
-                .unwrap_or_else(|| dir.join("memory.current"));
+                let p = in_hierarchy(dir, "memory", "memory.current")
+                    .or_else(|_| in_hierarchy(dir, "memory", "memory.usage_in_bytes"))?;
                 let v =
                     parse_single(&read(&p)?).ok_or_else(|| OrionError::file(&p, "not a number"))?;
                 Ok(vec![("memory.usage_bytes".to_owned(), v)])
@@ -109,9 +104,113 @@ impl ImplicitSource {
     }
 }
 
+/// The cgroup v1 controllers (a v1 mount's options name them among others).
+const V1_CONTROLLERS: &[&str] = &[
+    "cpu",
+    "cpuacct",
+    "cpuset",
+    "memory",
+    "devices",
+    "freezer",
+    "net_cls",
+    "net_prio",
+    "blkio",
+    "perf_event",
+    "hugetlb",
+    "pids",
+    "rdma",
+    "misc",
+];
+
+/// Where cgroup hierarchies are mounted, from `/proc/self/mountinfo`'s text:
+/// the v2 mount (if any) and each v1 controller's mount.
+pub fn parse_cgroup_mounts(mountinfo: &str) -> (Option<PathBuf>, Vec<(String, PathBuf)>) {
+    let mut v2 = None;
+    let mut v1 = Vec::new();
+    for line in mountinfo.lines() {
+        let Some((pre, post)) = line.split_once(" - ") else {
+            continue;
+        };
+        let Some(point) = pre.split_whitespace().nth(4) else {
+            continue;
+        };
+        let mut post = post.split_whitespace();
+        match (post.next(), post.nth(1)) {
+            (Some("cgroup2"), _) => v2 = Some(PathBuf::from(point)),
+            (Some("cgroup"), Some(opts)) => {
+                for o in opts.split(',').filter(|o| V1_CONTROLLERS.contains(o)) {
+                    v1.push((o.to_owned(), PathBuf::from(point)));
+                }
+            }
+            _ => {}
+        }
+    }
+    (v2, v1)
+}
+
+/// `file` of cgroup `dir`: in `dir` itself when the controller is there (v2),
+/// else in the same group of the controller's v1 hierarchy (machines that
+/// keep pids and memory on v1 beside a v2 mount, like this project's CI).
+/// The error says which places were looked at.
+fn in_hierarchy(dir: &Path, controller: &str, file: &str) -> Result<PathBuf, OrionError> {
+    let here = dir.join(file);
+    if here.exists() {
+        return Ok(here);
+    }
+    let (v2, v1) =
+        parse_cgroup_mounts(&std::fs::read_to_string("/proc/self/mountinfo").unwrap_or_default());
+    let twin = v2
+        .as_ref()
+        .and_then(|root| dir.strip_prefix(root).ok())
+        .and_then(|rel| {
+            v1.iter()
+                .find(|(c, _)| c == controller)
+                .map(|(_, m)| m.join(rel).join(file))
+        });
+    match twin {
+        Some(t) if t.exists() => Ok(t),
+        Some(t) => Err(OrionError::file(
+            &here,
+            format!(
+                "no such file, nor {} in the v1 {controller} hierarchy",
+                t.display()
+            ),
+        )),
+        None => Err(OrionError::file(
+            &here,
+            format!("no such file, and this machine mounts no v1 {controller} hierarchy for it"),
+        )),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cgroup_mounts_are_read_from_mountinfo() {
+        let m = "30 24 0:26 / /sys/fs/cgroup/unified rw,nosuid - cgroup2 cgroup2 rw\n\
+                 31 24 0:27 / /sys/fs/cgroup/pids rw,nosuid - cgroup cgroup rw,pids\n\
+                 32 24 0:28 / /sys/fs/cgroup/cpu,cpuacct rw - cgroup cgroup rw,cpu,cpuacct\n\
+                 33 24 0:29 / /sys/fs/cgroup/systemd rw - cgroup cgroup rw,xattr,name=systemd\n\
+                 34 24 8:1 / / rw - ext4 /dev/vda rw\n";
+        let (v2, v1) = parse_cgroup_mounts(m);
+        assert_eq!(v2, Some(PathBuf::from("/sys/fs/cgroup/unified")));
+        assert_eq!(
+            v1,
+            vec![
+                ("pids".to_owned(), PathBuf::from("/sys/fs/cgroup/pids")),
+                (
+                    "cpu".to_owned(),
+                    PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")
+                ),
+                (
+                    "cpuacct".to_owned(),
+                    PathBuf::from("/sys/fs/cgroup/cpu,cpuacct")
+                ),
+            ]
+        );
+    }
     use proptest::prelude::*;
 
     #[test]
