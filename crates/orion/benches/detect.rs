@@ -162,7 +162,8 @@ fn main() {
         "| refresh | bound k·r .. (k+1)·r | tick p50 | tick max | cpu.usage p50 | cpu.usage max | seed (OR-1, 100 ms × 3) |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
-    for r_ms in [10u64, 25, 100] {
+    let periods: &[u64] = if trials == 0 { &[] } else { &[10, 25, 100] };
+    for &r_ms in periods {
         let refresh = r_ms * MS;
         let mut mb = MonitorBox::from_shared(
             sidecore_orion::monitor::open_exported(&dir, BOX).expect("monitor attach"),
@@ -237,7 +238,10 @@ fn main() {
     let (mut fp_tick, mut fp_cpu, mut views, mut late) = (0, 0, 0u64, 0u64);
     let mut worst_gap = 0u64;
     let mut last = now_ns();
-    let end = Instant::now() + Duration::from_secs(load_s);
+    let mut gaps: std::collections::VecDeque<f64> = std::collections::VecDeque::new();
+    let mut fps: Vec<String> = Vec::new();
+    let begin = Instant::now();
+    let end = begin + Duration::from_secs(load_s);
     while Instant::now() < end {
         let s = m.step();
         let now = now_ns();
@@ -245,10 +249,34 @@ fn main() {
         if now - last > 35 * MS {
             late += 1;
         }
+        gaps.push_back((now - last) as f64 / MS as f64);
+        if gaps.len() > 4 {
+            gaps.pop_front();
+        }
         last = now;
         views += 1;
-        fp_tick += usize::from(matches!(s.tick, Some(Transition::Declared { .. })));
-        fp_cpu += usize::from(matches!(s.cpu, Some(Transition::Declared { .. })));
+        let (dt, dc) = (
+            matches!(s.tick, Some(Transition::Declared { .. })),
+            matches!(s.cpu, Some(Transition::Declared { .. })),
+        );
+        fp_tick += usize::from(dt);
+        fp_cpu += usize::from(dc);
+        if dt || dc {
+            let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+            fps.push(format!(
+                "at {:.1} s ({}{}): last view gaps {:?} ms, loadavg {}",
+                begin.elapsed().as_secs_f64(),
+                if dt { "tick " } else { "" },
+                if dc { "cpu.usage" } else { "" },
+                gaps.iter()
+                    .map(|g| (g * 10.0).round() / 10.0)
+                    .collect::<Vec<_>>(),
+                load.split_whitespace()
+                    .take(3)
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            ));
+        }
     }
     println!();
     println!(
@@ -259,6 +287,9 @@ fn main() {
     println!("|---|---:|");
     println!("| tick (explicit counter, every 1 ms) | {fp_tick} |");
     println!("| cgroup cpu.usage_usec (implicit) | {fp_cpu} |");
+    for f in &fps {
+        println!("- {f}");
+    }
     drop(spinners);
     drop(load);
     let _ = tgt.kill();
