@@ -1,12 +1,14 @@
 //! FileWall (issue 12): a policy middlebox for NFSv3, sans-IO. This crate holds the
 //! wire layer — ONC RPC headers (RFC 5531), TCP record marking, XDR for every NFSv3
 //! procedure (RFC 1813), MOUNT v3 and the portmapper v2 subset — with typed errors
-//! that say what was malformed and where. Sockets, the policy chain's drivers and the
-//! CLI live elsewhere.
+//! that say what was malformed and where — and the pending-request map and the
+//! policy chain of §4.3. Sockets, policies and the CLI are not here yet.
 
+pub mod chain;
 pub mod message;
 pub mod mount;
 pub mod nfs3;
+pub mod pending;
 pub mod portmap;
 pub mod record;
 pub mod rpc;
