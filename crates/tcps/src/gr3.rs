@@ -386,7 +386,17 @@ pub struct Scheduler<K> {
     wait: HashMap<K, ()>,
     syn_pending: bool,
     counts: SchedCounts,
+    /// The SYN class was served in this round ([`Scheduler::begin_round`]).
+    accepted_this_round: bool,
+    /// Control picks in a row while Ready had connections waiting.
+    control_run: u32,
+    /// Most Control picks in a row while Ready waits (at least 1).
+    control_burst: u32,
 }
+
+/// Default for [`Scheduler::set_control_burst`]: after this many teardowns in
+/// a row, one Ready connection is served if any waits.
+pub const CONTROL_BURST: u32 = 8;
 
 impl<K: Copy + Eq + Hash> Scheduler<K> {
     /// Empty queues for a PPE of the given role.
@@ -399,7 +409,26 @@ impl<K: Copy + Eq + Hash> Scheduler<K> {
             wait: HashMap::new(),
             syn_pending: false,
             counts: SchedCounts::default(),
+            accepted_this_round: false,
+            control_run: 0,
+            control_burst: CONTROL_BURST,
         }
+    }
+
+    /// Most Control picks in a row while Ready has connections waiting
+    /// (clamped to at least 1). Control still ranks first, but a flood of
+    /// teardowns (heavy churn) cannot starve established connections.
+    pub fn set_control_burst(&mut self, burst: u32) {
+        self.control_burst = burst.max(1);
+    }
+
+    /// Starts a PPE round (one poll of the event source). The SYN class is
+    /// served at most once per round: SYNs rank last, and a round whose
+    /// queues happen to be empty when it starts must not spend its whole
+    /// budget accepting while events for established connections wait
+    /// unpolled.
+    pub fn begin_round(&mut self) {
+        self.accepted_this_round = false;
     }
 
     /// This PPE's role.
@@ -477,25 +506,37 @@ impl<K: Copy + Eq + Hash> Scheduler<K> {
     /// GR³, then accepting (master only). A Control pick leaves the queue:
     /// the PPE files the connection again after serving it. A Ready pick stays
     /// until the PPE updates its weight.
+    ///
+    /// Control ranks first, but after `control_burst` Control picks in a row
+    /// one Ready connection is served when any waits, so a flood of
+    /// teardowns cannot stop established connections. The SYN class is
+    /// served at most once per round (see [`Scheduler::begin_round`]).
     pub fn pick(&mut self) -> Option<Pick<K>> {
+        let ready_waits = !self.ready.is_empty();
+        let control_turn = !ready_waits || self.control_run < self.control_burst;
         if self.role == Role::Master
+            && control_turn
             && let Some(k) = self.control.pop_front()
         {
             self.in_control.remove(&k);
             self.counts.control += 1;
+            self.control_run = if ready_waits { self.control_run + 1 } else { 0 };
             return Some(Pick::Control(k));
         }
         if let Some(k) = self.ready.pick() {
+            self.control_run = 0;
             self.counts.ready += 1;
             return Some(Pick::Ready(k));
         }
         self.next_accept()
     }
 
-    /// Accepting, when it is pending and this is the master: the SYN class,
-    /// which the PPE also serves once per round so it cannot starve.
+    /// Accepting, when it is pending, this is the master, and the SYN class
+    /// has not been served yet this round: the PPE also asks for it once per
+    /// round so it cannot starve.
     pub fn next_accept(&mut self) -> Option<Pick<K>> {
-        if self.role == Role::Master && self.syn_pending {
+        if self.role == Role::Master && self.syn_pending && !self.accepted_this_round {
+            self.accepted_this_round = true;
             self.counts.accept += 1;
             return Some(Pick::Accept);
         }

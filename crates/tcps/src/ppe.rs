@@ -422,7 +422,7 @@ impl Ppe {
     /// Up to `round_budget` decisions; true when any did work.
     fn serve_round(&mut self, now: Instant) -> bool {
         let mut work = false;
-        let mut accepted = false;
+        self.sched.begin_round();
         for _ in 0..self.shared.config.round_budget {
             match self.sched.pick() {
                 Some(Pick::Control(id)) => {
@@ -433,16 +433,14 @@ impl Ppe {
                     PpeStats::add(&self.slot().stats.picks_ready, 1);
                     self.serve(id, now);
                 }
-                Some(Pick::Accept) => {
-                    self.accept(now);
-                    accepted = true;
-                }
+                Some(Pick::Accept) => self.accept(now),
                 None => break,
             }
             work = true;
         }
-        // SYNs rank last, but never wait more than one round.
-        if !accepted && self.sched.next_accept().is_some() {
+        // SYNs rank last, but never wait more than one round (and are
+        // served at most once per round: the scheduler says when).
+        if self.sched.next_accept().is_some() {
             self.accept(now);
             work = true;
         }
