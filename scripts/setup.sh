@@ -4,12 +4,15 @@
 # network-namespace testbeds, nftables for the host firewall baseline, python3
 # for the benchmark scripts; clang, llvm and the libbpf headers to compile the
 # kernel PE's eBPF programs in C; etcd-server and etcd-client for the Network
-# OS's state shared by Sikker agents, /usr/bin/etcd started by the tests) and the
+# OS's state shared by Sikker agents, /usr/bin/etcd started by the tests;
+# nfs-ganesha with nfs-ganesha-vfs as FileWall's real NFSv3 server, rpcbind
+# because ganesha will not start without registering there, and libnfs-utils for
+# the nfs-ls/nfs-cat/nfs-cp clients, all started by the FileWall tests) and the
 # Rust pieces (rustfmt, clippy, the wasm32 target for extensions). Idempotent: a
 # second run only checks.
 set -euo pipefail
 
-need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 nftables pkg-config cmake g++ make python3 etcd-server etcd-client)
+need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 nftables pkg-config cmake g++ make python3 etcd-server etcd-client nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils)
 missing=()
 for p in "${need_pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
