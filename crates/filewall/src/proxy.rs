@@ -1,0 +1,509 @@
+//! A pass-through ONC RPC proxy over TCP: the first FileWall driver that touches
+//! sockets. It listens on one port, reassembles each client's records, decodes each
+//! as a call with [`decode_call`] (a refused call is answered with its RPC error
+//! reply, an unreadable one dropped, an oversized record closes the connection),
+//! and forwards the re-encoded call to one server over its own TCP connection under
+//! a fresh XID from the [`PendingMap`]. Replies are matched by that XID, decoded with
+//! [`decode_reply`] (a failure is counted and the server's bytes forwarded
+//! unchanged but for the XID), given back the client's XID and returned to the
+//! client that asked. Calls, replies and errors are counted per procedure.
+//!
+//! MOUNT and NFS are proxied by one [`Proxy`] each, on their own ports. Blocking
+//! threads: one per client connection, one accept loop, one reader per server
+//! connection. No policies yet: the chain of `crate::chain` is not wired in.
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::message::{Procedure, decode_call, decode_reply, decode_reply_header};
+use crate::pending::{ClientKey, FlowId, PendingError, PendingMap};
+use crate::record::{DEFAULT_MAX_RECORD, RecordReader, encode_record};
+use crate::rpc::RpcHeader;
+use crate::xdr::{Encoder, Xdr};
+
+/// Fragment size used when writing records.
+const MAX_FRAGMENT: usize = 1 << 20;
+
+/// How the proxy is set up.
+#[derive(Debug, Clone)]
+pub struct ProxyConfig {
+    /// Where clients connect (port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// The server every call is forwarded to.
+    pub server: SocketAddr,
+    /// How long a forwarded call waits for its reply before it is purged.
+    pub timeout: Duration,
+    /// Most calls outstanding at the server.
+    pub capacity: usize,
+    /// Largest record accepted from either side.
+    pub max_record: usize,
+}
+
+impl ProxyConfig {
+    pub fn new(listen: SocketAddr, server: SocketAddr) -> Self {
+        Self {
+            listen,
+            server,
+            timeout: Duration::from_secs(30),
+            capacity: 4096,
+            max_record: DEFAULT_MAX_RECORD,
+        }
+    }
+}
+
+/// Counters of one procedure.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct OpCounters {
+    /// Calls decoded and forwarded (retransmissions included).
+    pub calls: u64,
+    /// Replies returned to the client.
+    pub replies: u64,
+    /// Replies whose results did not decode (forwarded anyway).
+    pub reply_decode_errors: u64,
+    /// Calls and replies that decoded but did not re-encode to the bytes received
+    /// (apart from the XID): a codec that is not canonical for this peer.
+    pub reencode_mismatches: u64,
+}
+
+/// Everything the proxy counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ProxyStats {
+    /// By procedure name, e.g. `NFSv3 Lookup`, `MOUNTv3 Mnt`.
+    pub ops: BTreeMap<String, OpCounters>,
+    /// Calls refused and answered with an RPC error reply.
+    pub refused_calls: u64,
+    /// Records dropped without an answer (no readable call header, or a reply).
+    pub dropped_records: u64,
+    /// Client connections closed because their stream could not be reassembled.
+    pub closed_connections: u64,
+    /// Client retransmissions resent under their pending server XID.
+    pub retransmissions: u64,
+    /// Calls dropped because the pending map was full.
+    pub overflows: u64,
+    /// Calls purged after the timeout.
+    pub timeouts: u64,
+    /// Server replies that matched no pending call (late, duplicate, unsolicited),
+    /// or whose client had gone.
+    pub unmatched_replies: u64,
+    /// Server records that were not readable replies.
+    pub bad_server_records: u64,
+    /// Failures to reach the server.
+    pub server_errors: u64,
+    /// The most recent error of any kind, with where it happened.
+    pub last_error: Option<String>,
+}
+
+impl ProxyStats {
+    /// The counters of `name` (zero if never seen).
+    pub fn op(&self, name: &str) -> OpCounters {
+        self.ops.get(name).copied().unwrap_or_default()
+    }
+}
+
+/// A procedure's name in the counters: program label and procedure.
+pub fn procedure_name(p: Procedure) -> String {
+    match p {
+        Procedure::Nfs3(p) => format!("NFSv3 {p:?}"),
+        Procedure::Mount3(p) => format!("MOUNTv3 {p:?}"),
+        Procedure::Portmap2(p) => format!("PMAPv2 {p:?}"),
+    }
+}
+
+/// What the proxy keeps with a forwarded call.
+#[derive(Debug, Clone, Copy)]
+struct Forwarded {
+    procedure: Procedure,
+}
+
+struct Shared {
+    config: ProxyConfig,
+    stopping: AtomicBool,
+    next_flow: AtomicU64,
+    pending: Mutex<PendingMap<Forwarded>>,
+    /// Write halves of client connections, by flow.
+    clients: Mutex<HashMap<FlowId, TcpStream>>,
+    /// Write half of the server connection, connected on first use.
+    server: Mutex<Option<TcpStream>>,
+    stats: Mutex<ProxyStats>,
+}
+
+/// Locks a mutex, recovering the data if a thread panicked while holding it (the
+/// counters and maps stay consistent between statements).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Shared {
+    fn count(&self, f: impl FnOnce(&mut ProxyStats)) {
+        f(&mut lock(&self.stats));
+    }
+
+    fn error(&self, f: impl FnOnce(&mut ProxyStats), msg: String) {
+        let mut s = lock(&self.stats);
+        f(&mut s);
+        s.last_error = Some(msg);
+    }
+}
+
+/// A running proxy; dropping it stops it and closes every connection.
+pub struct Proxy {
+    addr: SocketAddr,
+    shared: Arc<Shared>,
+    accept: Option<thread::JoinHandle<()>>,
+}
+
+impl Proxy {
+    /// Binds the listening socket and starts accepting clients. The server is
+    /// connected on the first call.
+    pub fn start(config: ProxyConfig) -> io::Result<Proxy> {
+        let listener = TcpListener::bind(config.listen).map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("filewall proxy: binding {}: {e}", config.listen),
+            )
+        })?;
+        let addr = listener.local_addr()?;
+        // XIDs should differ between runs so a restarted proxy does not collide with
+        // the server's duplicate-request cache.
+        let first_xid = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(16))
+            .unwrap_or(1);
+        let shared = Arc::new(Shared {
+            pending: Mutex::new(PendingMap::new(first_xid, config.timeout, config.capacity)),
+            config,
+            stopping: AtomicBool::new(false),
+            next_flow: AtomicU64::new(1),
+            clients: Mutex::new(HashMap::new()),
+            server: Mutex::new(None),
+            stats: Mutex::new(ProxyStats::default()),
+        });
+        let s = shared.clone();
+        let accept = thread::Builder::new()
+            .name(format!("filewall-accept-{}", addr.port()))
+            .spawn(move || accept_loop(listener, s))?;
+        Ok(Proxy {
+            addr,
+            shared,
+            accept: Some(accept),
+        })
+    }
+
+    /// Where clients connect.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// A copy of the counters.
+    pub fn stats(&self) -> ProxyStats {
+        lock(&self.shared.stats).clone()
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        // Wake the accept loop, then close every connection so their threads end.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        for (_, c) in lock(&self.shared.clients).drain() {
+            let _ = c.shutdown(Shutdown::Both);
+        }
+        if let Some(s) = lock(&self.shared.server).take() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        if let Some(h) = self.accept.take() {
+            let _ = h.join();
+        }
+    }
+}
+
+fn accept_loop(listener: TcpListener, shared: Arc<Shared>) {
+    for conn in listener.incoming() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            return;
+        }
+        let stream = match conn {
+            Ok(s) => s,
+            Err(e) => {
+                shared.error(|_| {}, format!("accepting a client: {e}"));
+                continue;
+            }
+        };
+        let flow = shared.next_flow.fetch_add(1, Ordering::Relaxed);
+        let writer = match stream.try_clone() {
+            Ok(w) => w,
+            Err(e) => {
+                shared.error(|_| {}, format!("flow {flow}: cloning the socket: {e}"));
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        lock(&shared.clients).insert(flow, writer);
+        let s = shared.clone();
+        let spawned = thread::Builder::new()
+            .name(format!("filewall-client-{flow}"))
+            .spawn(move || {
+                client_loop(flow, stream, &s);
+                if let Some(c) = lock(&s.clients).remove(&flow) {
+                    let _ = c.shutdown(Shutdown::Both);
+                }
+            });
+        if let Err(e) = spawned {
+            shared.error(|_| {}, format!("flow {flow}: spawning its thread: {e}"));
+            if let Some(c) = lock(&shared.clients).remove(&flow) {
+                let _ = c.shutdown(Shutdown::Both);
+            }
+        }
+    }
+}
+
+/// Writes one record to a client flow; false if the client has gone.
+fn send_to_client(shared: &Shared, flow: FlowId, payload: &[u8]) -> bool {
+    let record = encode_record(payload, MAX_FRAGMENT);
+    let mut clients = lock(&shared.clients);
+    let Some(c) = clients.get_mut(&flow) else {
+        return false;
+    };
+    if let Err(e) = c.write_all(&record) {
+        drop(clients);
+        shared.error(|_| {}, format!("flow {flow}: writing a reply: {e}"));
+        return false;
+    }
+    true
+}
+
+fn client_loop(flow: FlowId, mut stream: TcpStream, shared: &Arc<Shared>) {
+    let mut reader = RecordReader::new(shared.config.max_record);
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match stream.read(&mut buf) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        reader.push(&buf[..n]);
+        loop {
+            match reader.next_record() {
+                Ok(Some(record)) => handle_call(flow, &record, shared),
+                Ok(None) => break,
+                Err(e) => {
+                    shared.error(
+                        |s| s.closed_connections += 1,
+                        format!("flow {flow}: closing the client connection: {e}"),
+                    );
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Whether two messages are equal after their first four bytes (the XID).
+fn same_but_xid(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.get(4..) == b.get(4..)
+}
+
+fn handle_call(flow: FlowId, record: &[u8], shared: &Arc<Shared>) {
+    let call = match decode_call(record) {
+        Ok(c) => c,
+        Err(e) => {
+            match e.reply() {
+                Some(h) => {
+                    let mut enc = Encoder::new();
+                    RpcHeader::Reply(h).encode(&mut enc);
+                    shared.error(
+                        |s| s.refused_calls += 1,
+                        format!("flow {flow}: refused: {e}"),
+                    );
+                    send_to_client(shared, flow, &enc.into_bytes());
+                }
+                None => shared.error(
+                    |s| s.dropped_records += 1,
+                    format!("flow {flow}: dropped: {e}"),
+                ),
+            }
+            return;
+        }
+    };
+    let procedure = call.args.procedure();
+    let name = procedure_name(procedure);
+    let key = ClientKey {
+        flow,
+        xid: call.xid,
+    };
+    let now = Instant::now();
+    let server_xid = {
+        let mut pending = lock(&shared.pending);
+        let expired = pending.expire(now).len() as u64;
+        if expired > 0 {
+            shared.count(|s| s.timeouts += expired);
+        }
+        match pending.insert(Some(key), None, Forwarded { procedure }, now) {
+            Ok(x) => x,
+            Err(PendingError::Retransmission { server_xid, .. }) => {
+                shared.count(|s| s.retransmissions += 1);
+                server_xid
+            }
+            Err(e @ PendingError::Full { .. }) => {
+                shared.error(
+                    |s| s.overflows += 1,
+                    format!("flow {flow} xid {:#x} ({name}): {e}", call.xid),
+                );
+                return;
+            }
+        }
+    };
+    let forwarded = crate::message::Call {
+        xid: server_xid,
+        ..call
+    }
+    .to_bytes();
+    let mismatch = u64::from(!same_but_xid(record, &forwarded));
+    shared.count(|s| {
+        let op = s.ops.entry(name.clone()).or_default();
+        op.calls += 1;
+        op.reencode_mismatches += mismatch;
+    });
+    if let Err(e) = send_to_server(shared, &encode_record(&forwarded, MAX_FRAGMENT)) {
+        lock(&shared.pending).complete(server_xid);
+        shared.error(
+            |s| s.server_errors += 1,
+            format!(
+                "flow {flow} xid {:#x} ({name}): forwarding to {}: {e}",
+                key.xid, shared.config.server
+            ),
+        );
+    }
+}
+
+/// Writes a record to the server, connecting (and starting its reader) first if
+/// there is no connection.
+fn send_to_server(shared: &Arc<Shared>, record: &[u8]) -> io::Result<()> {
+    let mut server = lock(&shared.server);
+    if server.is_none() {
+        let stream = TcpStream::connect_timeout(&shared.config.server, Duration::from_secs(5))?;
+        let _ = stream.set_nodelay(true);
+        let reader = stream.try_clone()?;
+        let s = shared.clone();
+        thread::Builder::new()
+            .name("filewall-server".into())
+            .spawn(move || server_loop(reader, &s))?;
+        *server = Some(stream);
+    }
+    let result = match server.as_mut() {
+        Some(s) => s.write_all(record),
+        None => Ok(()),
+    };
+    if result.is_err()
+        && let Some(s) = server.take()
+    {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+    result
+}
+
+fn server_loop(mut stream: TcpStream, shared: &Arc<Shared>) {
+    let mut reader = RecordReader::new(shared.config.max_record);
+    let mut buf = vec![0u8; 64 * 1024];
+    let end = loop {
+        let n = match stream.read(&mut buf) {
+            Ok(0) => break "closed by the server".to_string(),
+            Err(e) => break format!("reading: {e}"),
+            Ok(n) => n,
+        };
+        reader.push(&buf[..n]);
+        let mut failed = None;
+        loop {
+            match reader.next_record() {
+                Ok(Some(record)) => handle_reply(&record, shared),
+                Ok(None) => break,
+                Err(e) => {
+                    failed = Some(format!("reassembling: {e}"));
+                    break;
+                }
+            }
+        }
+        if let Some(f) = failed {
+            break f;
+        }
+    };
+    if !shared.stopping.load(Ordering::SeqCst) {
+        shared.error(
+            |s| s.server_errors += 1,
+            format!("server connection to {}: {end}", shared.config.server),
+        );
+    }
+    // Forget the connection if it is still the current one, so the next call
+    // reconnects; its pending calls time out and the clients retransmit.
+    let mut server = lock(&shared.server);
+    let same = match (server.as_ref(), stream.local_addr()) {
+        (Some(s), Ok(mine)) => s.local_addr().ok() == Some(mine),
+        _ => false,
+    };
+    if same && let Some(s) = server.take() {
+        let _ = s.shutdown(Shutdown::Both);
+    }
+}
+
+fn handle_reply(record: &[u8], shared: &Shared) {
+    let server = shared.config.server;
+    let header = match decode_reply_header(record) {
+        Ok((h, _)) => h,
+        Err(e) => {
+            shared.error(
+                |s| s.bad_server_records += 1,
+                format!("from server {server}: not a reply: {e}"),
+            );
+            return;
+        }
+    };
+    let Some(pending) = lock(&shared.pending).complete(header.xid) else {
+        shared.count(|s| s.unmatched_replies += 1);
+        return;
+    };
+    let Some(client) = pending.client else {
+        shared.count(|s| s.unmatched_replies += 1);
+        return;
+    };
+    let procedure = pending.payload.procedure;
+    let name = procedure_name(procedure);
+    let out = match decode_reply(record, procedure) {
+        Ok(mut reply) => {
+            reply.header.xid = client.xid;
+            let out = reply.to_bytes();
+            if !same_but_xid(record, &out) {
+                shared.error(
+                    |s| s.ops.entry(name.clone()).or_default().reencode_mismatches += 1,
+                    format!(
+                        "from server {server}: reply to {name} (server xid {:#x}) re-encodes differently",
+                        header.xid
+                    ),
+                );
+            }
+            out
+        }
+        Err(e) => {
+            shared.error(
+                |s| s.ops.entry(name.clone()).or_default().reply_decode_errors += 1,
+                format!(
+                    "from server {server}: reply to {name} (server xid {:#x}): {e}",
+                    header.xid
+                ),
+            );
+            let mut raw = record.to_vec();
+            if let Some(xid) = raw.get_mut(..4) {
+                xid.copy_from_slice(&client.xid.to_be_bytes());
+            }
+            raw
+        }
+    };
+    if send_to_client(shared, client.flow, &out) {
+        shared.count(|s| s.ops.entry(name).or_default().replies += 1);
+    } else {
+        shared.count(|s| s.unmatched_replies += 1);
+    }
+}
