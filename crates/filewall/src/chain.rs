@@ -26,7 +26,7 @@ pub enum Action<M> {
 }
 
 /// A policy: handlers invoked on messages. Doing nothing with a message drops it.
-pub trait Policy<M> {
+pub trait Policy<M>: Send {
     fn name(&self) -> &str;
     /// A request travelling towards the server; `xid` is its server XID.
     fn on_request(&mut self, xid: u32, request: M, out: &mut Vec<Action<M>>);
@@ -132,6 +132,11 @@ impl<M: Clone> Chain<M> {
 
     pub fn pending(&self) -> usize {
         self.pending.len()
+    }
+
+    /// The request still pending under server XID `xid` (to decode its reply).
+    pub fn request(&self, xid: u32) -> Option<&M> {
+        self.pending.get(xid).map(|p| &p.payload.request)
     }
 
     /// The forwarder: places `item` in policy `at`'s buffer, dropping it if full.
@@ -324,10 +329,9 @@ impl<M: Clone> Chain<M> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::cell::RefCell;
-    use std::rc::Rc;
+    use std::sync::{Arc, Mutex};
 
-    type Log = Rc<RefCell<Vec<String>>>;
+    type Log = Arc<Mutex<Vec<String>>>;
 
     /// Forwards everything, logging; `respond_to`/`generate_on` change its behaviour
     /// for requests whose text matches.
@@ -344,7 +348,8 @@ mod tests {
         }
         fn on_request(&mut self, _xid: u32, request: String, out: &mut Vec<Action<String>>) {
             self.log
-                .borrow_mut()
+                .lock()
+                .unwrap()
                 .push(format!("{} req {request}", self.name));
             if self.respond_to == Some(request.as_str()) {
                 out.push(Action::Respond(format!("{}-answer", self.name)));
@@ -363,7 +368,8 @@ mod tests {
             out: &mut Vec<Action<String>>,
         ) {
             self.log
-                .borrow_mut()
+                .lock()
+                .unwrap()
                 .push(format!("{} resp {response} to {request}", self.name));
             if !request.ends_with("-extra") || !request.starts_with(&self.name) {
                 out.push(Action::Forward(response));
@@ -372,7 +378,7 @@ mod tests {
     }
 
     fn chain(n: usize, slots: usize, tweak: impl Fn(usize, &mut Probe)) -> (Chain<String>, Log) {
-        let log: Log = Rc::default();
+        let log: Log = Arc::default();
         let policies = (0..n)
             .map(|i| {
                 let mut p = Probe {
@@ -425,7 +431,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            *log.borrow(),
+            *log.lock().unwrap(),
             [
                 "p0 req getattr",
                 "p1 req getattr",
@@ -453,7 +459,7 @@ mod tests {
         let out = c.run(now, 100);
         let xids = server_xids(&out);
         assert_eq!(xids.len(), 2);
-        log.borrow_mut().clear();
+        log.lock().unwrap().clear();
         for xid in xids {
             c.recv_response(xid, format!("r{xid}"));
         }
@@ -465,7 +471,7 @@ mod tests {
                 response: "r1000".into()
             }]
         );
-        let log = log.borrow();
+        let log = log.lock().unwrap();
         assert!(
             !log.iter()
                 .any(|l| l.starts_with("p0") && l.contains("p1-extra")),
@@ -500,7 +506,7 @@ mod tests {
             }]
         );
         assert_eq!(
-            *log.borrow(),
+            *log.lock().unwrap(),
             [
                 "p0 req remove",
                 "p1 req remove",

@@ -2,14 +2,18 @@
 //! wire layer — ONC RPC headers (RFC 5531), TCP record marking, XDR for every NFSv3
 //! procedure (RFC 1813), MOUNT v3 and the portmapper v2 subset — with typed errors
 //! that say what was malformed and where — and the pending-request map and the
-//! policy chain of §4.3 — and a first driver with sockets, the pass-through TCP
-//! proxy of `proxy`. Policies and the CLI are not here yet.
+//! policy chain of §4.3 — and a first driver with sockets, the TCP proxy of
+//! `proxy`, which runs the chain configured in `policy`, with two §4.4 templates:
+//! statistics (`flowstats`) and file-handle security (`handles`).
 
 pub mod chain;
+pub mod flowstats;
+pub mod handles;
 pub mod message;
 pub mod mount;
 pub mod nfs3;
 pub mod pending;
+pub mod policy;
 pub mod portmap;
 pub mod proxy;
 pub mod record;

@@ -10,7 +10,13 @@
 //!
 //! MOUNT and NFS are proxied by one [`Proxy`] each, on their own ports. Blocking
 //! threads: one per client connection, one accept loop, one reader per server
-//! connection. No policies yet: the chain of `crate::chain` is not wired in.
+//! connection.
+//!
+//! Every decoded call and reply passes through the policy chain of `crate::chain`
+//! (configured by a [`ChainSpec`], see `crate::policy`): calls in the chain's order,
+//! replies back through the policies that handled their call, in mirrored order. The
+//! chain's pending-request map gives the fresh server XIDs. An empty chain is the
+//! plain pass-through.
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
@@ -20,8 +26,14 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::message::{Procedure, decode_call, decode_reply, decode_reply_header};
-use crate::pending::{ClientKey, FlowId, PendingError, PendingMap};
+use crate::chain::{Chain, Output};
+use crate::flowstats::{PolicyCounters, lock_counters};
+use crate::handles::HandleKey;
+use crate::message::{
+    Call, Procedure, ReplyResults, decode_call, decode_reply, decode_reply_header,
+};
+use crate::pending::{ClientKey, FlowId};
+use crate::policy::{ChainSpec, Msg, build_policies};
 use crate::record::{DEFAULT_MAX_RECORD, RecordReader, encode_record};
 use crate::rpc::RpcHeader;
 use crate::xdr::{Encoder, Xdr};
@@ -42,6 +54,12 @@ pub struct ProxyConfig {
     pub capacity: usize,
     /// Largest record accepted from either side.
     pub max_record: usize,
+    /// The policy chain, in order (empty: pass-through).
+    pub chain: ChainSpec,
+    /// The handle policy's key.
+    pub key: Option<HandleKey>,
+    /// Slots of each policy's input buffer.
+    pub buffer_slots: usize,
 }
 
 impl ProxyConfig {
@@ -52,6 +70,9 @@ impl ProxyConfig {
             timeout: Duration::from_secs(30),
             capacity: 4096,
             max_record: DEFAULT_MAX_RECORD,
+            chain: ChainSpec::default(),
+            key: None,
+            buffer_slots: 1024,
         }
     }
 }
@@ -96,6 +117,11 @@ pub struct ProxyStats {
     pub server_errors: u64,
     /// The most recent error of any kind, with where it happened.
     pub last_error: Option<String>,
+    /// What the policies counted (statistics per flow and operation, refused
+    /// handles).
+    pub policies: PolicyCounters,
+    /// Messages dropped because a policy's input buffer was full.
+    pub policy_buffer_drops: u64,
 }
 
 impl ProxyStats {
@@ -114,17 +140,12 @@ pub fn procedure_name(p: Procedure) -> String {
     }
 }
 
-/// What the proxy keeps with a forwarded call.
-#[derive(Debug, Clone, Copy)]
-struct Forwarded {
-    procedure: Procedure,
-}
-
 struct Shared {
     config: ProxyConfig,
     stopping: AtomicBool,
     next_flow: AtomicU64,
-    pending: Mutex<PendingMap<Forwarded>>,
+    chain: Mutex<Chain<Msg>>,
+    counters: Arc<Mutex<PolicyCounters>>,
     /// Write halves of client connections, by flow.
     clients: Mutex<HashMap<FlowId, TcpStream>>,
     /// Write half of the server connection, connected on first use.
@@ -174,8 +195,20 @@ impl Proxy {
             .duration_since(UNIX_EPOCH)
             .map(|d| d.subsec_nanos() ^ (d.as_secs() as u32).rotate_left(16))
             .unwrap_or(1);
+        let counters = Arc::new(Mutex::new(PolicyCounters::default()));
+        let policies = build_policies(&config.chain, config.key.as_ref(), &counters)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
+        let chain = Chain::new(
+            policies,
+            config.buffer_slots,
+            first_xid,
+            config.timeout,
+            config.capacity,
+        )
+        .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, format!("filewall chain: {e}")))?;
         let shared = Arc::new(Shared {
-            pending: Mutex::new(PendingMap::new(first_xid, config.timeout, config.capacity)),
+            chain: Mutex::new(chain),
+            counters,
             config,
             stopping: AtomicBool::new(false),
             next_flow: AtomicU64::new(1),
@@ -201,7 +234,17 @@ impl Proxy {
 
     /// A copy of the counters.
     pub fn stats(&self) -> ProxyStats {
-        lock(&self.shared.stats).clone()
+        let mut s = lock(&self.shared.stats).clone();
+        let chain = lock(&self.shared.chain);
+        let c = chain.stats();
+        s.retransmissions = c.retransmissions;
+        s.overflows = c.pending_full;
+        s.timeouts = c.timed_out;
+        s.unmatched_replies += c.unmatched_responses;
+        s.policy_buffer_drops = c.overflow_drops.iter().sum();
+        drop(chain);
+        s.policies = lock_counters(&self.shared.counters).clone();
+        s
     }
 }
 
@@ -329,54 +372,81 @@ fn handle_call(flow: FlowId, record: &[u8], shared: &Arc<Shared>) {
             return;
         }
     };
-    let procedure = call.args.procedure();
-    let name = procedure_name(procedure);
-    let key = ClientKey {
-        flow,
-        xid: call.xid,
-    };
-    let now = Instant::now();
-    let server_xid = {
-        let mut pending = lock(&shared.pending);
-        let expired = pending.expire(now).len() as u64;
-        if expired > 0 {
-            shared.count(|s| s.timeouts += expired);
-        }
-        match pending.insert(Some(key), None, Forwarded { procedure }, now) {
-            Ok(x) => x,
-            Err(PendingError::Retransmission { server_xid, .. }) => {
-                shared.count(|s| s.retransmissions += 1);
-                server_xid
-            }
-            Err(e @ PendingError::Full { .. }) => {
-                shared.error(
-                    |s| s.overflows += 1,
-                    format!("flow {flow} xid {:#x} ({name}): {e}", call.xid),
-                );
-                return;
-            }
-        }
-    };
-    let forwarded = crate::message::Call {
-        xid: server_xid,
-        ..call
-    }
-    .to_bytes();
-    let mismatch = u64::from(!same_but_xid(record, &forwarded));
+    let name = procedure_name(call.args.procedure());
+    let mismatch = u64::from(!same_but_xid(record, &call.to_bytes()));
     shared.count(|s| {
-        let op = s.ops.entry(name.clone()).or_default();
+        let op = s.ops.entry(name).or_default();
         op.calls += 1;
         op.reencode_mismatches += mismatch;
     });
-    if let Err(e) = send_to_server(shared, &encode_record(&forwarded, MAX_FRAGMENT)) {
-        lock(&shared.pending).complete(server_xid);
-        shared.error(
-            |s| s.server_errors += 1,
-            format!(
-                "flow {flow} xid {:#x} ({name}): forwarding to {}: {e}",
-                key.xid, shared.config.server
-            ),
-        );
+    let now = Instant::now();
+    let outputs = {
+        let mut chain = lock(&shared.chain);
+        chain.expire(now);
+        let key = ClientKey {
+            flow,
+            xid: call.xid,
+        };
+        chain.recv_request(key, Msg::Call { flow, call }, now);
+        chain.run(now, usize::MAX)
+    };
+    dispatch(shared, outputs);
+}
+
+/// Sends what left the chain: calls to the server under their server XID, replies
+/// to their client under the client's XID.
+fn dispatch(shared: &Arc<Shared>, outputs: Vec<Output<Msg>>) {
+    for o in outputs {
+        match o {
+            Output::ToServer {
+                xid,
+                request: Msg::Call { flow, call },
+            } => {
+                let client_xid = call.xid;
+                let name = procedure_name(call.args.procedure());
+                let bytes = Call { xid, ..call }.to_bytes();
+                if let Err(e) = send_to_server(shared, &encode_record(&bytes, MAX_FRAGMENT)) {
+                    shared.error(
+                        |s| s.server_errors += 1,
+                        format!(
+                            "flow {flow} xid {client_xid:#x} ({name}): forwarding to {}: {e}",
+                            shared.config.server
+                        ),
+                    );
+                }
+            }
+            Output::ToClient { client, response } => {
+                let (name, out) = match response {
+                    Msg::Reply(mut r) => {
+                        r.header.xid = client.xid;
+                        (reply_name(r.results.as_ref()), r.to_bytes())
+                    }
+                    Msg::RawReply(mut raw) => {
+                        if let Some(x) = raw.get_mut(..4) {
+                            x.copy_from_slice(&client.xid.to_be_bytes());
+                        }
+                        ("(undecoded reply)".to_string(), raw)
+                    }
+                    Msg::Call { .. } => continue,
+                };
+                if send_to_client(shared, client.flow, &out) {
+                    shared.count(|s| s.ops.entry(name).or_default().replies += 1);
+                } else {
+                    shared.count(|s| s.unmatched_replies += 1);
+                }
+            }
+            Output::ToServer { .. } => {}
+        }
+    }
+}
+
+/// The counter name of a reply, from its results.
+fn reply_name(results: Option<&ReplyResults>) -> String {
+    match results {
+        Some(ReplyResults::Nfs3(r)) => procedure_name(Procedure::Nfs3(r.procedure())),
+        Some(ReplyResults::Mount3(r)) => procedure_name(Procedure::Mount3(r.procedure())),
+        Some(ReplyResults::Portmap2(r)) => procedure_name(Procedure::Portmap2(r.procedure())),
+        None => "(RPC error reply)".to_string(),
     }
 }
 
@@ -449,7 +519,7 @@ fn server_loop(mut stream: TcpStream, shared: &Arc<Shared>) {
     }
 }
 
-fn handle_reply(record: &[u8], shared: &Shared) {
+fn handle_reply(record: &[u8], shared: &Arc<Shared>) {
     let server = shared.config.server;
     let header = match decode_reply_header(record) {
         Ok((h, _)) => h,
@@ -461,21 +531,17 @@ fn handle_reply(record: &[u8], shared: &Shared) {
             return;
         }
     };
-    let Some(pending) = lock(&shared.pending).complete(header.xid) else {
+    let mut chain = lock(&shared.chain);
+    let Some(Msg::Call { call, .. }) = chain.request(header.xid) else {
+        drop(chain);
         shared.count(|s| s.unmatched_replies += 1);
         return;
     };
-    let Some(client) = pending.client else {
-        shared.count(|s| s.unmatched_replies += 1);
-        return;
-    };
-    let procedure = pending.payload.procedure;
+    let procedure = call.args.procedure();
     let name = procedure_name(procedure);
-    let out = match decode_reply(record, procedure) {
-        Ok(mut reply) => {
-            reply.header.xid = client.xid;
-            let out = reply.to_bytes();
-            if !same_but_xid(record, &out) {
+    let msg = match decode_reply(record, procedure) {
+        Ok(reply) => {
+            if !same_but_xid(record, &reply.to_bytes()) {
                 shared.error(
                     |s| s.ops.entry(name.clone()).or_default().reencode_mismatches += 1,
                     format!(
@@ -484,7 +550,7 @@ fn handle_reply(record: &[u8], shared: &Shared) {
                     ),
                 );
             }
-            out
+            Msg::Reply(reply)
         }
         Err(e) => {
             shared.error(
@@ -494,16 +560,11 @@ fn handle_reply(record: &[u8], shared: &Shared) {
                     header.xid
                 ),
             );
-            let mut raw = record.to_vec();
-            if let Some(xid) = raw.get_mut(..4) {
-                xid.copy_from_slice(&client.xid.to_be_bytes());
-            }
-            raw
+            Msg::RawReply(record.to_vec())
         }
     };
-    if send_to_client(shared, client.flow, &out) {
-        shared.count(|s| s.ops.entry(name).or_default().replies += 1);
-    } else {
-        shared.count(|s| s.unmatched_replies += 1);
-    }
+    chain.recv_response(header.xid, msg);
+    let outputs = chain.run(Instant::now(), usize::MAX);
+    drop(chain);
+    dispatch(shared, outputs);
 }
