@@ -6,6 +6,14 @@
 //! acknowledges each (one byte), with 1, 4, 16, 64 and 256 connections.
 //! `... -- churn` (TS-7): 8 long streams plus a growing rate of
 //! connect-and-close clients; the long streams' throughput retained.
+//! `... -- http` (TS-8): an open-loop load generator (wrk2-style: a fixed
+//! set of keep-alive connections, each on a constant-rate schedule, latency
+//! taken from the intended send time) asks for a static 32 KB page at rates
+//! stepping past saturation; replies/s and p99 latency per offered rate, the
+//! knee, and the throughput at twice the knee. sidecore-tcps runs what
+//! `sidecore tcps serve --root DIR` runs (the file server of `apps`, the
+//! page loaded from a directory, 1 PPE + 1 application thread); tokio runs
+//! an equivalent keep-alive HTTP/1.1 server on 2 workers.
 //!
 //! Each server runs in a child process (this binary again, with
 //! `TCPS_BENCH_CHILD` set) so that its CPU time is its own: the sum of its
@@ -120,6 +128,8 @@ fn child(kind: &str) {
             wait_stdin_eof();
             std::process::exit(0);
         }
+        "tcps-http" => http_child_tcps(addr),
+        "tokio-http" => http_child_tokio(addr),
         other => panic!("unknown child kind {other}"),
     }
 }
@@ -166,8 +176,12 @@ struct Server {
 
 impl Server {
     fn start(kind: Kind) -> Server {
+        Server::start_named(kind.name())
+    }
+
+    fn start_named(name: &str) -> Server {
         let mut child = Command::new(std::env::current_exe().expect("own path"))
-            .env("TCPS_BENCH_CHILD", kind.name())
+            .env("TCPS_BENCH_CHILD", name)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()
@@ -619,11 +633,447 @@ fn main() {
         match w {
             "stream" => stream(),
             "churn" => churn_bench(&rates),
+            "http" => http_bench(),
             other => {
-                eprintln!("unknown benchmark {other}: stream | churn [RATE/s ...]");
+                eprintln!("unknown benchmark {other}: stream | churn [RATE/s ...] | http");
                 std::process::exit(2);
             }
         }
         println!();
+    }
+}
+
+// ---------------------------------------------------------------- TS-8
+
+/// The static page of TS-8.
+const PAGE_BYTES: usize = 32 * 1024;
+const PAGE_PATH: &str = "/page.html";
+/// Offered request rates (requests/s), stepping past saturation.
+const HTTP_RATES: [u64; 11] = [
+    4000, 8000, 16000, 24000, 32000, 40000, 48000, 64000, 80000, 112000, 144000,
+];
+/// Keep-alive connections of the load generator (`TCPS_HTTP_CONNS` overrides).
+fn http_conns() -> usize {
+    std::env::var("TCPS_HTTP_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n: &usize| n > 0)
+        .unwrap_or(64)
+}
+const HTTP_WARM: Duration = Duration::from_millis(500);
+const HTTP_MEASURE: Duration = Duration::from_secs(2);
+/// How long requests still outstanding at the end of a step may take.
+const HTTP_GRACE: Duration = Duration::from_secs(1);
+
+fn page() -> Vec<u8> {
+    (0..PAGE_BYTES).map(|i| b'a' + (i % 26) as u8).collect()
+}
+
+/// What `sidecore tcps serve --root DIR` runs: the master PPE on the last
+/// CPU, one file-server application thread on another, the directory's
+/// files loaded into memory.
+fn http_child_tcps(addr: SocketAddr) {
+    let dir = std::env::temp_dir().join(format!("tcps-ts8-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("page directory");
+    std::fs::write(dir.join(&PAGE_PATH[1..]), page()).expect("page");
+    let cpus = sidecore_tcps::usable_cpus();
+    let ppe = *cpus.last().expect("a CPU");
+    let app_cpu = cpus.iter().copied().find(|&c| c != ppe);
+    let cfg = sidecore_tcps::Config::new(addr, sidecore_tcps::CoreSet::of(&[ppe]).expect("cpu"));
+    let server = sidecore_tcps::TcpServers::start(cfg).expect("start sidecore-tcps");
+    let site = sidecore_tcps::apps::Site::load(&server, &dir).expect("load the site");
+    let _ = std::fs::remove_dir_all(&dir);
+    let app = server.app();
+    let counters = server.counters();
+    let stop = Arc::new(AtomicBool::new(false));
+    std::thread::Builder::new()
+        .name("tcps-app".into())
+        .spawn(move || {
+            if let Some(c) = app_cpu {
+                let _ = sidecore_tcps::ppe::pin_to(c);
+            }
+            sidecore_tcps::apps::serve_http(
+                &app,
+                &site,
+                sidecore_tcps::apps::HttpLimits::default(),
+                &counters,
+                &stop,
+            );
+        })
+        .expect("app thread");
+    println!("port {}", server.local_addr().port());
+    wait_stdin_eof();
+    if std::env::var_os("TCPS_BENCH_STATS").is_some() {
+        eprintln!(
+            "{}",
+            serde_json::to_string(&server.stats()).unwrap_or_default()
+        );
+    }
+    std::process::exit(0);
+}
+
+/// The conventional server: tokio multi-thread on 2 workers, keep-alive
+/// HTTP/1.1, the same page with the same response head.
+fn http_child_tokio(addr: SocketAddr) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let body = page();
+    let mut ok = sidecore_tcps::http::head(200, "OK", body.len(), true, "text/html").into_bytes();
+    ok.extend_from_slice(&body);
+    let ok: Arc<[u8]> = ok.into();
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(addr))
+        .expect("bind");
+    println!("port {}", listener.local_addr().expect("addr").port());
+    rt.spawn(async move {
+        loop {
+            let Ok((s, _)) = listener.accept().await else {
+                continue;
+            };
+            tokio::spawn(tokio_http_conn(s, Arc::clone(&ok)));
+        }
+    });
+    wait_stdin_eof();
+    std::process::exit(0);
+}
+
+async fn tokio_http_conn(mut s: tokio::net::TcpStream, ok: Arc<[u8]>) -> std::io::Result<()> {
+    s.set_nodelay(true)?;
+    let mut buf = Vec::with_capacity(1024);
+    let mut chunk = [0u8; 4096];
+    loop {
+        let (head_len, path_ok, keep_alive) = loop {
+            let mut headers = [httparse::EMPTY_HEADER; 32];
+            let mut req = httparse::Request::new(&mut headers);
+            match req.parse(&buf) {
+                Ok(httparse::Status::Complete(n)) => {
+                    let close = req.headers.iter().any(|h| {
+                        h.name.eq_ignore_ascii_case("connection")
+                            && h.value.eq_ignore_ascii_case(b"close")
+                    });
+                    break (
+                        n,
+                        req.path == Some(PAGE_PATH),
+                        req.version == Some(1) && !close,
+                    );
+                }
+                Ok(httparse::Status::Partial) if buf.len() <= 8192 => {
+                    let n = s.read(&mut chunk).await?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                }
+                _ => return Ok(()),
+            }
+        };
+        buf.drain(..head_len);
+        if path_ok {
+            s.write_all(&ok).await?;
+        } else {
+            let body = b"404 Not Found\n";
+            let mut h =
+                sidecore_tcps::http::head(404, "Not Found", body.len(), keep_alive, "text/plain")
+                    .into_bytes();
+            h.extend_from_slice(body);
+            s.write_all(&h).await?;
+        }
+        if !keep_alive {
+            return Ok(());
+        }
+    }
+}
+
+/// One step of the load generator: what happened to the requests whose
+/// intended send time fell in the measured window.
+struct HttpStep {
+    offered: u64,
+    /// Replies completed within the measured window, per second.
+    replies_per_s: f64,
+    /// p99 latency from the intended send time; `None` when more than 1% of
+    /// the window's requests never completed (p99 beyond the grace time).
+    p99: Option<Duration>,
+    p50: Option<Duration>,
+    /// Requests of the window never answered by the end of the grace time.
+    unanswered: u64,
+    /// Connections that failed (refused, reset, bad reply).
+    errors: u64,
+    client_cpus: f64,
+}
+
+/// One connection's log: (intended send time, completion time) offsets
+/// from the step's start, in ns; completion `u64::MAX` when unanswered.
+type ConnLog = Vec<(u64, u64)>;
+
+/// Runs one open-loop step at `rate` requests/s against `addr`.
+fn http_step(addr: SocketAddr, rate: u64) -> HttpStep {
+    let start = Instant::now() + Duration::from_millis(200);
+    let stop_at = start + HTTP_WARM + HTTP_MEASURE;
+    let deadline = stop_at + HTTP_GRACE;
+    let conns = http_conns();
+    let interval = Duration::from_nanos(1_000_000_000 * conns as u64 / rate.max(1));
+    let errors = Arc::new(AtomicU64::new(0));
+    let cpu0 = thread_self_cpu_ns();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("client runtime");
+    let logs: Vec<ConnLog> = rt.block_on(async {
+        let mut tasks = Vec::new();
+        for c in 0..conns {
+            // Spread the connections' schedules evenly over one interval.
+            let offset = interval * c as u32 / conns as u32;
+            let errors = Arc::clone(&errors);
+            tasks.push(tokio::spawn(async move {
+                let mut log = ConnLog::new();
+                if let Err(_e) =
+                    http_conn(addr, start + offset, interval, stop_at, deadline, &mut log).await
+                {
+                    errors.fetch_add(1, Ordering::Relaxed);
+                }
+                log
+            }));
+        }
+        let mut logs = Vec::new();
+        for t in tasks {
+            logs.push(t.await.unwrap_or_default());
+        }
+        logs
+    });
+    let cpu1 = thread_self_cpu_ns();
+    let elapsed = (deadline + Duration::from_millis(200)).saturating_duration_since(start);
+    let (w0, w1) = (
+        HTTP_WARM.as_nanos() as u64,
+        (HTTP_WARM + HTTP_MEASURE).as_nanos() as u64,
+    );
+    let mut lat: Vec<u64> = Vec::new();
+    let mut unanswered = 0u64;
+    let mut done_in_window = 0u64;
+    for log in &logs {
+        for &(intended, done) in log {
+            if done != u64::MAX && done >= w0 && done < w1 {
+                done_in_window += 1;
+            }
+            if intended < w0 || intended >= w1 {
+                continue;
+            }
+            if done == u64::MAX {
+                unanswered += 1;
+                lat.push(u64::MAX);
+            } else {
+                lat.push(done - intended);
+            }
+        }
+    }
+    lat.sort_unstable();
+    let q = |p: f64| -> Option<Duration> {
+        if lat.is_empty() {
+            return None;
+        }
+        let i = ((lat.len() as f64 * p).ceil() as usize).clamp(1, lat.len()) - 1;
+        (lat[i] != u64::MAX).then(|| Duration::from_nanos(lat[i]))
+    };
+    HttpStep {
+        offered: rate,
+        replies_per_s: done_in_window as f64 / HTTP_MEASURE.as_secs_f64(),
+        p99: q(0.99),
+        p50: q(0.50),
+        unanswered,
+        errors: errors.load(Ordering::Relaxed),
+        client_cpus: (cpu1 - cpu0) as f64 / 1e9 / elapsed.as_secs_f64(),
+    }
+}
+
+fn thread_self_cpu_ns() -> u64 {
+    std::fs::read_to_string("/proc/thread-self/schedstat")
+        .ok()
+        .and_then(|s| s.split_whitespace().next().and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+/// One keep-alive connection on a constant-rate schedule from `first`:
+/// request k is due at `first + k·interval`; it goes out when due or, if the
+/// previous reply is late, as soon as that reply is in (no pipelining), and
+/// its latency counts from when it was due. No request is due at or after
+/// `stop_at`; replies after `deadline` are not waited for.
+async fn http_conn(
+    addr: SocketAddr,
+    first: Instant,
+    interval: Duration,
+    stop_at: Instant,
+    deadline: Instant,
+    log: &mut ConnLog,
+) -> std::io::Result<()> {
+    let origin = stop_at - HTTP_WARM - HTTP_MEASURE;
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    let req = format!("GET {PAGE_PATH} HTTP/1.1\r\nHost: bench\r\n\r\n");
+    let mut buf = vec![0u8; 64 * 1024];
+    let mut have = 0usize;
+    let mut k = 0u32;
+    loop {
+        let due = first + interval * k;
+        if due >= stop_at {
+            return Ok(());
+        }
+        k += 1;
+        tokio::time::sleep_until(due.into()).await;
+        let intended = (due - origin).as_nanos() as u64;
+        log.push((intended, u64::MAX));
+        let reply = async {
+            s.write_all(req.as_bytes()).await?;
+            // Head, then Content-Length bytes of body.
+            let (head_len, body_len) = loop {
+                let mut headers = [httparse::EMPTY_HEADER; 16];
+                let mut resp = httparse::Response::new(&mut headers);
+                match resp.parse(&buf[..have]) {
+                    Ok(httparse::Status::Complete(n)) => {
+                        if resp.code != Some(200) {
+                            return Err(std::io::Error::other(format!("status {:?}", resp.code)));
+                        }
+                        let len = resp
+                            .headers
+                            .iter()
+                            .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                            .and_then(|h| std::str::from_utf8(h.value).ok())
+                            .and_then(|v| v.trim().parse::<usize>().ok())
+                            .ok_or_else(|| std::io::Error::other("no Content-Length"))?;
+                        break (n, len);
+                    }
+                    Ok(httparse::Status::Partial) => {
+                        if have == buf.len() {
+                            return Err(std::io::Error::other("reply head too long"));
+                        }
+                        let n = s.read(&mut buf[have..]).await?;
+                        if n == 0 {
+                            return Err(std::io::ErrorKind::UnexpectedEof.into());
+                        }
+                        have += n;
+                    }
+                    Err(e) => return Err(std::io::Error::other(e.to_string())),
+                }
+            };
+            let total = head_len + body_len;
+            let mut need = total.saturating_sub(have);
+            if have > total {
+                // Never with one request at a time, but keep any extra bytes.
+                buf.copy_within(total..have, 0);
+                have -= total;
+            } else {
+                have = 0;
+            }
+            while need > 0 {
+                let n = s.read(&mut buf[..need.min(64 * 1024)]).await?;
+                if n == 0 {
+                    return Err(std::io::ErrorKind::UnexpectedEof.into());
+                }
+                need -= n;
+            }
+            Ok::<(), std::io::Error>(())
+        };
+        match tokio::time::timeout_at(deadline.into(), reply).await {
+            Ok(Ok(())) => {
+                let done = (Instant::now() - origin).as_nanos() as u64;
+                if let Some(last) = log.last_mut() {
+                    last.1 = done;
+                }
+            }
+            Ok(Err(e)) => return Err(e),
+            // Unanswered by the deadline: logged as such.
+            Err(_) => return Ok(()),
+        }
+    }
+}
+
+fn fmt_lat(d: Option<Duration>) -> String {
+    match d {
+        Some(d) if d >= Duration::from_millis(10) => format!("{:.0} ms", d.as_secs_f64() * 1e3),
+        Some(d) => format!("{:.2} ms", d.as_secs_f64() * 1e3),
+        None => format!("> {:.1} s", HTTP_GRACE.as_secs_f64()),
+    }
+}
+
+/// Runs the rate ladder against one server kind, then one step at twice its
+/// knee; prints the rows and returns (peak, knee, replies/s at 2x knee).
+fn http_server_run(name: &str, label: &str) -> (f64, Option<u64>, Option<f64>) {
+    let server = Server::start_named(name);
+    let mut steps = Vec::new();
+    for rate in HTTP_RATES {
+        let st = http_step(server.addr, rate);
+        http_row(label, &st);
+        steps.push(st);
+    }
+    // The knee: the highest offered rate the server still keeps up with
+    // (at least 90% of the offered replies/s) before the first step where it
+    // does not; the first step's rate when it never kept up.
+    let knee = steps
+        .iter()
+        .position(|s| s.replies_per_s < 0.9 * s.offered as f64)
+        .map(|i| steps[i.saturating_sub(1)].offered);
+    let mut at_2x = None;
+    if let Some(k) = knee {
+        let st = http_step(server.addr, 2 * k);
+        http_row(&format!("{label} (2x knee)"), &st);
+        at_2x = Some(st.replies_per_s);
+        steps.push(st);
+    }
+    let peak = steps.iter().map(|s| s.replies_per_s).fold(0.0, f64::max);
+    (peak, knee, at_2x)
+}
+
+fn http_row(label: &str, st: &HttpStep) {
+    println!(
+        "| {} | {label} | {:.0} | {:.0}% | {} | {} | {} | {} | {:.2} |",
+        st.offered,
+        st.replies_per_s,
+        100.0 * st.replies_per_s / st.offered as f64,
+        fmt_lat(st.p50),
+        fmt_lat(st.p99),
+        st.unanswered,
+        st.errors,
+        st.client_cpus
+    );
+    std::io::stdout().flush().ok();
+}
+
+fn http_bench() {
+    println!(
+        "## HTTP overload (TS-8): GET of a static {} KB page over {} keep-alive connections, open loop (constant rate per connection, latency from the intended send time); {:.1} s warm-up and {:.0} s measured per step, {:.0} s grace",
+        PAGE_BYTES / 1024,
+        http_conns(),
+        HTTP_WARM.as_secs_f64(),
+        HTTP_MEASURE.as_secs_f64(),
+        HTTP_GRACE.as_secs_f64()
+    );
+    println!(
+        "sidecore-tcps: what `sidecore tcps serve --root` runs, 1 PPE (CPU {}) + 1 file-server thread; tokio: multi-thread, 2 workers; client: 1 tokio current-thread",
+        sidecore_tcps::usable_cpus().last().copied().unwrap_or(0)
+    );
+    println!();
+    println!(
+        "| offered req/s | server | replies/s | of offered | p50 | p99 | unanswered | conn errors | client CPU |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    let mut verdicts = Vec::new();
+    for (name, label) in [("tokio-http", "tokio"), ("tcps-http", "sidecore-tcps")] {
+        verdicts.push((label, http_server_run(name, label)));
+    }
+    println!();
+    for (label, (peak, knee, at_2x)) in verdicts {
+        match (knee, at_2x) {
+            (Some(k), Some(r)) => println!(
+                "{label}: peak {peak:.0} replies/s, knee {k} req/s offered (the last rate kept up with), at 2x knee ({}) {r:.0} replies/s = {:.0}% of peak: target >= 90% {}",
+                2 * k,
+                100.0 * r / peak.max(1e-9),
+                if r >= 0.9 * peak { "MET" } else { "NOT MET" }
+            ),
+            _ => println!(
+                "{label}: peak {peak:.0} replies/s; no knee up to {} req/s offered (not saturated): target not tested",
+                HTTP_RATES[HTTP_RATES.len() - 1]
+            ),
+        }
     }
 }
