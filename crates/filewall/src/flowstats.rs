@@ -8,9 +8,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::chain::{Action, Policy};
+use crate::message::{Msg, procedure_name};
 use crate::pending::FlowId;
-use crate::policy::Msg;
-use crate::proxy::procedure_name;
 
 /// Counters of one operation on one flow.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -22,13 +22,12 @@ use sha2::{Digest, Sha256};
 
 use crate::chain::{Action, Policy};
 use crate::flowstats::{PolicyCounters, lock_counters};
-use crate::message::{CallArgs, Reply, ReplyResults};
+use crate::message::{CallArgs, Msg, Reply, ReplyResults};
 use crate::mount::{MountReply, MountRes3, MountStat3};
 use crate::nfs3::{
     LinkWcc, NFS3_FHSIZE, Nfs3Call, Nfs3Proc, Nfs3Reply, NfsFh3, NfsRes, NfsStat3, RenameWcc,
     WccData,
 };
-use crate::policy::Msg;
 use crate::rpc::{AcceptStat, Auth, ReplyBody, ReplyHeader};
 
 /// Bytes of MAC appended to each real handle.
@@ -144,12 +143,12 @@ fn reply_handles(res: &mut ReplyResults, f: &mut dyn FnMut(&mut NfsFh3) -> bool)
             | R::Mkdir(NfsRes::Ok(ok))
             | R::Symlink(NfsRes::Ok(ok))
             | R::Mknod(NfsRes::Ok(ok)),
-        ) => ok.obj.as_mut().is_none_or(|h| f(h)),
+        ) => ok.obj.as_mut().is_none_or(&mut *f),
         ReplyResults::Nfs3(R::Readdirplus(NfsRes::Ok(ok))) => ok
             .reply
             .entries
             .iter_mut()
-            .all(|e| e.name_handle.as_mut().is_none_or(|h| f(h))),
+            .all(|e| e.name_handle.as_mut().is_none_or(&mut *f)),
         _ => true,
     }
 }

@@ -2,9 +2,12 @@
 //! portmapper v2): a call decoded into header plus typed arguments, or refused with
 //! the error that says which RPC error reply it deserves; a reply decoded given the
 //! procedure of its pending call. Input is one record (TCP) or one datagram (UDP).
+//! [`Msg`] is what travels through the policy chain: a call with its client flow,
+//! or a reply.
 
 use crate::mount::{self, MountCall, MountProc, MountReply};
 use crate::nfs3::{self, Nfs3Call, Nfs3Proc, Nfs3Reply};
+use crate::pending::FlowId;
 use crate::portmap::{self, PmapCall, PmapProc, PmapReply};
 use crate::rpc::{AcceptStat, Auth, CallHeader, RPC_VERSION, ReplyBody, ReplyHeader, RpcHeader};
 use crate::xdr::{Decoder, Encoder, Xdr, XdrError, XdrErrorKind, XdrResult};
@@ -265,4 +268,25 @@ pub fn decode_reply(bytes: &[u8], procedure: Procedure) -> XdrResult<Reply> {
     };
     dec.finish()?;
     Ok(Reply { header, results })
+}
+
+/// A procedure's name in the counters: program label and procedure.
+pub fn procedure_name(p: Procedure) -> String {
+    match p {
+        Procedure::Nfs3(p) => format!("NFSv3 {p:?}"),
+        Procedure::Mount3(p) => format!("MOUNTv3 {p:?}"),
+        Procedure::Portmap2(p) => format!("PMAPv2 {p:?}"),
+    }
+}
+
+/// A message in the chain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Msg {
+    /// A call from client flow `flow` (its XID is the client's).
+    Call { flow: FlowId, call: Call },
+    /// A reply (its XID is rewritten to the client's when it leaves).
+    Reply(Reply),
+    /// A server reply whose results did not decode, as received; the handle policy
+    /// drops these (it cannot see their handles).
+    RawReply(Vec<u8>),
 }

@@ -1,6 +1,4 @@
-//! The chain's configuration and message type: what flows through the policy chain
-//! inside the proxy ([`Msg`]: a decoded call with its client flow, or a decoded
-//! reply), the TOML file that orders the chain (`[[policy]] kind = "stats"` …,
+//! The chain's configuration: the TOML file that orders the chain (`[[policy]] kind = "stats"` …,
 //! errors as `file:line: what`), and building the configured policies.
 
 use std::path::Path;
@@ -11,20 +9,8 @@ use serde::Deserialize;
 use crate::chain::Policy;
 use crate::flowstats::{PolicyCounters, StatsPolicy};
 use crate::handles::{HandleKey, HandlePolicy};
-use crate::message::{Call, Reply};
-use crate::pending::{FlowId, MAX_POLICIES};
-
-/// A message in the chain.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Msg {
-    /// A call from client flow `flow` (its XID is the client's).
-    Call { flow: FlowId, call: Call },
-    /// A reply (its XID is rewritten to the client's when it leaves).
-    Reply(Reply),
-    /// A server reply whose results did not decode, as received; the handle policy
-    /// drops these (it cannot see their handles).
-    RawReply(Vec<u8>),
-}
+pub use crate::message::Msg;
+use crate::pending::MAX_POLICIES;
 
 /// A policy template.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -68,9 +54,9 @@ impl ChainSpec {
     }
 }
 
-/// A policy file error: `file:line: message`.
+/// A policy file error: `file:line: message` (line 0: the file as a whole).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}:{line}: {message}")]
+#[error("{file}{}: {message}", if *line == 0 { String::new() } else { format!(":{line}") })]
 pub struct ConfigError {
     pub file: String,
     pub line: usize,

@@ -30,10 +30,10 @@ use crate::chain::{Chain, Output};
 use crate::flowstats::{PolicyCounters, lock_counters};
 use crate::handles::HandleKey;
 use crate::message::{
-    Call, Procedure, ReplyResults, decode_call, decode_reply, decode_reply_header,
+    Call, Msg, Procedure, ReplyResults, decode_call, decode_reply, decode_reply_header,
 };
 use crate::pending::{ClientKey, FlowId};
-use crate::policy::{ChainSpec, Msg, build_policies};
+use crate::policy::{ChainSpec, build_policies};
 use crate::record::{DEFAULT_MAX_RECORD, RecordReader, encode_record};
 use crate::rpc::RpcHeader;
 use crate::xdr::{Encoder, Xdr};
@@ -131,14 +131,7 @@ impl ProxyStats {
     }
 }
 
-/// A procedure's name in the counters: program label and procedure.
-pub fn procedure_name(p: Procedure) -> String {
-    match p {
-        Procedure::Nfs3(p) => format!("NFSv3 {p:?}"),
-        Procedure::Mount3(p) => format!("MOUNTv3 {p:?}"),
-        Procedure::Portmap2(p) => format!("PMAPv2 {p:?}"),
-    }
-}
+pub use crate::message::procedure_name;
 
 struct Shared {
     config: ProxyConfig,

@@ -18,6 +18,7 @@ mod daemon;
 mod demo;
 mod devices;
 mod ext_cmd;
+mod filewall_cmd;
 mod fw;
 mod layout;
 mod orion_cmd;
@@ -123,6 +124,9 @@ enum Command {
     /// Orion: sensor boxes, counter-slope liveness, fork-bomb repair from outside a cgroup.
     #[command(subcommand)]
     Orion(orion_cmd::OrionCommand),
+    /// FileWall: the NFS policy middlebox (check a chain file, run the proxies, read stats).
+    #[command(subcommand)]
+    Filewall(filewall_cmd::FilewallCommand),
 }
 
 fn main() -> ExitCode {
@@ -157,6 +161,7 @@ fn main() -> ExitCode {
         Command::Testbed(cmd) => testbed_cmd::run(cmd),
         Command::Tcps(cmd) => tcps_cmd::run(cmd),
         Command::Orion(cmd) => orion_cmd::run(cmd),
+        Command::Filewall(cmd) => filewall_cmd::run(cmd),
     };
     match r {
         Ok(code) => code,
