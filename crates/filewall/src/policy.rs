@@ -1,5 +1,6 @@
-//! The chain's configuration: the TOML file that orders the chain (`[[policy]] kind = "stats"` …,
-//! errors as `file:line: what`), and building the configured policies.
+//! The chain's configuration: the TOML file that orders the chain
+//! (`[[policy]] kind = "stats"` …, errors as `file:line: what`), and building the
+//! configured policies.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
