@@ -43,6 +43,8 @@ pub struct PolicyCounters {
     /// Server handles too long to carry a MAC within NFS3_FHSIZE (replaced by an
     /// NFS3ERR_SERVERFAULT reply).
     pub oversize_handles: u64,
+    /// Calls answered NFS3ERR_ACCES by the temporal policy (never forwarded).
+    pub temporal_denied: u64,
 }
 
 pub(crate) fn lock_counters(

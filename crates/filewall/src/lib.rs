@@ -3,8 +3,9 @@
 //! procedure (RFC 1813), MOUNT v3 and the portmapper v2 subset — with typed errors
 //! that say what was malformed and where — and the pending-request map and the
 //! policy chain of §4.3 — and a first driver with sockets, the TCP proxy of
-//! `proxy`, which runs the chain configured in `policy`, with two §4.4 templates:
-//! statistics (`flowstats`) and file-handle security (`handles`).
+//! `proxy`, which runs the chain configured in `policy`, with three §4.4 templates:
+//! statistics (`flowstats`), file-handle security (`handles`) and temporal access
+//! control (`temporal`).
 
 pub mod chain;
 pub mod flowstats;
@@ -18,6 +19,7 @@ pub mod portmap;
 pub mod proxy;
 pub mod record;
 pub mod rpc;
+pub mod temporal;
 pub mod xdr;
 
 #[cfg(test)]

@@ -1,6 +1,17 @@
 //! The chain's configuration: the TOML file that orders the chain
 //! (`[[policy]] kind = "stats"` …, errors as `file:line: what`), and building the
-//! configured policies.
+//! configured policies. A temporal policy carries its rules:
+//!
+//! ```toml
+//! [[policy]]
+//! kind = "temporal"
+//! utc_offset = "+01:00"          # optional, default "Z"
+//! [[policy.rule]]
+//! deny = ["write"]               # "read", "write", "all" or NFSv3 procedure names
+//! outside = "09:00-17:00"        # or during = "22:00-06:00"; exactly one
+//! days = ["mon", "tue"]          # optional, default every day
+//! uids = [1000, 1001]            # optional (AUTH_SYS), default every caller
+//! ```
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -12,6 +23,9 @@ use crate::flowstats::{PolicyCounters, StatsPolicy};
 use crate::handles::{HandleKey, HandlePolicy};
 pub use crate::message::Msg;
 use crate::pending::MAX_POLICIES;
+use crate::temporal::{
+    DAYS, ProcSet, TemporalPolicy, TemporalRule, TemporalRules, When, Window, parse_offset,
+};
 
 /// A policy template.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -20,15 +34,18 @@ pub enum PolicyKind {
     Stats,
     /// File-handle security: MAC-protected virtual handles (§4.4).
     Handles,
+    /// Temporal access control: deny operations by time window (§4.4).
+    Temporal,
 }
 
 impl PolicyKind {
-    pub const NAMES: [&'static str; 2] = ["stats", "handles"];
+    pub const NAMES: [&'static str; 3] = ["stats", "handles", "temporal"];
 
     fn parse(s: &str) -> Option<Self> {
         match s {
             "stats" => Some(PolicyKind::Stats),
             "handles" => Some(PolicyKind::Handles),
+            "temporal" => Some(PolicyKind::Temporal),
             _ => None,
         }
     }
@@ -39,6 +56,8 @@ impl PolicyKind {
 pub struct PolicyEntry {
     pub kind: PolicyKind,
     pub line: usize,
+    /// The rules of a temporal policy (`None` for other kinds).
+    pub temporal: Option<TemporalRules>,
 }
 
 /// The chain's order, first policy nearest the clients.
@@ -75,6 +94,88 @@ struct FileToml {
 #[serde(deny_unknown_fields)]
 struct EntryToml {
     kind: toml::Spanned<String>,
+    utc_offset: Option<toml::Spanned<String>>,
+    rule: Option<Vec<RuleToml>>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RuleToml {
+    deny: toml::Spanned<Vec<toml::Spanned<String>>>,
+    outside: Option<toml::Spanned<String>>,
+    during: Option<toml::Spanned<String>>,
+    days: Option<Vec<toml::Spanned<String>>>,
+    uids: Option<Vec<u32>>,
+}
+
+/// The rules of a temporal policy whose `kind` is at `kind_line`.
+fn temporal_rules(
+    text: &str,
+    entry: &EntryToml,
+    kind_line: usize,
+    err: &dyn Fn(usize, String) -> ConfigError,
+) -> Result<TemporalRules, ConfigError> {
+    let at = |s: &toml::Spanned<String>| line_of(text, s.span().start);
+    let mut rules = TemporalRules::default();
+    if let Some(o) = &entry.utc_offset {
+        rules.utc_offset_min = parse_offset(o.get_ref()).map_err(|m| err(at(o), m))?;
+    }
+    let Some(list) = entry.rule.as_ref().filter(|l| !l.is_empty()) else {
+        return Err(err(
+            kind_line,
+            "policy \"temporal\" needs at least one [[policy.rule]]".into(),
+        ));
+    };
+    for r in list {
+        let line = line_of(text, r.deny.span().start);
+        let mut ops = ProcSet::default();
+        for name in r.deny.get_ref() {
+            ops.add_name(name.get_ref()).map_err(|m| err(at(name), m))?;
+        }
+        if ops == ProcSet::default() {
+            return Err(err(line, "deny lists no operation".into()));
+        }
+        let window =
+            |w: &toml::Spanned<String>| Window::parse(w.get_ref()).map_err(|m| err(at(w), m));
+        let when = match (&r.outside, &r.during) {
+            (Some(w), None) => When::Outside(window(w)?),
+            (None, Some(w)) => When::During(window(w)?),
+            _ => {
+                return Err(err(
+                    line,
+                    "a rule needs exactly one of outside = \"HH:MM-HH:MM\" or during = \"HH:MM-HH:MM\""
+                        .into(),
+                ));
+            }
+        };
+        let mut days = 0x7f;
+        if let Some(list) = &r.days {
+            days = 0;
+            for d in list {
+                let Some(i) = DAYS
+                    .iter()
+                    .position(|n| n.eq_ignore_ascii_case(d.get_ref()))
+                else {
+                    return Err(err(
+                        at(d),
+                        format!("unknown day {:?} (known: {})", d.get_ref(), DAYS.join(", ")),
+                    ));
+                };
+                days |= 1 << i;
+            }
+            if days == 0 {
+                return Err(err(line, "days lists no day".into()));
+            }
+        }
+        rules.rules.push(TemporalRule {
+            ops,
+            when,
+            days,
+            uids: r.uids.clone(),
+            line,
+        });
+    }
+    Ok(rules)
 }
 
 fn line_of(text: &str, offset: usize) -> usize {
@@ -124,7 +225,22 @@ pub fn parse_chain(text: &str, file: &str) -> Result<ChainSpec, ConfigError> {
                 format!("a chain holds at most {MAX_POLICIES} policies"),
             ));
         }
-        spec.policies.push(PolicyEntry { kind, line });
+        let temporal = if kind == PolicyKind::Temporal {
+            Some(temporal_rules(text, &entry, line, &err)?)
+        } else {
+            if entry.rule.is_some() || entry.utc_offset.is_some() {
+                return Err(err(
+                    line,
+                    format!("policy {name:?} takes no rule or utc_offset (only \"temporal\" does)"),
+                ));
+            }
+            None
+        };
+        spec.policies.push(PolicyEntry {
+            kind,
+            line,
+            temporal,
+        });
     }
     Ok(spec)
 }
@@ -160,6 +276,10 @@ pub fn build_policies(
                 };
                 out.push(Box::new(HandlePolicy::new(key.clone(), counters.clone())));
             }
+            PolicyKind::Temporal => out.push(Box::new(TemporalPolicy::new(
+                p.temporal.clone().unwrap_or_default(),
+                counters.clone(),
+            ))),
         }
     }
     Ok(out)
@@ -181,11 +301,13 @@ mod tests {
             vec![
                 PolicyEntry {
                     kind: PolicyKind::Stats,
-                    line: 3
+                    line: 3,
+                    temporal: None
                 },
                 PolicyEntry {
                     kind: PolicyKind::Handles,
-                    line: 6
+                    line: 6,
+                    temporal: None
                 }
             ]
         );
@@ -224,5 +346,118 @@ mod tests {
             e.to_string(),
             "p.toml:2: policy \"handles\" needs a key file (--key FILE)"
         );
+    }
+
+    #[test]
+    fn temporal_schema() {
+        let text = "[[policy]]\nkind = \"temporal\"\nutc_offset = \"+01:00\"\n\
+                    [[policy.rule]]\ndeny = [\"write\", \"READ\"]\noutside = \"09:00-17:00\"\n\
+                    days = [\"mon\", \"Fri\"]\nuids = [1000]\n\
+                    [[policy.rule]]\ndeny = [\"all\"]\nduring = \"22:00-06:00\"\n";
+        let spec = parse_chain(text, "t.toml").unwrap();
+        let rules = spec.policies[0].temporal.as_ref().unwrap();
+        assert_eq!(rules.utc_offset_min, 60);
+        assert_eq!(rules.rules.len(), 2);
+        let r = &rules.rules[0];
+        assert_eq!(
+            (r.line, r.days, r.uids.clone()),
+            (5, 0b1_0001, Some(vec![1000]))
+        );
+        assert!(r.ops.contains(crate::nfs3::Nfs3Proc::Read));
+        assert!(r.ops.contains(crate::nfs3::Nfs3Proc::Remove));
+        assert_eq!(
+            rules.rules[1].when,
+            When::During(Window {
+                start: 1320,
+                end: 360
+            })
+        );
+        assert_eq!(rules.rules[1].line, 10);
+        let counters = Arc::default();
+        assert_eq!(build_policies(&spec, None, &counters).unwrap().len(), 1);
+    }
+
+    #[test]
+    fn temporal_errors_say_file_and_line() {
+        let head = "[[policy]]\nkind = \"temporal\"\n";
+        let cases: &[(&str, usize, &str)] = &[
+            ("", 2, "needs at least one [[policy.rule]]"),
+            (
+                "utc_offset = \"CET\"\n[[policy.rule]]\ndeny=[\"write\"]\noutside=\"09:00-17:00\"\n",
+                3,
+                "not a UTC offset",
+            ),
+            (
+                "[[policy.rule]]\ndeny = [\"write\", \"wrte\"]\noutside = \"09:00-17:00\"\n",
+                4,
+                "unknown operation \"wrte\"",
+            ),
+            (
+                "[[policy.rule]]\ndeny = [\"write\"]\n",
+                4,
+                "exactly one of outside",
+            ),
+            (
+                "[[policy.rule]]\ndeny = [\"write\"]\noutside = \"09:00-17:00\"\nduring = \"01:00-02:00\"\n",
+                4,
+                "exactly one of outside",
+            ),
+            (
+                "[[policy.rule]]\ndeny = [\"write\"]\n\noutside = \"9-17\"\n",
+                6,
+                "window \"9-17\": \"9\" is not a time",
+            ),
+            (
+                "[[policy.rule]]\ndeny = [\"write\"]\nduring = \"09:00-25:00\"\n",
+                5,
+                "not a time",
+            ),
+            (
+                "[[policy.rule]]\ndeny = [\"write\"]\nduring = \"0900\"\n",
+                5,
+                "not a window",
+            ),
+            (
+                "[[policy.rule]]\ndeny = [\"write\"]\nduring = \"09:00-10:00\"\ndays = [\"mon\", \"funday\"]\n",
+                6,
+                "unknown day \"funday\"",
+            ),
+            (
+                "[[policy.rule]]\ndeny = []\nduring = \"09:00-10:00\"\n",
+                4,
+                "deny lists no operation",
+            ),
+            (
+                "[[policy.rule]]\ndeny = [\"null\"]\nduring = \"09:00-10:00\"\n",
+                4,
+                "NULL cannot be denied",
+            ),
+            (
+                "[[policy.rule]]\ndeny = [\"write\"]\nduring = \"09:00-10:00\"\nuids = [-1]\n",
+                6,
+                "",
+            ),
+            (
+                "[[policy.rule]]\ndeny = [\"write\"]\nduring = \"09:00-10:00\"\ncolour = 1\n",
+                6,
+                "",
+            ),
+        ];
+        for (tail, line, what) in cases {
+            let e = parse_chain(&format!("{head}{tail}"), "t.toml").unwrap_err();
+            assert_eq!(e.line, *line, "{tail}: {e}");
+            assert!(e.message.contains(what), "{tail}: {e}");
+            assert!(
+                e.to_string().starts_with(&format!("t.toml:{line}: ")),
+                "{e}"
+            );
+        }
+        let e = parse_chain(
+            "[[policy]]\nkind = \"stats\"\n[[policy.rule]]\ndeny = [\"write\"]\nduring = \"09:00-10:00\"\n",
+            "t.toml",
+        )
+        .unwrap_err();
+        assert_eq!(e.line, 2, "{e}");
+        assert!(e.message.contains("takes no rule"), "{e}");
     }
 }

@@ -101,6 +101,7 @@ fn check(policy: &Path) -> ExitCode {
                 .map(|p| match p.kind {
                     PolicyKind::Stats => "stats",
                     PolicyKind::Handles => "handles",
+                    PolicyKind::Temporal => "temporal",
                 })
                 .collect();
             println!(
@@ -158,7 +159,8 @@ fn serve(
 fn render(label: &str, s: &ProxyStats) -> String {
     let mut t = format!(
         "[{label}] refused {} dropped {} closed {} retransmissions {} overflows {} timeouts {} \
-         unmatched {} server_errors {} buffer_drops {} bad_handles {} oversize_handles {}\n",
+         unmatched {} server_errors {} buffer_drops {} bad_handles {} oversize_handles {} \
+         temporal_denied {}\n",
         s.refused_calls,
         s.dropped_records,
         s.closed_connections,
@@ -169,7 +171,8 @@ fn render(label: &str, s: &ProxyStats) -> String {
         s.server_errors,
         s.policy_buffer_drops,
         s.policies.bad_handles,
-        s.policies.oversize_handles
+        s.policies.oversize_handles,
+        s.policies.temporal_denied
     );
     for (name, c) in &s.ops {
         t.push_str(&format!(
