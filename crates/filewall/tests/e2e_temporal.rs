@@ -1,0 +1,194 @@
+//! End to end with the temporal policy: libnfs's nfs-cat, nfs-cp and a small codec
+//! client → FileWall running the chain `temporal, stats` (from a TOML file) →
+//! nfs-ganesha. The rule denies the "write" class to UID 0 all day
+//! (`during = "00:00-24:00"`, so the test does not depend on the hour). Proves that
+//! reads still pass; that nfs-cp's upload and a codec WRITE as UID 0 get
+//! NFS3ERR_ACCES and never reach the server (its directory and file are unchanged,
+//! and the statistics policy after the temporal one never sees the WRITE); and that
+//! the same WRITE as UID 4242, whom the rule does not name, lands on the server.
+//! Skips without ganesha or root, unless `SIDECORE_REQUIRE_ROOT` is set.
+
+mod common;
+
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::time::Duration;
+
+use common::ganesha::{Ganesha, libnfs, nfs_url, read_record};
+use sidecore_filewall::message::{Call, CallArgs, ReplyResults, decode_reply};
+use sidecore_filewall::mount::{DirPath, MountCall, MountReply, MountRes3};
+use sidecore_filewall::nfs3::{
+    DirOpArgs3, Nfs3Call, Nfs3Reply, NfsFh3, NfsRes, NfsStat3, StableHow, WriteArgs,
+};
+use sidecore_filewall::policy::load_chain;
+use sidecore_filewall::proxy::{Proxy, ProxyConfig};
+use sidecore_filewall::record::encode_record;
+use sidecore_filewall::rpc::{Auth, AuthSys};
+
+const LOCAL: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
+const CONTENT: &[u8] = b"Written before hours.\n";
+
+fn call(addr: SocketAddr, uid: u32, xid: u32, args: CallArgs) -> ReplyResults {
+    let mut stream = TcpStream::connect(addr).expect("connecting");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("setting a read timeout");
+    let procedure = args.procedure();
+    let call = Call {
+        xid,
+        cred: Auth::Sys(AuthSys {
+            stamp: 1,
+            machine_name: b"filewall-e2e".to_vec(),
+            uid,
+            gid: uid,
+            gids: vec![uid],
+        }),
+        verf: Auth::None,
+        args,
+    };
+    stream
+        .write_all(&encode_record(&call.to_bytes(), 1 << 20))
+        .expect("sending a call");
+    let bytes = read_record(&mut stream).expect("reading a reply");
+    let reply = decode_reply(&bytes, procedure)
+        .unwrap_or_else(|e| panic!("reply to {procedure:?} did not decode: {e}"));
+    assert_eq!(reply.header.xid, xid, "{reply:?}");
+    reply.results.expect("an accepted reply")
+}
+
+fn write_as(nfs: SocketAddr, uid: u32, file: &NfsFh3, data: &[u8]) -> NfsStat3 {
+    let args = WriteArgs {
+        file: file.clone(),
+        offset: 0,
+        count: data.len() as u32,
+        stable: StableHow::FileSync,
+        data: data.to_vec(),
+    };
+    match call(
+        nfs,
+        uid,
+        0x9100 + uid,
+        CallArgs::Nfs3(Nfs3Call::Write(args)),
+    ) {
+        ReplyResults::Nfs3(Nfs3Reply::Write(r)) => r.status(),
+        other => panic!("WRITE: {other:?}"),
+    }
+}
+
+#[test]
+fn writes_denied_by_the_clock_never_reach_the_server() {
+    let Some(g) = Ganesha::start() else { return };
+    let served = g.export.join("hours.txt");
+    std::fs::write(&served, CONTENT).expect("writing hours.txt");
+    // World-writable, so that ganesha itself lets UID 4242 write.
+    std::fs::set_permissions(&served, std::os::unix::fs::PermissionsExt::from_mode(0o666))
+        .expect("chmod 666 hours.txt");
+    let conf = tempfile::tempdir().expect("creating a temporary directory");
+    let policy = conf.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        "[[policy]]\nkind = \"temporal\"\n[[policy.rule]]\ndeny = [\"write\"]\n\
+         during = \"00:00-24:00\"\nuids = [0]\n\n[[policy]]\nkind = \"stats\"\n",
+    )
+    .expect("writing the policy file");
+    let chain = load_chain(&policy).expect("loading the policy file");
+    let start = |server| {
+        let mut c = ProxyConfig::new(LOCAL, server);
+        c.chain = chain.clone();
+        Proxy::start(c).expect("starting a proxy")
+    };
+    let (nfs, mnt) = (start(g.nfs_addr()), start(g.mount_addr()));
+    let url = |rel| {
+        nfs_url(
+            &g.export,
+            rel,
+            nfs.local_addr().port(),
+            mnt.local_addr().port(),
+        )
+    };
+
+    let out = libnfs("nfs-cat", &[&url("hours.txt")]);
+    assert!(
+        out.status.success() && out.stdout == CONTENT,
+        "nfs-cat through the temporal policy: {out:?}\n{}",
+        g.log_tail()
+    );
+
+    let upload = conf.path().join("upload.bin");
+    std::fs::write(&upload, vec![7u8; 64 * 1024]).expect("writing the upload");
+    let out = libnfs(
+        "nfs-cp",
+        &[&upload.display().to_string(), &url("upload.bin")],
+    );
+    let denied_by_cp = nfs.stats().policies.temporal_denied;
+    assert!(
+        !out.status.success() && denied_by_cp >= 1,
+        "nfs-cp should be refused: {out:?}\n{:#?}",
+        nfs.stats()
+    );
+    let landed = std::fs::read(g.export.join("upload.bin")).unwrap_or_default();
+    assert!(
+        landed.is_empty(),
+        "{} bytes of the upload reached the server",
+        landed.len()
+    );
+
+    let root = match call(
+        mnt.local_addr(),
+        0,
+        0x9001,
+        CallArgs::Mount3(MountCall::Mnt(DirPath(
+            g.export.display().to_string().into_bytes(),
+        ))),
+    ) {
+        ReplyResults::Mount3(MountReply::Mnt(MountRes3::Ok { fhandle, .. })) => fhandle,
+        other => panic!("MNT: {other:?}"),
+    };
+    let lookup = DirOpArgs3 {
+        dir: root,
+        name: b"hours.txt".to_vec(),
+    };
+    let file = match call(
+        nfs.local_addr(),
+        0,
+        0x9002,
+        CallArgs::Nfs3(Nfs3Call::Lookup(lookup)),
+    ) {
+        ReplyResults::Nfs3(Nfs3Reply::Lookup(NfsRes::Ok(ok))) => ok.object,
+        other => panic!("LOOKUP: {other:?}"),
+    };
+
+    assert_eq!(
+        write_as(nfs.local_addr(), 0, &file, b"OVERWRITTEN"),
+        NfsStat3::Acces
+    );
+    let after = nfs.stats();
+    assert_eq!(after.policies.temporal_denied, denied_by_cp + 1);
+    assert_eq!(std::fs::read(&served).expect("reading hours.txt"), CONTENT);
+    let stats_saw_write = |s: &sidecore_filewall::proxy::ProxyStats| {
+        s.policies
+            .flows
+            .iter()
+            .filter(|((_, op), _)| op == "NFSv3 Write")
+            .map(|(_, c)| c.calls)
+            .sum::<u64>()
+    };
+    assert_eq!(
+        stats_saw_write(&after),
+        0,
+        "a denied WRITE reached the stats policy"
+    );
+
+    assert_eq!(
+        write_as(nfs.local_addr(), 4242, &file, b"LATER"),
+        NfsStat3::Ok
+    );
+    let now = std::fs::read(&served).expect("reading hours.txt");
+    assert!(
+        now.starts_with(b"LATER"),
+        "{:?}",
+        String::from_utf8_lossy(&now)
+    );
+    assert_eq!(nfs.stats().policies.temporal_denied, denied_by_cp + 1);
+    assert_eq!(stats_saw_write(&nfs.stats()), 1);
+}
