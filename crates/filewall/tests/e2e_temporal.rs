@@ -75,6 +75,29 @@ fn write_as(nfs: SocketAddr, uid: u32, file: &NfsFh3, data: &[u8]) -> NfsStat3 {
     }
 }
 
+/// MNT of `export`, then LOOKUP of `name` in it, as UID 0.
+fn lookup(mnt: SocketAddr, nfs: SocketAddr, export: &std::path::Path, name: &str) -> NfsFh3 {
+    let root = match call(
+        mnt,
+        0,
+        0x9001,
+        CallArgs::Mount3(MountCall::Mnt(DirPath(
+            export.display().to_string().into_bytes(),
+        ))),
+    ) {
+        ReplyResults::Mount3(MountReply::Mnt(MountRes3::Ok { fhandle, .. })) => fhandle,
+        other => panic!("MNT: {other:?}"),
+    };
+    let lookup = DirOpArgs3 {
+        dir: root,
+        name: name.as_bytes().to_vec(),
+    };
+    match call(nfs, 0, 0x9002, CallArgs::Nfs3(Nfs3Call::Lookup(lookup))) {
+        ReplyResults::Nfs3(Nfs3Reply::Lookup(NfsRes::Ok(ok))) => ok.object,
+        other => panic!("LOOKUP: {other:?}"),
+    }
+}
+
 #[test]
 fn writes_denied_by_the_clock_never_reach_the_server() {
     let Some(g) = Ganesha::start() else { return };
@@ -133,30 +156,7 @@ fn writes_denied_by_the_clock_never_reach_the_server() {
         landed.len()
     );
 
-    let root = match call(
-        mnt.local_addr(),
-        0,
-        0x9001,
-        CallArgs::Mount3(MountCall::Mnt(DirPath(
-            g.export.display().to_string().into_bytes(),
-        ))),
-    ) {
-        ReplyResults::Mount3(MountReply::Mnt(MountRes3::Ok { fhandle, .. })) => fhandle,
-        other => panic!("MNT: {other:?}"),
-    };
-    let lookup = DirOpArgs3 {
-        dir: root,
-        name: b"hours.txt".to_vec(),
-    };
-    let file = match call(
-        nfs.local_addr(),
-        0,
-        0x9002,
-        CallArgs::Nfs3(Nfs3Call::Lookup(lookup)),
-    ) {
-        ReplyResults::Nfs3(Nfs3Reply::Lookup(NfsRes::Ok(ok))) => ok.object,
-        other => panic!("LOOKUP: {other:?}"),
-    };
+    let file = lookup(mnt.local_addr(), nfs.local_addr(), &g.export, "hours.txt");
 
     assert_eq!(
         write_as(nfs.local_addr(), 0, &file, b"OVERWRITTEN"),
