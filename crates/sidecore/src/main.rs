@@ -17,6 +17,7 @@ mod ctl;
 mod daemon;
 mod demo;
 mod devices;
+mod exec_cmd;
 mod ext_cmd;
 mod filewall_cmd;
 mod fw;
@@ -127,6 +128,8 @@ enum Command {
     /// FileWall: the NFS policy middlebox (check a chain file, run the proxies, read stats).
     #[command(subcommand)]
     Filewall(filewall_cmd::FilewallCommand),
+    /// Metachory: run a program with its file opens supervised (seccomp user notification; local sandbox).
+    Exec(exec_cmd::ExecArgs),
 }
 
 fn main() -> ExitCode {
@@ -162,6 +165,7 @@ fn main() -> ExitCode {
         Command::Tcps(cmd) => tcps_cmd::run(cmd),
         Command::Orion(cmd) => orion_cmd::run(cmd),
         Command::Filewall(cmd) => filewall_cmd::run(cmd),
+        Command::Exec(args) => exec_cmd::run_exec(args),
     };
     match r {
         Ok(code) => code,

@@ -1,0 +1,456 @@
+//! The supervisor: start the guest under the seccomp filter, take its
+//! listener descriptor and answer every notification until the guest and all
+//! its descendants are gone.
+//!
+//! Pointer arguments are copied out of the guest (`/proc/PID/mem`) and the
+//! notification is re-validated (`SECCOMP_IOCTL_NOTIF_ID_VALID`) before the
+//! decision. Known limit of this slice: a `Continue` lets the kernel re-read
+//! the path, so another guest thread could swap it after the check (TOCTTOU);
+//! only projected opens, done on the supervisor's side, are race-free.
+
+use std::collections::BTreeMap;
+use std::ffi::{CString, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::os::unix::fs::FileExt;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::filter;
+use crate::policy::{Decision, OpenRequest, Policy};
+
+/// The supervision this crate implements, as `sidecore exec` reports it.
+pub const SUPERVISION: &str = "seccomp-user-notif";
+
+/// Why the guest could not be supervised.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot start {prog:?} under seccomp user notification: {source}")]
+    Spawn { prog: OsString, source: io::Error },
+    #[error("cannot receive the seccomp listener descriptor from the guest: {0}")]
+    Listener(io::Error),
+    #[error("cannot open the projected root {path}: {source}")]
+    Root { path: PathBuf, source: io::Error },
+    #[error("waiting for the guest: {0}")]
+    Wait(io::Error),
+    #[error("no program given")]
+    NoProgram,
+}
+
+/// What the supervisor trapped and how it answered.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Notifications received.
+    pub trapped: u64,
+    /// Answered with `SECCOMP_USER_NOTIF_FLAG_CONTINUE`.
+    pub continued: u64,
+    /// Answered with an errno.
+    pub denied: u64,
+    /// Answered by injecting a descriptor opened from the projected root.
+    pub projected: u64,
+    /// Notifications whose guest vanished before the answer.
+    pub lost: u64,
+    /// Trapped calls by syscall name.
+    pub by_syscall: BTreeMap<&'static str, u64>,
+}
+
+impl std::fmt::Display for Counters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "trapped={} continued={} denied={} projected={} lost={}",
+            self.trapped, self.continued, self.denied, self.projected, self.lost
+        )?;
+        for (name, n) in &self.by_syscall {
+            write!(f, " {name}={n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// How the guest ended and what was trapped.
+#[derive(Debug, Clone)]
+pub struct Outcome {
+    /// The guest's exit code, or 128+N when signal N killed it.
+    pub code: i32,
+    pub counters: Counters,
+}
+
+/// Run `argv` under supervision with `policy`; stdio is inherited.
+///
+/// # Errors
+/// When the guest cannot be started under the filter, the listener cannot be
+/// received, or the projected root cannot be opened.
+pub fn run(argv: &[OsString], policy: Policy) -> Result<Outcome, Error> {
+    let (prog, args) = argv.split_first().ok_or(Error::NoProgram)?;
+    let root = match policy.root() {
+        Some(p) => Some(File::open(p).map_err(|source| Error::Root {
+            path: p.to_path_buf(),
+            source,
+        })?),
+        None => None,
+    };
+    let (parent_sock, child_sock) = socketpair().map_err(|source| Error::Spawn {
+        prog: prog.clone(),
+        source,
+    })?;
+    let prog_filter = filter::program();
+    let child_raw = child_sock.as_raw_fd();
+    let mut cmd = Command::new(prog);
+    cmd.args(args);
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(prog_filter.len()).unwrap_or(u16::MAX),
+        filter: prog_filter.as_ptr().cast_mut(),
+    };
+    // The pointer inside `fprog` is plain data that the child only reads.
+    let fprog_addr = &raw const fprog as usize;
+    // SAFETY: the closure runs in the forked child before exec and only makes
+    // async-signal-safe system calls (prctl, seccomp, sendmsg, close); it does
+    // not allocate. `fprog` and `prog_filter` outlive `spawn`, and the child
+    // has its own copy of that memory.
+    unsafe {
+        cmd.pre_exec(move || install_and_send(fprog_addr, child_raw));
+    }
+    let mut child = cmd.spawn().map_err(|source| Error::Spawn {
+        prog: prog.clone(),
+        source,
+    })?;
+    drop(child_sock);
+    let listener = match recv_fd(&parent_sock) {
+        Ok(fd) => fd,
+        Err(e) => {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(Error::Listener(e));
+        }
+    };
+    drop(parent_sock);
+    let serve = std::thread::spawn(move || serve(&listener, &policy, root.as_ref()));
+    let status = child.wait().map_err(Error::Wait)?;
+    let counters = serve.join().unwrap_or_default();
+    let code = match (status.code(), status.signal()) {
+        (Some(c), _) => c,
+        (None, Some(sig)) => 128 + sig,
+        (None, None) => 1,
+    };
+    Ok(Outcome { code, counters })
+}
+
+fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: `fds` is a valid array of two ints for the kernel to fill.
+    let r = unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just created and are owned by nobody else.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// In the child: no_new_privs, install the filter, send the listener fd.
+fn install_and_send(fprog_addr: usize, sock: RawFd) -> io::Result<()> {
+    // SAFETY: prctl with integer arguments only.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fprog_addr` points at a live `sock_fprog` whose filter array is
+    // alive too (see `run`); the kernel copies the program.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            fprog_addr as *const libc::sock_fprog,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let fd = fd as RawFd;
+    let r = send_fd(sock, fd);
+    // SAFETY: `fd` is the listener we own in this process; the parent has its copy.
+    unsafe { libc::close(fd) };
+    r
+}
+
+#[repr(C)]
+struct CmsgBuf {
+    _align: [u64; 0],
+    bytes: [u8; 64],
+}
+
+fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut buf = CmsgBuf {
+        _align: [],
+        bytes: [0; 64],
+    };
+    // SAFETY: zeroed msghdr is a valid empty message; fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = buf.bytes.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is a pure size computation.
+    msg.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as _;
+    // SAFETY: the control buffer (64 bytes, 8-aligned) holds CMSG_SPACE(4);
+    // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
+    unsafe {
+        let c = libc::CMSG_FIRSTHDR(&raw const msg);
+        (*c).cmsg_level = libc::SOL_SOCKET;
+        (*c).cmsg_type = libc::SCM_RIGHTS;
+        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
+    }
+    // SAFETY: `msg` and everything it points at are alive for the call.
+    if unsafe { libc::sendmsg(sock, &raw const msg, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn recv_fd(sock: &OwnedFd) -> io::Result<OwnedFd> {
+    let mut byte = [0u8; 1];
+    let mut iov = libc::iovec {
+        iov_base: byte.as_mut_ptr().cast(),
+        iov_len: 1,
+    };
+    let mut buf = CmsgBuf {
+        _align: [],
+        bytes: [0; 64],
+    };
+    // SAFETY: zeroed msghdr is a valid empty message; fields are set below.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = &raw mut iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = buf.bytes.as_mut_ptr().cast();
+    msg.msg_controllen = buf.bytes.len() as _;
+    // SAFETY: `msg` and its buffers are alive for the call.
+    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &raw mut msg, libc::MSG_CMSG_CLOEXEC) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel filled `msg`; CMSG_FIRSTHDR checks controllen.
+    let c = unsafe { libc::CMSG_FIRSTHDR(&raw const msg) };
+    // SAFETY: `c` is null or points at a header inside `buf`.
+    if c.is_null() || unsafe { (*c).cmsg_type } != libc::SCM_RIGHTS {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "the guest exited before sending its listener (seccomp user notification unavailable?)",
+        ));
+    }
+    // SAFETY: an SCM_RIGHTS header carries at least one int in its data.
+    let fd = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>()) };
+    // SAFETY: the kernel installed `fd` in this process for us alone.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+/// Answer notifications until every task using the filter is gone.
+fn serve(listener: &OwnedFd, policy: &Policy, root: Option<&File>) -> Counters {
+    let mut counters = Counters::default();
+    loop {
+        let mut pfd = libc::pollfd {
+            fd: listener.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&raw mut pfd, 1, -1) };
+        if r < 0 {
+            if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            break;
+        }
+        if pfd.revents & libc::POLLIN != 0 {
+            handle_one(listener, policy, root, &mut counters);
+        } else if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
+            break;
+        }
+    }
+    counters
+}
+
+fn ioctl<T>(fd: &OwnedFd, req: libc::Ioctl, arg: *mut T) -> io::Result<()> {
+    // SAFETY: callers pass the struct type that `req` encodes.
+    if unsafe { libc::ioctl(fd.as_raw_fd(), req, arg) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn handle_one(listener: &OwnedFd, policy: &Policy, root: Option<&File>, c: &mut Counters) {
+    // SAFETY: the kernel requires a zeroed seccomp_notif for RECV; all-zero is valid.
+    let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
+    if ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_RECV, &raw mut req).is_err() {
+        return; // the guest died between poll and recv
+    }
+    let nr = i64::from(req.data.nr);
+    c.trapped += 1;
+    *c.by_syscall.entry(filter::name(nr)).or_default() += 1;
+    let (dirfd, ptr, flags) = if nr == libc::SYS_openat {
+        (
+            req.data.args[0] as i32,
+            req.data.args[1],
+            req.data.args[2] as i32,
+        )
+    } else {
+        (libc::AT_FDCWD, req.data.args[0], req.data.args[1] as i32)
+    };
+    let pid = req.pid;
+    let decision = match read_cstr(pid, ptr) {
+        Ok(path) => {
+            let mut id = req.id;
+            if ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_ID_VALID, &raw mut id).is_err() {
+                c.lost += 1;
+                return;
+            }
+            let base = if path.is_absolute() {
+                None
+            } else {
+                guest_dir(pid, dirfd)
+            };
+            decide_with_links(policy, &path, base.as_deref(), flags)
+        }
+        Err(_) => Decision::Deny(libc::EFAULT),
+    };
+    answer(listener, req.id, decision, flags, root, c);
+}
+
+/// The policy's answer, also denying when the path resolves (through
+/// symlinks, in the supervisor's view) to a denied file.
+fn decide_with_links(policy: &Policy, path: &Path, base: Option<&Path>, flags: i32) -> Decision {
+    let d = policy.decide(&OpenRequest { path, base, flags });
+    if d != Decision::Continue {
+        return d;
+    }
+    let full = match base {
+        Some(b) => b.join(path),
+        None => path.to_path_buf(),
+    };
+    match std::fs::canonicalize(&full) {
+        Ok(real) if policy.is_denied(&real) => Decision::Deny(libc::EACCES),
+        _ => d,
+    }
+}
+
+fn answer(
+    listener: &OwnedFd,
+    id: u64,
+    decision: Decision,
+    flags: i32,
+    root: Option<&File>,
+    c: &mut Counters,
+) {
+    let decision = match (decision, root) {
+        (Decision::Project { rel, write }, Some(root)) => match open_in_root(root, &rel) {
+            Ok(fd) if !write => {
+                let mut add = libc::seccomp_notif_addfd {
+                    id,
+                    flags: libc::SECCOMP_ADDFD_FLAG_SEND as u32,
+                    srcfd: fd.as_raw_fd() as u32,
+                    newfd: 0,
+                    newfd_flags: (flags & libc::O_CLOEXEC) as u32,
+                };
+                match ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_ADDFD, &raw mut add) {
+                    Ok(()) => c.projected += 1,
+                    Err(_) => c.lost += 1,
+                }
+                return;
+            }
+            Ok(_) => Decision::Deny(libc::EROFS),
+            Err(_) => Decision::Continue,
+        },
+        (Decision::Project { .. }, None) => Decision::Continue,
+        (d, _) => d,
+    };
+    let (error, rflags) = match decision {
+        Decision::Deny(e) => (-e, 0),
+        _ => (0, libc::SECCOMP_USER_NOTIF_FLAG_CONTINUE as u32),
+    };
+    let mut resp = libc::seccomp_notif_resp {
+        id,
+        val: 0,
+        error,
+        flags: rflags,
+    };
+    match ioctl(listener, libc::SECCOMP_IOCTL_NOTIF_SEND, &raw mut resp) {
+        Ok(()) if error != 0 => c.denied += 1,
+        Ok(()) => c.continued += 1,
+        Err(_) => c.lost += 1,
+    }
+}
+
+/// Open `rel` read-only beneath `root` with `RESOLVE_IN_ROOT`, so `..` and
+/// absolute symlinks inside the projection cannot leave it.
+fn open_in_root(root: &File, rel: &Path) -> io::Result<OwnedFd> {
+    let path = CString::new(rel.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    // SAFETY: open_how is plain data; all-zero is valid.
+    let mut how: libc::open_how = unsafe { std::mem::zeroed() };
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+    how.resolve = libc::RESOLVE_IN_ROOT;
+    // SAFETY: `path` is NUL-terminated and `how` is a valid open_how of the size passed.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_openat2,
+            root.as_raw_fd(),
+            path.as_ptr(),
+            &raw const how,
+            std::mem::size_of::<libc::open_how>(),
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just gave us this descriptor.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// The directory a relative path of the guest resolves against.
+fn guest_dir(pid: u32, dirfd: i32) -> Option<PathBuf> {
+    let link = if dirfd == libc::AT_FDCWD {
+        format!("/proc/{pid}/cwd")
+    } else {
+        format!("/proc/{pid}/fd/{dirfd}")
+    };
+    std::fs::read_link(link).ok().filter(|p| p.is_absolute())
+}
+
+/// Copy a NUL-terminated string (at most PATH_MAX bytes) out of the guest.
+fn read_cstr(pid: u32, addr: u64) -> io::Result<PathBuf> {
+    const PATH_MAX: usize = 4096;
+    const PAGE: u64 = 4096;
+    let mem = File::open(format!("/proc/{pid}/mem"))?;
+    let mut out = Vec::new();
+    let mut at = addr;
+    while out.len() < PATH_MAX {
+        // Read up to the page boundary so an unmapped next page does not fail the read.
+        let chunk = (PAGE - at % PAGE) as usize;
+        let mut buf = vec![0u8; chunk];
+        let n = mem.read_at(&mut buf, at)?;
+        if n == 0 {
+            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        }
+        if let Some(end) = buf[..n].iter().position(|b| *b == 0) {
+            out.extend_from_slice(&buf[..end]);
+            return Ok(PathBuf::from(OsString::from_vec(out)));
+        }
+        out.extend_from_slice(&buf[..n]);
+        at += n as u64;
+    }
+    Err(io::Error::from_raw_os_error(libc::ENAMETOOLONG))
+}
