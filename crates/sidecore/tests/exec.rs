@@ -9,7 +9,7 @@ fn exec(args: &[&str]) -> Output {
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .unwrap()
+        .expect("run the sidecore binary")
 }
 
 fn summary(o: &Output) -> String {
