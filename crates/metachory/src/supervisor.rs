@@ -356,7 +356,7 @@ fn answer(
     c: &mut Counters,
 ) {
     let decision = match (decision, root) {
-        (Decision::Project { rel, write }, Some(root)) => match open_in_root(root, &rel) {
+        (Decision::Project { rel, write }, Some(root)) => match open_in_root(root, &rel, flags) {
             Ok(fd) if !write => {
                 let mut add = libc::seccomp_notif_addfd {
                     id,
@@ -372,7 +372,10 @@ fn answer(
                 return;
             }
             Ok(_) => Decision::Deny(libc::EROFS),
-            Err(_) => Decision::Continue,
+            // Absent from the projection: the host's file, if any.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) => Decision::Continue,
+            // Present but unopenable as asked (ENOTDIR, ELOOP, EACCES…): the guest gets that errno.
+            Err(e) => Decision::Deny(e.raw_os_error().unwrap_or(libc::EIO)),
         },
         (Decision::Project { .. }, None) => Decision::Continue,
         (d, _) => d,
@@ -396,12 +399,13 @@ fn answer(
 
 /// Open `rel` read-only beneath `root` with `RESOLVE_IN_ROOT`, so `..` and
 /// absolute symlinks inside the projection cannot leave it.
-fn open_in_root(root: &File, rel: &Path) -> io::Result<OwnedFd> {
+fn open_in_root(root: &File, rel: &Path, guest_flags: i32) -> io::Result<OwnedFd> {
     let path = CString::new(rel.as_os_str().as_bytes())
         .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
     // SAFETY: open_how is plain data; all-zero is valid.
     let mut how: libc::open_how = unsafe { std::mem::zeroed() };
-    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC) as u64;
+    let kept = guest_flags & (libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_NONBLOCK);
+    how.flags = (libc::O_RDONLY | libc::O_CLOEXEC | kept) as u64;
     how.resolve = libc::RESOLVE_IN_ROOT;
     // SAFETY: `path` is NUL-terminated and `how` is a valid open_how of the size passed.
     let fd = unsafe {
