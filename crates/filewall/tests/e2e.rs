@@ -16,8 +16,9 @@ use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::time::Duration;
 
+use common::client::Client;
 use common::ganesha::{Ganesha, libnfs, nfs_url, null_call, read_record};
-use sidecore_filewall::message::{Call, CallArgs, ReplyResults, decode_reply, decode_reply_header};
+use sidecore_filewall::message::{CallArgs, ReplyResults, decode_reply_header};
 use sidecore_filewall::mount::{DirPath, MountCall, MountProc, MountReply, MountRes3};
 use sidecore_filewall::nfs3::{
     AccessArgs, CommitArgs, CreateArgs, CreateHow3, CreateOk, DirOpArgs3, Ftype3, LinkArgs,
@@ -27,7 +28,7 @@ use sidecore_filewall::nfs3::{
 };
 use sidecore_filewall::proxy::{Proxy, ProxyConfig, ProxyStats};
 use sidecore_filewall::record::encode_record;
-use sidecore_filewall::rpc::{AcceptStat, Auth, AuthSys, ReplyBody};
+use sidecore_filewall::rpc::{AcceptStat, ReplyBody};
 
 const LOCAL: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
 
@@ -218,53 +219,6 @@ fn malformed_records_get_error_replies_and_the_proxy_keeps_serving() {
     assert_eq!(st.dropped_records, 1, "{st:#?}");
     assert_eq!(st.closed_connections, 1, "{st:#?}");
     all_answered_and_decoded(&st);
-}
-
-/// A minimal NFSv3 client on one TCP connection, built on the crate's codec.
-struct Client {
-    stream: TcpStream,
-    xid: u32,
-}
-
-impl Client {
-    fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).expect("connecting to the proxy");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("setting a read timeout");
-        Client {
-            stream,
-            xid: 0x5000,
-        }
-    }
-
-    /// One call as root (AUTH_SYS 0/0), returning its decoded results.
-    fn call(&mut self, args: CallArgs) -> ReplyResults {
-        self.xid += 1;
-        let procedure = args.procedure();
-        let call = Call {
-            xid: self.xid,
-            cred: Auth::Sys(AuthSys {
-                stamp: 1,
-                machine_name: b"filewall-e2e".to_vec(),
-                uid: 0,
-                gid: 0,
-                gids: vec![0],
-            }),
-            verf: Auth::None,
-            args,
-        };
-        self.stream
-            .write_all(&encode_record(&call.to_bytes(), 1 << 20))
-            .expect("sending a call to the proxy");
-        let bytes = read_record(&mut self.stream).expect("reading a reply");
-        let reply = decode_reply(&bytes, procedure)
-            .unwrap_or_else(|e| panic!("reply to {procedure:?} did not decode: {e}"));
-        assert_eq!(reply.header.xid, self.xid, "{reply:?}");
-        reply
-            .results
-            .unwrap_or_else(|| panic!("{procedure:?} was not accepted: {:?}", reply.header))
-    }
 }
 
 /// Calls an NFSv3 procedure and returns its `resok`, failing on any NFS error.

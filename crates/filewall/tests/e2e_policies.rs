@@ -10,22 +10,18 @@
 
 mod common;
 
-use std::io::Write;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::{Ipv4Addr, SocketAddr};
 
-use common::ganesha::{Ganesha, libnfs, nfs_url, read_record};
+use common::client::Client;
+use common::ganesha::{Ganesha, libnfs, nfs_url};
 use sidecore_filewall::handles::{HandleKey, MAC_LEN};
-use sidecore_filewall::message::{Call, CallArgs, ReplyResults, decode_reply};
-use sidecore_filewall::mount::{DirPath, MountCall, MountReply, MountRes3};
+use sidecore_filewall::message::{CallArgs, ReplyResults};
 use sidecore_filewall::nfs3::{
     DirOpArgs3, Nfs3Call, Nfs3Reply, NfsFh3, NfsRes, NfsStat3, ReadArgs, Sattr3, SetTime,
     SetattrArgs, StableHow, WriteArgs,
 };
 use sidecore_filewall::policy::load_chain;
 use sidecore_filewall::proxy::{Proxy, ProxyConfig};
-use sidecore_filewall::record::encode_record;
-use sidecore_filewall::rpc::{Auth, AuthSys};
 
 const LOCAL: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
 const CONTENT: &[u8] = b"FileWall guards this file.\n";
@@ -42,67 +38,8 @@ fn proxies(g: &Ganesha, policy: &std::path::Path, key: &HandleKey) -> (Proxy, Pr
     (start(g.nfs_addr()), start(g.mount_addr()))
 }
 
-struct Client {
-    stream: TcpStream,
-    xid: u32,
-}
-
+/// Calls the handle-policy test makes beyond the shared client's.
 impl Client {
-    fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).expect("connecting");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(10)))
-            .expect("setting a read timeout");
-        Client {
-            stream,
-            xid: 0x7000,
-        }
-    }
-
-    fn call(&mut self, args: CallArgs) -> ReplyResults {
-        self.xid += 1;
-        let procedure = args.procedure();
-        let call = Call {
-            xid: self.xid,
-            cred: Auth::Sys(AuthSys {
-                stamp: 1,
-                machine_name: b"filewall-e2e".to_vec(),
-                uid: 0,
-                gid: 0,
-                gids: vec![0],
-            }),
-            verf: Auth::None,
-            args,
-        };
-        self.stream
-            .write_all(&encode_record(&call.to_bytes(), 1 << 20))
-            .expect("sending a call");
-        let bytes = read_record(&mut self.stream).expect("reading a reply");
-        let reply = decode_reply(&bytes, procedure)
-            .unwrap_or_else(|e| panic!("reply to {procedure:?} did not decode: {e}"));
-        assert_eq!(reply.header.xid, self.xid, "{reply:?}");
-        reply.results.expect("an accepted reply")
-    }
-
-    fn mnt(&mut self, export: &std::path::Path) -> NfsFh3 {
-        let path = DirPath(export.display().to_string().into_bytes());
-        match self.call(CallArgs::Mount3(MountCall::Mnt(path))) {
-            ReplyResults::Mount3(MountReply::Mnt(MountRes3::Ok { fhandle, .. })) => fhandle,
-            other => panic!("MNT: {other:?}"),
-        }
-    }
-
-    fn lookup(&mut self, dir: &NfsFh3, name: &str) -> NfsFh3 {
-        let args = DirOpArgs3 {
-            dir: dir.clone(),
-            name: name.as_bytes().to_vec(),
-        };
-        match self.call(CallArgs::Nfs3(Nfs3Call::Lookup(args))) {
-            ReplyResults::Nfs3(Nfs3Reply::Lookup(NfsRes::Ok(ok))) => ok.object,
-            other => panic!("LOOKUP {name}: {other:?}"),
-        }
-    }
-
     /// READ's status, and the data on success.
     fn read(&mut self, file: &NfsFh3) -> (NfsStat3, Vec<u8>) {
         let args = ReadArgs {
@@ -149,6 +86,17 @@ impl Client {
         match self.call(CallArgs::Nfs3(Nfs3Call::Write(args))) {
             ReplyResults::Nfs3(Nfs3Reply::Write(r)) => r.status(),
             other => panic!("WRITE: {other:?}"),
+        }
+    }
+
+    fn lookup_status(&mut self, dir: &NfsFh3) -> NfsStat3 {
+        let args = DirOpArgs3 {
+            dir: dir.clone(),
+            name: b"guarded.txt".to_vec(),
+        };
+        match self.call(CallArgs::Nfs3(Nfs3Call::Lookup(args))) {
+            ReplyResults::Nfs3(Nfs3Reply::Lookup(r)) => r.status(),
+            other => panic!("LOOKUP: {other:?}"),
         }
     }
 }
@@ -265,17 +213,4 @@ fn virtual_handles_refuse_forgeries_and_survive_a_restart() {
     assert_eq!(c.read(&file).0, NfsStat3::BadHandle);
     assert_eq!(nfs.stats().policies.bad_handles, 1);
     assert_eq!(std::fs::read(&served).expect("reading"), CONTENT);
-}
-
-impl Client {
-    fn lookup_status(&mut self, dir: &NfsFh3) -> NfsStat3 {
-        let args = DirOpArgs3 {
-            dir: dir.clone(),
-            name: b"guarded.txt".to_vec(),
-        };
-        match self.call(CallArgs::Nfs3(Nfs3Call::Lookup(args))) {
-            ReplyResults::Nfs3(Nfs3Reply::Lookup(r)) => r.status(),
-            other => panic!("LOOKUP: {other:?}"),
-        }
-    }
 }

@@ -10,51 +10,17 @@
 
 mod common;
 
-use std::io::Write;
-use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::time::Duration;
+use std::net::{Ipv4Addr, SocketAddr};
 
-use common::ganesha::{Ganesha, libnfs, nfs_url, read_record};
-use sidecore_filewall::message::{Call, CallArgs, ReplyResults, decode_reply};
-use sidecore_filewall::mount::{DirPath, MountCall, MountReply, MountRes3};
-use sidecore_filewall::nfs3::{
-    DirOpArgs3, Nfs3Call, Nfs3Reply, NfsFh3, NfsRes, NfsStat3, StableHow, WriteArgs,
-};
+use common::client::Client;
+use common::ganesha::{Ganesha, libnfs, nfs_url};
+use sidecore_filewall::message::{CallArgs, ReplyResults};
+use sidecore_filewall::nfs3::{Nfs3Call, Nfs3Reply, NfsFh3, NfsStat3, StableHow, WriteArgs};
 use sidecore_filewall::policy::load_chain;
 use sidecore_filewall::proxy::{Proxy, ProxyConfig};
-use sidecore_filewall::record::encode_record;
-use sidecore_filewall::rpc::{Auth, AuthSys};
 
 const LOCAL: SocketAddr = SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 0);
 const CONTENT: &[u8] = b"Written before hours.\n";
-
-fn call(addr: SocketAddr, uid: u32, xid: u32, args: CallArgs) -> ReplyResults {
-    let mut stream = TcpStream::connect(addr).expect("connecting");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("setting a read timeout");
-    let procedure = args.procedure();
-    let call = Call {
-        xid,
-        cred: Auth::Sys(AuthSys {
-            stamp: 1,
-            machine_name: b"filewall-e2e".to_vec(),
-            uid,
-            gid: uid,
-            gids: vec![uid],
-        }),
-        verf: Auth::None,
-        args,
-    };
-    stream
-        .write_all(&encode_record(&call.to_bytes(), 1 << 20))
-        .expect("sending a call");
-    let bytes = read_record(&mut stream).expect("reading a reply");
-    let reply = decode_reply(&bytes, procedure)
-        .unwrap_or_else(|e| panic!("reply to {procedure:?} did not decode: {e}"));
-    assert_eq!(reply.header.xid, xid, "{reply:?}");
-    reply.results.expect("an accepted reply")
-}
 
 fn write_as(nfs: SocketAddr, uid: u32, file: &NfsFh3, data: &[u8]) -> NfsStat3 {
     let args = WriteArgs {
@@ -64,12 +30,7 @@ fn write_as(nfs: SocketAddr, uid: u32, file: &NfsFh3, data: &[u8]) -> NfsStat3 {
         stable: StableHow::FileSync,
         data: data.to_vec(),
     };
-    match call(
-        nfs,
-        uid,
-        0x9100 + uid,
-        CallArgs::Nfs3(Nfs3Call::Write(args)),
-    ) {
+    match Client::connect(nfs).call_as(uid, CallArgs::Nfs3(Nfs3Call::Write(args))) {
         ReplyResults::Nfs3(Nfs3Reply::Write(r)) => r.status(),
         other => panic!("WRITE: {other:?}"),
     }
@@ -77,25 +38,8 @@ fn write_as(nfs: SocketAddr, uid: u32, file: &NfsFh3, data: &[u8]) -> NfsStat3 {
 
 /// MNT of `export`, then LOOKUP of `name` in it, as UID 0.
 fn lookup(mnt: SocketAddr, nfs: SocketAddr, export: &std::path::Path, name: &str) -> NfsFh3 {
-    let root = match call(
-        mnt,
-        0,
-        0x9001,
-        CallArgs::Mount3(MountCall::Mnt(DirPath(
-            export.display().to_string().into_bytes(),
-        ))),
-    ) {
-        ReplyResults::Mount3(MountReply::Mnt(MountRes3::Ok { fhandle, .. })) => fhandle,
-        other => panic!("MNT: {other:?}"),
-    };
-    let lookup = DirOpArgs3 {
-        dir: root,
-        name: name.as_bytes().to_vec(),
-    };
-    match call(nfs, 0, 0x9002, CallArgs::Nfs3(Nfs3Call::Lookup(lookup))) {
-        ReplyResults::Nfs3(Nfs3Reply::Lookup(NfsRes::Ok(ok))) => ok.object,
-        other => panic!("LOOKUP: {other:?}"),
-    }
+    let root = Client::connect(mnt).mnt(export);
+    Client::connect(nfs).lookup(&root, name)
 }
 
 #[test]

@@ -1,0 +1,90 @@
+//! A minimal NFSv3/MOUNT client for FileWall's tests, built on the crate's own
+//! codec: one TCP connection, one call at a time, AUTH_SYS as a chosen uid,
+//! each reply decoded and matched to its call's XID.
+
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
+use std::time::Duration;
+
+use sidecore_filewall::message::{Call, CallArgs, ReplyResults, decode_reply};
+use sidecore_filewall::mount::{DirPath, MountCall, MountReply, MountRes3};
+use sidecore_filewall::nfs3::{DirOpArgs3, Nfs3Call, Nfs3Reply, NfsFh3, NfsRes};
+use sidecore_filewall::record::encode_record;
+use sidecore_filewall::rpc::{Auth, AuthSys};
+
+use super::ganesha::read_record;
+
+/// One connection to a server or a proxy.
+pub struct Client {
+    stream: TcpStream,
+    xid: u32,
+}
+
+impl Client {
+    /// Connects to `addr`; replies must come within 10 s.
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connecting");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .expect("setting a read timeout");
+        Client {
+            stream,
+            xid: 0x5000,
+        }
+    }
+
+    /// One call as root (AUTH_SYS 0/0).
+    pub fn call(&mut self, args: CallArgs) -> ReplyResults {
+        self.call_as(0, args)
+    }
+
+    /// One call as `uid` (AUTH_SYS uid/uid), returning its decoded results;
+    /// panics unless the reply decodes, answers this call and was accepted.
+    pub fn call_as(&mut self, uid: u32, args: CallArgs) -> ReplyResults {
+        self.xid += 1;
+        let procedure = args.procedure();
+        let call = Call {
+            xid: self.xid,
+            cred: Auth::Sys(AuthSys {
+                stamp: 1,
+                machine_name: b"filewall-e2e".to_vec(),
+                uid,
+                gid: uid,
+                gids: vec![uid],
+            }),
+            verf: Auth::None,
+            args,
+        };
+        self.stream
+            .write_all(&encode_record(&call.to_bytes(), 1 << 20))
+            .expect("sending a call");
+        let bytes = read_record(&mut self.stream).expect("reading a reply");
+        let reply = decode_reply(&bytes, procedure)
+            .unwrap_or_else(|e| panic!("reply to {procedure:?} did not decode: {e}"));
+        assert_eq!(reply.header.xid, self.xid, "{reply:?}");
+        reply
+            .results
+            .unwrap_or_else(|| panic!("{procedure:?} was not accepted: {:?}", reply.header))
+    }
+
+    /// MNT of `export`: its root handle.
+    pub fn mnt(&mut self, export: &std::path::Path) -> NfsFh3 {
+        let path = DirPath(export.display().to_string().into_bytes());
+        match self.call(CallArgs::Mount3(MountCall::Mnt(path))) {
+            ReplyResults::Mount3(MountReply::Mnt(MountRes3::Ok { fhandle, .. })) => fhandle,
+            other => panic!("MNT: {other:?}"),
+        }
+    }
+
+    /// LOOKUP of `name` in `dir`, as root.
+    pub fn lookup(&mut self, dir: &NfsFh3, name: &str) -> NfsFh3 {
+        let args = DirOpArgs3 {
+            dir: dir.clone(),
+            name: name.as_bytes().to_vec(),
+        };
+        match self.call(CallArgs::Nfs3(Nfs3Call::Lookup(args))) {
+            ReplyResults::Nfs3(Nfs3Reply::Lookup(NfsRes::Ok(ok))) => ok.object,
+            other => panic!("LOOKUP {name}: {other:?}"),
+        }
+    }
+}
