@@ -194,6 +194,54 @@ fn print_view(v: &View) {
     }
 }
 
+/// The healer `--heal` asks for, repairing in cgroup `cg`.
+fn healer(
+    cg: &std::path::Path,
+    whitelist: Vec<String>,
+    scope: &str,
+    log: Option<PathBuf>,
+) -> anyhow::Result<Healer> {
+    let mut hc = HealerConfig::new(cg);
+    hc.whitelist = Whitelist {
+        names: whitelist.into_iter().collect(),
+        ..Whitelist::default()
+    };
+    hc.scope = scope.parse::<VictimScope>()?;
+    Healer::new(hc, ActionLog::new(log)).context("--heal")
+}
+
+/// Prints a liveness transition of `sensor`.
+fn print_transition(t: &Transition, sensor: &str, k: u32) {
+    match t {
+        Transition::Declared {
+            at_ns,
+            last_progress_ns,
+            value,
+        } => println!(
+            "DEAD: `{sensor}` stuck at {value:?} for {} ms ({k} refreshes)",
+            (at_ns - last_progress_ns) / 1_000_000
+        ),
+        Transition::Recovered { .. } => {
+            println!("RECOVERED: `{sensor}` moves again (the declaration was a false positive)");
+        }
+    }
+}
+
+/// One fork-bomb check and repair, reported.
+fn heal_once(h: &mut Healer) {
+    match h.check_fork_bomb() {
+        Ok(Some(r)) => println!(
+            "REPAIRED fork bomb: culprit {}, {} killed in {:.1} ms ({} pass(es))",
+            r.culprit,
+            r.killed.len(),
+            r.total_ms,
+            r.passes
+        ),
+        Ok(None) => {}
+        Err(e) => println!("heal: {e}"),
+    }
+}
+
 fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
     let OrionCommand::Watch {
         name,
@@ -222,15 +270,7 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
     });
     let mut mon = open(name.as_deref(), &dir, cgroup.as_ref())?;
     let mut healer = match (&cgroup, heal) {
-        (Some(cg), true) => {
-            let mut hc = HealerConfig::new(cg);
-            hc.whitelist = Whitelist {
-                names: whitelist.into_iter().collect(),
-                ..Whitelist::default()
-            };
-            hc.scope = scope.parse::<VictimScope>()?;
-            Some(Healer::new(hc, ActionLog::new(log)).context("--heal")?)
-        }
+        (Some(cg), true) => Some(healer(cg, whitelist, &scope, log)?),
         _ => None,
     };
     let mut det = SlopeDetector::new(cfg);
@@ -248,35 +288,11 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
         if let Some(v) = value {
             rate.push(view.at_ns, v);
         }
-        match det.observe(view.at_ns, value) {
-            Some(Transition::Declared {
-                last_progress_ns,
-                value,
-                ..
-            }) => println!(
-                "DEAD: `{sensor}` stuck at {value:?} for {} ms ({} refreshes)",
-                (view.at_ns - last_progress_ns) / 1_000_000,
-                k
-            ),
-            Some(Transition::Recovered { .. }) => {
-                println!(
-                    "RECOVERED: `{sensor}` moves again (the declaration was a false positive)"
-                );
-            }
-            None => {}
+        if let Some(t) = det.observe(view.at_ns, value) {
+            print_transition(&t, &sensor, k);
         }
         if let Some(h) = healer.as_mut() {
-            match h.check_fork_bomb() {
-                Ok(Some(r)) => println!(
-                    "REPAIRED fork bomb: culprit {}, {} killed in {:.1} ms ({} pass(es))",
-                    r.culprit,
-                    r.killed.len(),
-                    r.total_ms,
-                    r.passes
-                ),
-                Ok(None) => {}
-                Err(e) => println!("heal: {e}"),
-            }
+            heal_once(h);
         }
         if Instant::now() >= next_print {
             next_print += Duration::from_secs(1);
