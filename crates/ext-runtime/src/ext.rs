@@ -258,6 +258,28 @@ pub struct WasmExtension {
     pub admission: Admission,
 }
 
+/// The module's input buffer (`sc_input_ptr`, `sc_input_cap`) is a real
+/// region of linear memory (`mem` bytes) within the per-packet cap.
+fn check_input_buffer(ptr: i32, cap: i32, scratch: u64, mem: usize) -> Result<(), LoadError> {
+    if ptr < 0 || cap <= 0 {
+        return Err(LoadError::Abi(format!(
+            "input buffer at {ptr} of {cap} bytes is invalid"
+        )));
+    }
+    if cap as u64 > scratch {
+        return Err(LoadError::Abi(format!(
+            "input buffer of {cap} bytes exceeds the per-packet region cap ('A) of {scratch} bytes"
+        )));
+    }
+    if ptr as usize + cap as usize > mem {
+        return Err(LoadError::Abi(format!(
+            "input buffer {ptr}..{} lies outside linear memory ({mem} bytes)",
+            ptr + cap
+        )));
+    }
+    Ok(())
+}
+
 impl WasmExtension {
     /// Verifies and instantiates `wasm` (hybrid: the admitted, instrumented module;
     /// other modes: the module as given, for comparison).
@@ -342,24 +364,7 @@ impl WasmExtension {
         }
         let ptr = get_i32(&mut store, "sc_input_ptr")?;
         let cap = get_i32(&mut store, "sc_input_cap")?;
-        if ptr < 0 || cap <= 0 {
-            return Err(LoadError::Abi(format!(
-                "input buffer at {ptr} of {cap} bytes is invalid"
-            )));
-        }
-        if cap as u64 > caps.scratch_bytes {
-            return Err(LoadError::Abi(format!(
-                "input buffer of {cap} bytes exceeds the per-packet region cap ('A) of {} bytes",
-                caps.scratch_bytes
-            )));
-        }
-        if ptr as usize + cap as usize > memory.data_size(&store) {
-            return Err(LoadError::Abi(format!(
-                "input buffer {ptr}..{} lies outside linear memory ({} bytes)",
-                ptr + cap,
-                memory.data_size(&store)
-            )));
-        }
+        check_input_buffer(ptr, cap, caps.scratch_bytes, memory.data_size(&store))?;
         let mut handlers = Vec::new();
         let mut batches = Vec::new();
         for e in admission
