@@ -8,93 +8,24 @@
 use sidecore_orion::actions::ActionLog;
 use sidecore_orion::implicit::ImplicitSource;
 use sidecore_orion::policy::{ForkBombThresholds, VictimScope, Whitelist};
-use sidecore_orion::procscan::cgroup_pids;
 use sidecore_orion::repair::{Healer, HealerConfig};
-use std::os::unix::process::CommandExt;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
-const V2: &str = "/sys/fs/cgroup/unified";
-const PIDS: &str = "/sys/fs/cgroup/pids";
-const MEM: &str = "/sys/fs/cgroup/memory";
+// The benchmarks' test cgroup: the same mixed layout, spawn and removal.
+#[path = "../benches/common/mod.rs"]
+mod common;
 
-struct TestCgroup {
-    v2: PathBuf,
-    pids: PathBuf,
-    mem: PathBuf,
-}
+use common::TestCgroup;
 
-impl TestCgroup {
-    fn new(tag: &str, mem_limit: u64) -> Option<TestCgroup> {
-        if !rustix::process::geteuid().is_root() {
-            eprintln!("skipped: needs root");
-            return None;
-        }
-        for d in [V2, PIDS, MEM] {
-            if !Path::new(d).join("cgroup.procs").exists() {
-                eprintln!("skipped: {d} is not a mounted cgroup hierarchy");
-                return None;
-            }
-        }
-        let name = format!("orion-test-{tag}-{}", std::process::id());
-        let cg = TestCgroup {
-            v2: Path::new(V2).join(&name),
-            pids: Path::new(PIDS).join(&name),
-            mem: Path::new(MEM).join(&name),
-        };
-        for d in [&cg.v2, &cg.pids, &cg.mem] {
-            std::fs::create_dir_all(d).expect("mkdir cgroup");
-        }
-        std::fs::write(cg.pids.join("pids.max"), "200").expect("pids.max");
-        std::fs::write(cg.mem.join("memory.limit_in_bytes"), mem_limit.to_string())
-            .expect("memory limit");
-        Some(cg)
+/// A test cgroup with `pids.max` = 200 and `mem_limit`, or `None` (said why)
+/// when this machine cannot make one.
+fn test_cgroup(tag: &str, mem_limit: u64) -> Option<TestCgroup> {
+    if let Some(why) = common::unavailable() {
+        eprintln!("skipped: {why}");
+        return None;
     }
-
-    /// Runs `args` inside all three cgroups, in a process group of its own.
-    fn spawn(&self, args: &[&str]) -> Child {
-        let script = format!(
-            "echo $$ > {}/cgroup.procs && echo $$ > {}/cgroup.procs && echo $$ > {}/cgroup.procs && exec \"$@\"",
-            self.v2.display(),
-            self.pids.display(),
-            self.mem.display()
-        );
-        Command::new("sh")
-            .arg("-c")
-            .arg(script)
-            .arg("sh")
-            .args(args)
-            .process_group(0)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn into the test cgroup")
-    }
-
-    fn pids(&self) -> Vec<u32> {
-        cgroup_pids(&self.v2).unwrap_or_default()
-    }
-}
-
-impl Drop for TestCgroup {
-    fn drop(&mut self) {
-        let _ = std::fs::write(self.v2.join("cgroup.freeze"), "0");
-        let _ = std::fs::write(self.v2.join("cgroup.kill"), "1");
-        let start = Instant::now();
-        while !self.pids().is_empty() && start.elapsed() < Duration::from_secs(5) {
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        for d in [&self.v2, &self.pids, &self.mem] {
-            for _ in 0..100 {
-                if std::fs::remove_dir(d).is_ok() || !d.exists() {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(20));
-            }
-        }
-    }
+    Some(TestCgroup::new(&format!("test-{tag}"), 200, mem_limit))
 }
 
 fn alive(c: &mut Child) -> bool {
@@ -103,7 +34,7 @@ fn alive(c: &mut Child) -> bool {
 
 #[test]
 fn a_shell_fork_bomb_is_repaired_and_nothing_else_is_touched() {
-    let Some(cg) = TestCgroup::new("bomb", 256 << 20) else {
+    let Some(cg) = test_cgroup("bomb", 256 << 20) else {
         return;
     };
     let mut outside = Command::new("sleep").arg("30").spawn().expect("sleep");
@@ -145,11 +76,11 @@ fn a_shell_fork_bomb_is_repaired_and_nothing_else_is_touched() {
     }
     let _ = bomb.wait();
     let deadline = Instant::now() + Duration::from_secs(5);
-    while cg.pids() != vec![keeper.id()] && Instant::now() < deadline {
+    while cg.procs() != vec![keeper.id()] && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
     assert_eq!(
-        cg.pids(),
+        cg.procs(),
         vec![keeper.id()],
         "only the whitelisted process is left"
     );
@@ -171,7 +102,7 @@ fn a_shell_fork_bomb_is_repaired_and_nothing_else_is_touched() {
 #[test]
 fn a_memory_hog_is_killed_by_process_group_and_bystanders_survive() {
     let limit: u64 = 400 << 20;
-    let Some(cg) = TestCgroup::new("hog", limit) else {
+    let Some(cg) = test_cgroup("hog", limit) else {
         return;
     };
     let mut outside = Command::new("sleep").arg("30").spawn().expect("sleep");

@@ -1,4 +1,4 @@
-//! Shared by the Orion benchmarks: a test cgroup on this machine's mixed layout (v2 for
+//! Shared by the Orion benchmarks (and the repair e2e test): a test cgroup on this machine's mixed layout (v2 for
 //! the freeze and the kill, v1 `pids.max` and `memory.limit_in_bytes` as the safety
 //! net), processes spawned into it, waiting for it to empty, and removal on drop.
 #![allow(dead_code)] // each bench uses a part
