@@ -220,49 +220,22 @@ impl State {
 /// Runs L4 mode until SIGINT or SIGTERM.
 pub fn run(a: &L4Args) -> anyhow::Result<ExitCode> {
     let policy = crate::policy::load_policy(&a.policy)?;
-    let placement = load_placement(&a.placement, &policy)?;
-    let nos = Nos::compile(policy.clone(), &placement)
-        .map_err(|e| anyhow::anyhow!("{}: {e}", a.placement.display()))?;
-    let plan = plan(&nos, &placement.l4, &a.host)?;
-    let root = cgroup2_root().context(
-        "no cgroup v2 file system is mounted (none in /proc/self/mountinfo); L4 mode needs one",
-    )?;
-    let state = State { policy, plan, root };
-    state.check_rates()?;
-    let dir = a.cgroup.clone().unwrap_or_else(|| state.root.clone());
-
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
-    let mut l4 = SikkerL4::load()?;
-    let (tables, mut missing) = state.tables();
-    l4.install(&tables)?;
-    l4.attach(&dir)?;
-    state.summary(&a.host, &dir, &tables, &missing);
-
+    let mut feed = L4Feed::start(&policy, &a.placement, &a.host, a.cgroup.as_deref())?;
     let start = Instant::now();
     let mut next_stats = start + Duration::from_millis(a.stats_ms);
-    let mut next_scan = start + Duration::from_secs(1);
     while !stop.load(Ordering::Relaxed) {
         std::thread::sleep(Duration::from_millis(20));
-        let now = Instant::now();
-        if a.stats_ms > 0 && now >= next_stats {
-            next_stats = now + Duration::from_millis(a.stats_ms);
-            println!(
-                "{}",
-                state.json(&l4.counters()?, &a.host, start.elapsed(), false)
-            );
+        if a.stats_ms > 0 && Instant::now() >= next_stats {
+            next_stats = Instant::now() + Duration::from_millis(a.stats_ms);
+            println!("{}", feed.json(start.elapsed(), false)?);
         }
-        if now >= next_scan {
-            next_scan = now + Duration::from_secs(1);
-            missing = rescan(&state, &mut l4, &missing)?;
-        }
+        feed.rescan_due()?;
     }
-    println!(
-        "{}",
-        state.json(&l4.counters()?, &a.host, start.elapsed(), true)
-    );
+    println!("{}", feed.json(start.elapsed(), true)?);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -295,10 +268,11 @@ fn rescan(
     Ok(missing)
 }
 
-/// L4 mode fed by a running agent (`sidecore sikker agent --l4`): the maps
-/// follow the agent's policy, so a live update (file or etcd) reaches plain
-/// TCP too. Built once at start; [`L4Feed::refresh`] runs on the agent's
-/// thread every turn.
+/// L4 mode running on this host: the programs attached and their maps fed.
+/// `sidecore sikker l4` runs one on a fixed policy; `sidecore sikker agent
+/// --l4` runs one whose maps follow the agent's policy ([`L4Feed::refresh`],
+/// every turn on the agent's thread), so a live update (file or etcd) reaches
+/// plain TCP too.
 pub struct L4Feed {
     state: State,
     l4: SikkerL4,
@@ -372,12 +346,24 @@ impl L4Feed {
                 Err(e) => eprintln!("sikker l4: the new policy is not installed: {e:#}"),
             }
         }
+        if let Err(e) = self.rescan_due() {
+            eprintln!("sikker l4: {e:#}");
+        }
+    }
+
+    /// Once a second: maps cgroups that appeared since (see [`rescan`]).
+    fn rescan_due(&mut self) -> anyhow::Result<()> {
         if Instant::now() >= self.next_scan {
             self.next_scan = Instant::now() + Duration::from_secs(1);
-            match rescan(&self.state, &mut self.l4, &self.missing) {
-                Ok(m) => self.missing = m,
-                Err(e) => eprintln!("sikker l4: {e:#}"),
-            }
+            self.missing = rescan(&self.state, &mut self.l4, &self.missing)?;
         }
+        Ok(())
+    }
+
+    /// The counters as JSON (`last`: the final report).
+    fn json(&self, elapsed: Duration, last: bool) -> anyhow::Result<serde_json::Value> {
+        Ok(self
+            .state
+            .json(&self.l4.counters()?, &self.host, elapsed, last))
     }
 }
