@@ -375,16 +375,15 @@ impl AgentCore {
         self.counters.sent += 1;
         if let Some(slot) = out.rate_slot.filter(|s| self.rate.controls(*s, me.proc)) {
             let key = (slot, me.proc);
-            let queued = self.held.get(&key).is_some_and(|q| !q.is_empty());
-            let admit = if queued {
-                // Behind older held messages: keep the order.
-                Admit::Later(0.0)
-            } else {
-                self.rate
-                    .admit(slot, me.proc, payload.len(), now_ns as f64)
-                    .map_err(|e| Denied::Rate(e.to_string()))?
-            };
-            if let Admit::Later(_) = admit {
+            // Behind older held messages it waits too: the order is kept.
+            let must_wait = self.held.get(&key).is_some_and(|q| !q.is_empty())
+                || matches!(
+                    self.rate
+                        .admit(slot, me.proc, payload.len(), now_ns as f64)
+                        .map_err(|e| Denied::Rate(e.to_string()))?,
+                    Admit::Later(_)
+                );
+            if must_wait {
                 self.counters.held += 1;
                 self.held.entry(key).or_default().push_back(Held {
                     conn,
