@@ -21,5 +21,7 @@ pub mod ring;
 pub mod sender;
 pub mod stream;
 
-pub use ring::{Consumer, Producer, Recv, Ring, RingConfig, SlotMut, SlotRef};
+pub use ring::{
+    Consumer, Producer, Recv, Ring, RingConfig, RingProbe, RingSnapshot, SlotMut, SlotRef,
+};
 pub use sender::{SendError, SendOutcome, Sender};

@@ -228,6 +228,55 @@ impl Shared {
     }
 }
 
+/// A read-only view of a ring's counters for observers (`sidecore ps`, the
+/// metrics endpoint): it holds the ring's memory alive but touches only the
+/// shared indices and counters, never the producer's or consumers' caches, so
+/// reading it costs the data path nothing but a shared cache line now and then.
+#[derive(Clone)]
+pub struct RingProbe {
+    shared: Arc<Shared>,
+    capacity: u64,
+}
+
+/// What a [`RingProbe`] read at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RingSnapshot {
+    /// Messages published so far.
+    pub published: u64,
+    /// Messages published and not yet released by the slowest live consumer.
+    pub occupancy: u64,
+    /// Slots in the ring.
+    pub capacity: u64,
+    /// Messages dropped because the ring was full.
+    pub dropped: u64,
+    /// Times a reliable sender waited for space (backpressure).
+    pub full_waits: u64,
+}
+
+impl RingProbe {
+    /// The counters now.
+    pub fn snapshot(&self) -> RingSnapshot {
+        let s = &self.shared;
+        let published = s.tail.load(Ordering::Acquire);
+        // A departed consumer parks its head far ahead (see `Consumer::drop`);
+        // only live heads at or below the tail say how much is still held.
+        let held = s
+            .heads
+            .iter()
+            .map(|h| h.load(Ordering::Acquire))
+            .filter(|&h| h <= published)
+            .min()
+            .map_or(0, |h| published - h);
+        RingSnapshot {
+            published,
+            occupancy: held.min(self.capacity),
+            capacity: self.capacity,
+            dropped: s.stats.dropped.load(Ordering::Relaxed),
+            full_waits: s.stats.full_waits.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// Constructor namespace for rings.
 pub struct Ring;
 
@@ -323,6 +372,14 @@ impl Producer {
     /// Counters shared with the consumers.
     pub fn stats(&self) -> &RingStats {
         &self.shared.stats
+    }
+
+    /// A probe of this ring's counters for observers on other threads.
+    pub fn probe(&self) -> RingProbe {
+        RingProbe {
+            shared: Arc::clone(&self.shared),
+            capacity: self.capacity,
+        }
     }
 
     /// True when every consumer has gone away: sending is pointless.
@@ -819,6 +876,39 @@ mod tests {
         assert!(!p.try_push(&[9]).unwrap());
         cs[0].release();
         assert!(p.try_push(&[9]).unwrap());
+    }
+
+    #[test]
+    fn probe_sees_published_occupancy_and_departed_consumers() {
+        let (mut p, mut cs) = Ring::create(RingConfig {
+            slots: 4,
+            consumers: 2,
+            publish_batch: 1,
+            release_batch: 1,
+            ..RingConfig::default()
+        })
+        .unwrap();
+        let probe = p.probe();
+        assert_eq!(
+            probe.snapshot(),
+            RingSnapshot {
+                capacity: 4,
+                ..RingSnapshot::default()
+            }
+        );
+        for i in 0..3u8 {
+            assert!(p.try_push(&[i]).unwrap());
+        }
+        drop(cs[0].try_recv().ok().unwrap());
+        let s = probe.snapshot();
+        assert_eq!(
+            (s.published, s.occupancy),
+            (3, 3),
+            "the slower consumer holds all three"
+        );
+        // The slow consumer leaves: only the live one's head counts.
+        drop(cs.remove(1));
+        assert_eq!(probe.snapshot().occupancy, 2);
     }
 
     #[test]

@@ -173,6 +173,19 @@ impl Daemon {
         })
     }
 
+    /// The CPU share running apps hold on each PE (PE id → share).
+    pub fn held_cpu(&self) -> BTreeMap<String, f64> {
+        let held = self
+            .held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut out = BTreeMap::new();
+        for (pe, cpu, _) in held.values().flatten() {
+            *out.entry(pe.clone()).or_insert(0.0) += cpu;
+        }
+        out
+    }
+
     /// Status of every app.
     pub fn ps(&self) -> Vec<AppStatus> {
         self.rt.status()
@@ -231,7 +244,7 @@ impl Daemon {
                 Ok(v) => Response::ok(format!("stopped {}", v.join(", "))),
                 Err(e) => Response::error(e.to_string()),
             },
-            Request::Events { app } => {
+            Request::Events { app, json } => {
                 let evs = match &app {
                     Some(a) => self.rt.events().of_app(a),
                     None => self.rt.events().snapshot(),
@@ -239,7 +252,18 @@ impl Daemon {
                 Response::Ok {
                     message: None,
                     apps: Vec::new(),
-                    lines: evs.iter().map(std::string::ToString::to_string).collect(),
+                    lines: evs
+                        .iter()
+                        .map(|e| {
+                            if json {
+                                serde_json::to_string(e).unwrap_or_else(|e| {
+                                    format!("{{\"error\":\"cannot serialise an event: {e}\"}}")
+                                })
+                            } else {
+                                e.to_string()
+                            }
+                        })
+                        .collect(),
                 }
             }
             Request::Control { app, offcode, body } => {

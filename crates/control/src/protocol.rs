@@ -17,8 +17,13 @@ pub enum Request {
     Down { app: Option<String> },
     /// Stop everything and exit the daemon.
     Shutdown,
-    /// The event log (optionally of one app).
-    Events { app: Option<String> },
+    /// The event log (optionally of one app); with `json`, one JSON object
+    /// per line instead of text.
+    Events {
+        app: Option<String>,
+        #[serde(default)]
+        json: bool,
+    },
     /// A control message to one offcode of an app, answered by the offcode.
     Control {
         app: String,

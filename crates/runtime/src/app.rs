@@ -4,7 +4,8 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use sidecore_types::{AppId, AppState, AppStatus};
+use sidecore_channel::RingProbe;
+use sidecore_types::{AppId, AppState, AppStatus, ChannelStatus};
 
 use crate::executor::ExecutorState;
 use crate::handle::{OffcodeHandle, millis};
@@ -17,6 +18,7 @@ pub struct AppEntry {
     pub root: ResourceId,
     pub handles: Vec<Arc<OffcodeHandle>>,
     pub executors: Vec<Arc<ExecutorState>>,
+    pub channels: Vec<ChannelEntry>,
     pub state: AppState,
     pub started: Instant,
     pub finished: Option<Instant>,
@@ -35,6 +37,40 @@ impl AppEntry {
                     .duration_since(self.started),
             ),
             offcodes: self.handles.iter().map(|h| h.status()).collect(),
+            channels: self.channels.iter().map(ChannelEntry::status).collect(),
+        }
+    }
+}
+
+/// One channel of a deployed app: where it runs and, for a local ring, a probe
+/// of its counters.
+pub struct ChannelEntry {
+    pub name: String,
+    pub transport: String,
+    pub from: String,
+    pub to: Vec<String>,
+    pub probe: Option<RingProbe>,
+}
+
+impl ChannelEntry {
+    /// Its status, read now.
+    pub fn status(&self) -> ChannelStatus {
+        let s = self
+            .probe
+            .as_ref()
+            .map(RingProbe::snapshot)
+            .unwrap_or_default();
+        ChannelStatus {
+            name: self.name.clone(),
+            transport: self.transport.clone(),
+            from: self.from.clone(),
+            to: self.to.clone(),
+            probed: self.probe.is_some(),
+            messages: s.published,
+            dropped: s.dropped,
+            backpressure: s.full_waits,
+            occupancy: s.occupancy,
+            capacity: s.capacity,
         }
     }
 }

@@ -24,7 +24,7 @@ use sidecore_channel::oob::{OobDirectory, OobMessage};
 use sidecore_offcode::{BuildSpec, Inlet, Offcode, OffcodeInfo, Outlet};
 use sidecore_types::{AppId, AppState, PeKind};
 
-use crate::app::AppEntry;
+use crate::app::{AppEntry, ChannelEntry};
 use crate::dispatch::TaskSpec;
 use crate::error::DeployError;
 use crate::events::{EventKind, EventLog};
@@ -89,6 +89,7 @@ pub fn start(
             root,
             handles,
             executors: execs.into_values().map(|e| e.state).collect(),
+            channels: std::mem::take(&mut ports.channels),
             state: AppState::Running,
             started: Instant::now(),
             finished: None,
@@ -137,6 +138,8 @@ struct Ports {
     outlets: Vec<Vec<Outlet>>,
     inlets: Vec<Vec<Inlet>>,
     connected: Vec<Vec<(String, String)>>,
+    /// Every channel of the plan, for status and metrics.
+    channels: Vec<ChannelEntry>,
 }
 
 /// Step 3: local channels from the transport factory, crossing ones from the
@@ -159,6 +162,21 @@ fn connect_channels(
             .map(|o| o.inputs.iter().map(|_| Inlet::Unconnected).collect())
             .collect(),
         connected: vec![Vec::new(); plan.offcodes.len()],
+        channels: plan
+            .channels
+            .iter()
+            .map(|ch| ChannelEntry {
+                name: ch.name.clone(),
+                transport: format!("{:?}", ch.transport),
+                from: plan.offcodes[ch.from.0].name.clone(),
+                to: ch
+                    .to
+                    .iter()
+                    .map(|&(o, _)| plan.offcodes[o].name.clone())
+                    .collect(),
+                probe: None,
+            })
+            .collect(),
     };
     for ch in plan
         .channels
@@ -166,6 +184,9 @@ fn connect_channels(
         .filter(|c| c.transport != Transport::Stream)
     {
         let ends = transport::build(&ch.name, ch.transport, &ch.props, ch.to.len())?;
+        if let Some(entry) = p.channels.iter_mut().find(|e| e.name == ch.name) {
+            entry.probe = ends.probe;
+        }
         let (from, port) = ch.from;
         p.outlets[from][port] = ends.outlet;
         p.connected[from].push((ch.name.clone(), plan.offcodes[from].outputs[port].clone()));

@@ -13,7 +13,7 @@
 use serde::Serialize;
 use sidecore_channel::parallel::work_queue;
 use sidecore_channel::stream::{StreamReceiver, StreamSender};
-use sidecore_channel::{Ring, RingConfig, Sender as RingSender};
+use sidecore_channel::{Ring, RingConfig, RingProbe, Sender as RingSender};
 use sidecore_offcode::{Inlet, Outlet};
 use sidecore_types::{ChannelProps, Order};
 
@@ -56,6 +56,8 @@ impl Transport {
 pub struct Ends {
     pub outlet: Outlet,
     pub inlets: Vec<Inlet>,
+    /// The ring's counters for observers (`None` for a work queue).
+    pub probe: Option<RingProbe>,
 }
 
 /// Builds a local channel (`Ring` or `WorkQueue`) with `receivers` receiving
@@ -82,6 +84,7 @@ pub fn build(
             })
             .map_err(|e| fail(e.to_string()))?;
             Ok(Ends {
+                probe: Some(p.probe()),
                 outlet: Outlet::Ring(RingSender::new(p, props.delivery)),
                 inlets: cs.into_iter().map(Inlet::Ring).collect(),
             })
@@ -91,6 +94,7 @@ pub fn build(
             Ok(Ends {
                 outlet: Outlet::Parallel(p, props.delivery, 0),
                 inlets: (0..receivers).map(|_| Inlet::Parallel(c.clone())).collect(),
+                probe: None,
             })
         }
         Transport::Stream => Err(fail(

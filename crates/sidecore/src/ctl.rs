@@ -106,8 +106,8 @@ pub fn down(
     Ok(ExitCode::SUCCESS)
 }
 
-pub fn events(socket: &SocketArgs, app: Option<String>) -> anyhow::Result<ExitCode> {
-    match call(socket, &Request::Events { app })? {
+pub fn events(socket: &SocketArgs, app: Option<String>, json: bool) -> anyhow::Result<ExitCode> {
+    match call(socket, &Request::Events { app, json })? {
         Response::Ok { lines, .. } => {
             for l in lines {
                 println!("{l}");

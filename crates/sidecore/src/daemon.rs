@@ -1,17 +1,23 @@
-//! `sidecore daemon`: the daemon in the foreground (control socket, and with
-//! `--listen` the node listener for peers); and starting one in the
+//! `sidecore daemon`: the daemon in the foreground (control socket, the
+//! metrics and dashboard listener, and with `--listen` the node listener for
+//! peers), its configuration file and SIGHUP reload; and starting one in the
 //! background for `sidecore up -d`.
 
-use std::path::Path;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+use anyhow::Context as _;
 use sidecore_control::node::NodeListener;
 use sidecore_control::{ControlServer, Daemon, Request};
+use sidecore_observe::{HttpServer, Hub};
 
 use crate::args::{PeArgs, SocketArgs, daemon_options, registry};
+use crate::daemon_config::{DEFAULT_HTTP, DaemonConfig};
 
 /// How long a background daemon may take to answer its first ping.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
@@ -26,45 +32,214 @@ pub struct DaemonArgs {
     #[arg(long)]
     listen: Option<String>,
     /// This node's name, as peers see it.
-    #[arg(long, default_value = "local")]
-    name: String,
+    #[arg(long)]
+    name: Option<String>,
     /// Busy-poll on idle cores.
     #[arg(long)]
     spin: bool,
+    /// Serve /metrics and the dashboard here [default: 127.0.0.1:9464]; `off` disables.
+    #[arg(long)]
+    http: Option<String>,
+    /// Allow --http on an address beyond loopback.
+    #[arg(long)]
+    http_expose: bool,
+    /// Configuration file (see dist/sidecore.toml); flags override it.
+    #[arg(long, env = "SIDECORE_CONFIG")]
+    config: Option<PathBuf>,
+    /// Validate the configuration file and exit (status 2 when it is bad).
+    #[arg(long, requires = "config")]
+    check_config: bool,
     #[command(flatten)]
     pe: PeArgs,
 }
 
+/// The settings in force: the file's, with the flags on top.
+fn settings(args: &DaemonArgs) -> anyhow::Result<(DaemonConfig, PeArgs)> {
+    let mut c = match &args.config {
+        Some(p) => DaemonConfig::load(p)?,
+        None => DaemonConfig::default(),
+    };
+    if args.socket.socket.is_some() {
+        c.socket.clone_from(&args.socket.socket);
+    }
+    if args.listen.is_some() {
+        c.listen.clone_from(&args.listen);
+    }
+    if args.name.is_some() {
+        c.name.clone_from(&args.name);
+    }
+    if args.http.is_some() {
+        c.http.clone_from(&args.http);
+    }
+    c.http_expose |= args.http_expose;
+    c.spin |= args.spin;
+    let pe = PeArgs {
+        nodes: args.pe.nodes.clone().or_else(|| c.nodes.clone()),
+        housekeeping: args
+            .pe
+            .housekeeping
+            .clone()
+            .or_else(|| c.housekeeping.clone()),
+    };
+    Ok((c, pe))
+}
+
 pub fn run(args: &DaemonArgs) -> anyhow::Result<ExitCode> {
-    let d = Daemon::new(registry(), daemon_options(&args.pe, args.spin)?);
-    let socket = args.socket.path();
+    if args.check_config {
+        return Ok(check_config(args));
+    }
+    let (cfg, pe) = settings(args)?;
+    let d = Daemon::new(registry(), daemon_options(&pe, cfg.spin)?);
+    let socket = cfg
+        .socket
+        .clone()
+        .unwrap_or_else(sidecore_control::default_socket);
     let mut server = ControlServer::start(Arc::clone(&d), &socket)?;
-    let node = match &args.listen {
+    let node = match &cfg.listen {
         Some(addr) => Some(NodeListener::start(
             addr,
-            &args.name,
+            cfg.name.as_deref().unwrap_or("local"),
             Some(d.deploy_handler()),
         )?),
         None => None,
     };
     d.runtime().events().subscribe(|e| eprintln!("{e}"));
+    let hub = Hub::start(Arc::clone(&d));
+    let http = start_http(&hub, &cfg)?;
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&term))?;
     }
+    let hup = Arc::new(AtomicBool::new(false));
+    signal_hook::flag::register(signal_hook::consts::SIGHUP, Arc::clone(&hup))?;
     eprintln!(
-        "sidecore daemon on {}{}",
+        "sidecore daemon on {}{}{}",
         socket.display(),
         node.as_ref()
             .map(|n| format!(", node listener on {}", n.addr()))
+            .unwrap_or_default(),
+        http.as_ref()
+            .map(|h| format!(", metrics and dashboard on http://{}/", h.addr()))
             .unwrap_or_default()
     );
-    while !term.load(Ordering::Acquire) && !d.wait_shutdown(WAIT_POLL) {}
+    let mut declared = BTreeMap::new();
+    apply_apps(&d, &cfg.apps, &mut declared);
+    while !term.load(Ordering::Acquire) && !d.wait_shutdown(WAIT_POLL) {
+        if hup.swap(false, Ordering::AcqRel) {
+            reload(args, &cfg, &d, &mut declared);
+        }
+    }
+    hub.stop();
+    drop(http);
     d.stop_all();
     server.stop();
     drop(node);
     eprintln!("sidecore daemon stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+fn check_config(args: &DaemonArgs) -> ExitCode {
+    match settings(args) {
+        Ok((c, _)) => {
+            let path = args.config.as_deref().unwrap_or(Path::new("-"));
+            println!(
+                "{}: ok — {} app(s), metrics and dashboard on {}",
+                path.display(),
+                c.apps.len(),
+                c.http.as_deref().unwrap_or(DEFAULT_HTTP)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn start_http(hub: &Arc<Hub>, cfg: &DaemonConfig) -> anyhow::Result<Option<HttpServer>> {
+    let spec = cfg.http.as_deref().unwrap_or(DEFAULT_HTTP);
+    if spec == "off" {
+        return Ok(None);
+    }
+    let addr: SocketAddr = spec
+        .parse()
+        .with_context(|| format!("--http `{spec}` is not an address"))?;
+    match HttpServer::start(Arc::clone(hub), addr, cfg.http_expose) {
+        Ok(s) => Ok(Some(s)),
+        // Only the default address may be taken by another daemon on this
+        // machine (tests, `up -d` with another socket); an address the user
+        // chose must be served or the start fails.
+        Err(sidecore_observe::HttpError::Bind { addr, source })
+            if cfg.http.is_none() && source.kind() == std::io::ErrorKind::AddrInUse =>
+        {
+            eprintln!(
+                "warning: {addr} is taken (another daemon?): running without metrics and dashboard; pass --http ADDR to choose another"
+            );
+            Ok(None)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// SIGHUP: re-reads the file; a bad file is reported and changes nothing.
+fn reload(
+    args: &DaemonArgs,
+    old: &DaemonConfig,
+    d: &Daemon,
+    declared: &mut BTreeMap<PathBuf, String>,
+) {
+    let Some(path) = &args.config else {
+        eprintln!("SIGHUP: no --config file to reload");
+        return;
+    };
+    match settings(args) {
+        Ok((new, _)) => {
+            if (&new.socket, &new.listen, &new.http, new.spin)
+                != (&old.socket, &old.listen, &old.http, old.spin)
+            {
+                eprintln!(
+                    "SIGHUP: socket, listen, http and spin changes take effect when the daemon restarts"
+                );
+            }
+            apply_apps(d, &new.apps, declared);
+            eprintln!("SIGHUP: reloaded {}", path.display());
+        }
+        Err(e) => eprintln!("SIGHUP: kept the running configuration: {e:#}"),
+    }
+}
+
+/// Deploys the declared apps not yet running and stops the ones no longer
+/// declared. `declared` maps each manifest to the app it deployed.
+fn apply_apps(d: &Daemon, apps: &[PathBuf], declared: &mut BTreeMap<PathBuf, String>) {
+    let gone: Vec<PathBuf> = declared
+        .keys()
+        .filter(|p| !apps.contains(p))
+        .cloned()
+        .collect();
+    for p in gone {
+        if let Some(app) = declared.remove(&p) {
+            match d.down(Some(&app)) {
+                Ok(_) => eprintln!(
+                    "config: stopped {app} ({} is no longer listed)",
+                    p.display()
+                ),
+                Err(e) => eprintln!("config: cannot stop {app}: {e}"),
+            }
+        }
+    }
+    for p in apps {
+        if declared.contains_key(p) {
+            continue;
+        }
+        match d.up(p) {
+            Ok(r) => {
+                eprintln!("config: deployed {} from {}", r.app, p.display());
+                declared.insert(p.clone(), r.app);
+            }
+            Err(e) => eprintln!("config: cannot deploy {}: {e}", p.display()),
+        }
+    }
 }
 
 /// Starts a background daemon on `socket` and waits until it answers.

@@ -15,6 +15,7 @@ mod args;
 mod check;
 mod ctl;
 mod daemon;
+mod daemon_config;
 mod demo;
 mod devices;
 mod exec_cmd;
@@ -35,7 +36,7 @@ mod up;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::args::{PeArgs, SocketArgs};
 
@@ -97,6 +98,9 @@ enum Command {
     /// Print a daemon's event log.
     Events {
         app: Option<String>,
+        /// One JSON object per event instead of text.
+        #[arg(long)]
+        json: bool,
         #[command(flatten)]
         socket: SocketArgs,
     },
@@ -130,6 +134,8 @@ enum Command {
     Filewall(filewall_cmd::FilewallCommand),
     /// Metachory: run a program with its file opens supervised (seccomp user notification; local sandbox).
     Exec(exec_cmd::ExecArgs),
+    /// Print a shell completion script (`source <(sidecore completions bash)`).
+    Completions { shell: clap_complete::Shell },
 }
 
 fn main() -> ExitCode {
@@ -153,7 +159,7 @@ fn main() -> ExitCode {
             daemon,
             socket,
         } => ctl::down(&socket, app, daemon),
-        Command::Events { app, socket } => ctl::events(&socket, app),
+        Command::Events { app, json, socket } => ctl::events(&socket, app, json),
         Command::Ext(c) => c.run().map(|code| ExitCode::from(code as u8)),
         Command::Calibrate(c) => c.run().map(|code| ExitCode::from(code as u8)),
         Command::Sim(cmd) => sim_cmd::run(cmd).map(|()| ExitCode::SUCCESS),
@@ -166,6 +172,15 @@ fn main() -> ExitCode {
         Command::Orion(cmd) => orion_cmd::run(cmd),
         Command::Filewall(cmd) => filewall_cmd::run(cmd),
         Command::Exec(args) => exec_cmd::run_exec(args),
+        Command::Completions { shell } => {
+            clap_complete::generate(
+                shell,
+                &mut Cli::command(),
+                "sidecore",
+                &mut std::io::stdout(),
+            );
+            Ok(ExitCode::SUCCESS)
+        }
     };
     match r {
         Ok(code) => code,

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 pub mod calls;
 pub mod status;
-pub use status::{AppId, AppState, AppStatus, OffcodeState, OffcodeStatus};
+pub use status::{AppId, AppState, AppStatus, ChannelStatus, OffcodeState, OffcodeStatus};
 
 /// A 128-bit globally unique identifier for offcodes and interfaces (HYDRA §4.1).
 pub type Guid = uuid::Uuid;

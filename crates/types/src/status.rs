@@ -78,6 +78,30 @@ pub struct OffcodeStatus {
     pub stop_reason: Option<String>,
 }
 
+/// One channel of an app as `sidecore ps --json` and the metrics show it.
+/// Counters are read from a ring's shared indices; channels that are not
+/// rings in this daemon (work queues, streams to peers) carry only their name
+/// and transport, and their counters stay zero.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChannelStatus {
+    pub name: String,
+    /// `Ring`, `WorkQueue` or `Stream`.
+    pub transport: String,
+    /// The sending offcode.
+    pub from: String,
+    /// The receiving offcodes.
+    pub to: Vec<String>,
+    /// True when the counters below are measured (a local ring).
+    pub probed: bool,
+    pub messages: u64,
+    pub dropped: u64,
+    /// Times a reliable sender waited for space.
+    pub backpressure: u64,
+    /// Messages sent and not yet released by the slowest receiver.
+    pub occupancy: u64,
+    pub capacity: u64,
+}
+
 /// One app as `sidecore ps` shows it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct AppStatus {
@@ -86,6 +110,9 @@ pub struct AppStatus {
     pub state: AppState,
     pub uptime_ms: u64,
     pub offcodes: Vec<OffcodeStatus>,
+    /// Its channels (absent in reports from older daemons and peers).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub channels: Vec<ChannelStatus>,
 }
 
 #[cfg(test)]

@@ -66,6 +66,7 @@ fn status(i: u64) -> AppStatus {
         },
         uptime_ms: i,
         offcodes: Vec::new(),
+        channels: Vec::new(),
     }
 }
 

@@ -1,0 +1,199 @@
+//! The hub between the daemon and its observers. One thread takes a
+//! [`Snapshot`] a second; runtime events are counted as they happen. Both are
+//! published on one bounded broadcast channel as ready-made server-sent-event
+//! payloads, serialised once however many dashboards listen. A listener that
+//! falls behind loses its place (the channel is bounded) and is dropped; the
+//! data path never waits for anyone.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use sidecore_control::Daemon;
+use sidecore_runtime::events::{Event, EventKind};
+use tokio::sync::broadcast;
+
+use crate::snapshot::{self, CpuSampler, EventCounts, Snapshot};
+
+/// How often the picture is taken.
+pub const PERIOD: Duration = Duration::from_secs(1);
+/// Messages a listener may fall behind before it is dropped.
+const BACKLOG: usize = 256;
+
+/// One message to every dashboard: an SSE event name and its JSON data.
+#[derive(Debug, Clone)]
+pub struct Published {
+    pub event: &'static str,
+    pub data: Arc<str>,
+}
+
+/// The hub.
+pub struct Hub {
+    daemon: Arc<Daemon>,
+    latest: Mutex<Arc<Snapshot>>,
+    counts: Mutex<EventCounts>,
+    tx: broadcast::Sender<Published>,
+    started: Instant,
+    stop: AtomicBool,
+    ticker: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl Hub {
+    /// A hub on `daemon`, subscribed to its events and ticking.
+    pub fn start(daemon: Arc<Daemon>) -> Arc<Hub> {
+        let (tx, _) = broadcast::channel(BACKLOG);
+        let started = Instant::now();
+        let first = snapshot::take(&daemon, &CpuSampler::default(), EventCounts::default(), 0);
+        let hub = Arc::new(Hub {
+            daemon,
+            latest: Mutex::new(Arc::new(first)),
+            counts: Mutex::new(EventCounts::default()),
+            tx,
+            started,
+            stop: AtomicBool::new(false),
+            ticker: Mutex::new(None),
+        });
+        let weak = Arc::downgrade(&hub);
+        hub.daemon.runtime().events().subscribe(move |e| {
+            if let Some(h) = weak.upgrade() {
+                h.on_event(e);
+            }
+        });
+        let h = Arc::clone(&hub);
+        let ticker = std::thread::Builder::new()
+            .name("observe-hub".into())
+            .spawn(move || h.tick_loop())
+            .ok();
+        *lock(&hub.ticker) = ticker;
+        hub
+    }
+
+    /// Stops the ticker.
+    pub fn stop(&self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = lock(&self.ticker).take() {
+            let _ = t.join();
+        }
+    }
+
+    /// The latest picture.
+    pub fn latest(&self) -> Arc<Snapshot> {
+        Arc::clone(&lock(&self.latest))
+    }
+
+    /// A new listener for the live stream.
+    pub fn subscribe(&self) -> broadcast::Receiver<Published> {
+        self.tx.subscribe()
+    }
+
+    /// Listeners now.
+    pub fn listeners(&self) -> usize {
+        self.tx.receiver_count()
+    }
+
+    /// The daemon observed.
+    pub fn daemon(&self) -> &Arc<Daemon> {
+        &self.daemon
+    }
+
+    /// Takes a picture now and publishes it.
+    pub fn refresh(&self) -> Arc<Snapshot> {
+        self.refresh_with(&CpuSampler::default())
+    }
+
+    fn refresh_with(&self, cpus: &CpuSampler) -> Arc<Snapshot> {
+        let counts = lock(&self.counts).clone();
+        let at = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        let snap = Arc::new(snapshot::take(&self.daemon, cpus, counts, at));
+        *lock(&self.latest) = Arc::clone(&snap);
+        if self.tx.receiver_count() > 0 {
+            match serde_json::to_string(&*snap) {
+                Ok(data) => {
+                    // No listener is not an error: the picture is kept anyway.
+                    let _ = self.tx.send(Published {
+                        event: "status",
+                        data: data.into(),
+                    });
+                }
+                Err(e) => tracing::error!("cannot serialise the status picture: {e}"),
+            }
+        }
+        snap
+    }
+
+    fn tick_loop(&self) {
+        let mut cpus = CpuSampler::default();
+        cpus.sample();
+        while !self.stop.load(Ordering::Acquire) {
+            std::thread::sleep(PERIOD);
+            cpus.sample();
+            self.refresh_with(&cpus);
+        }
+    }
+
+    fn on_event(&self, e: &Event) {
+        {
+            let mut c = lock(&self.counts);
+            *c.by_kind.entry(kind_name(&e.kind).into()).or_insert(0) += 1;
+            if matches!(e.kind, EventKind::WatchdogExpired { .. }) {
+                *c.overruns
+                    .entry((e.app.clone(), e.offcode.clone()))
+                    .or_insert(0) += 1;
+            }
+            if self.is_wasm(&e.app, &e.offcode) {
+                match e.kind {
+                    EventKind::Initialized => c.wasm_admitted += 1,
+                    EventKind::Failed { .. } | EventKind::WatchdogExpired { .. } => {
+                        c.wasm_unloaded += 1;
+                    }
+                    _ => {}
+                }
+            }
+        }
+        if self.tx.receiver_count() > 0
+            && let Ok(data) = serde_json::to_string(e)
+        {
+            let _ = self.tx.send(Published {
+                event: "event",
+                data: data.into(),
+            });
+        }
+    }
+
+    /// True when the offcode runs a Wasm extension. Events come before the
+    /// app is in the runtime's list (while it lands), so the implementation is
+    /// looked up in the latest picture and, failing that, asked of the runtime.
+    fn is_wasm(&self, app: &str, offcode: &str) -> bool {
+        let find = |apps: &[sidecore_types::AppStatus]| {
+            apps.iter()
+                .filter(|a| a.name == app)
+                .flat_map(|a| &a.offcodes)
+                .find(|o| o.name == offcode)
+                .map(|o| o.pe == "wasm" || o.implementation.contains("wasm"))
+        };
+        find(&self.latest().apps)
+            .or_else(|| find(&self.daemon.ps()))
+            .unwrap_or(false)
+    }
+}
+
+/// The kebab-case name of an event kind, as the JSON of the event log says it.
+pub fn kind_name(k: &EventKind) -> &'static str {
+    match k {
+        EventKind::Placed { .. } => "placed",
+        EventKind::Fallback { .. } => "fallback",
+        EventKind::Initialized => "initialized",
+        EventKind::Started => "started",
+        EventKind::Done => "done",
+        EventKind::WatchdogExpired { .. } => "watchdog-expired",
+        EventKind::Obsolete { .. } => "obsolete",
+        EventKind::Stopped { .. } => "stopped",
+        EventKind::Failed { .. } => "failed",
+        EventKind::App { .. } => "app",
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -1,0 +1,19 @@
+//! What operators look at, served by the daemon over HTTP (loopback only
+//! unless told otherwise):
+//!
+//! * [`metrics`] — `/metrics` in the Prometheus text format, built with the
+//!   `prometheus-client` crate from one [`snapshot::Snapshot`] of the daemon;
+//! * [`http`] — the server: the metrics, the dashboard (TypeScript, bundled by
+//!   esbuild into the binary, [`dashboard`]) and its JSON and live event
+//!   stream;
+//! * [`hub`] — the one picture a second and the event stream every
+//!   observer shares, so the data path pays the same however many look.
+
+pub mod dashboard;
+pub mod http;
+pub mod hub;
+pub mod metrics;
+pub mod snapshot;
+
+pub use http::{HttpError, HttpServer};
+pub use hub::Hub;

@@ -1,0 +1,61 @@
+// The shapes the daemon sends (crates/observe/src/snapshot.rs and
+// crates/types/src/status.rs, serialised with serde).
+
+export interface Offcode {
+  name: string;
+  implementation: string;
+  pe: string;
+  state: string;
+  uptime_ms: number;
+  handled: number;
+  sent: number;
+  dropped: number;
+  turns: number;
+  metrics: Record<string, number>;
+  stop_reason: string | null;
+}
+
+export interface Channel {
+  name: string;
+  transport: string;
+  from: string;
+  to: string[];
+  probed: boolean;
+  messages: number;
+  dropped: number;
+  backpressure: number;
+  occupancy: number;
+  capacity: number;
+}
+
+export interface App {
+  id: number;
+  name: string;
+  state: string;
+  uptime_ms: number;
+  offcodes: Offcode[];
+  channels?: Channel[];
+}
+
+export interface Pe {
+  id: string;
+  kind: string;
+  cpu: number;
+  allocated: number;
+  busy?: number;
+  detail: string;
+}
+
+export interface Snapshot {
+  at_ms: number;
+  apps: App[];
+  pes: Pe[];
+}
+
+export interface RuntimeEvent {
+  at: number;
+  app: string;
+  offcode: string;
+  event: string;
+  [detail: string]: unknown;
+}
