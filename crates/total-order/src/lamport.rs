@@ -54,15 +54,26 @@ impl LamportOrderer {
         self.pending.len()
     }
 
-    /// The stamp of a message this node is about to broadcast.
-    pub fn stamp(&mut self) -> u64 {
+    /// The stamp of this node's message `seq`, about to be broadcast. The
+    /// message joins the pending ones at once: were it to wait for β to hand
+    /// it back (across a channel, when α and β run apart), a later message of
+    /// another node could be ordered before it although it sorts after.
+    pub fn stamp(&mut self, seq: u64) -> u64 {
         self.clock += 1;
-        self.heard[usize::from(self.me)] = self.clock;
-        self.clock
+        let me = self.me;
+        self.heard[usize::from(me)] = self.clock;
+        self.pending.insert((self.clock, me), seq);
+        let stamp = self.clock;
+        self.release();
+        stamp
     }
 
-    /// β delivered message `seq` of `sender`, stamped `stamp` (own ones too).
+    /// β delivered message `seq` of `sender`, stamped `stamp`. Own messages
+    /// are pending from [`Self::stamp`] on; β handing them back changes nothing.
     pub fn on_delivered(&mut self, sender: NodeId, seq: u64, stamp: u64) {
+        if sender == self.me {
+            return;
+        }
         let Some(h) = self.heard.get_mut(usize::from(sender)) else {
             return;
         };
@@ -101,5 +112,25 @@ impl LamportOrderer {
     /// The next message in the total order.
     pub fn poll_order(&mut self) -> Option<MsgId> {
         self.order.pop_front()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_own_message_is_pending_from_its_stamp_on() {
+        // α and β apart: node 0's own message has not come back from β yet
+        // when node 1's later message and everyone's progress arrive.
+        let mut a = LamportOrderer::new(0, 3).unwrap();
+        let t = a.stamp(0);
+        a.on_delivered(1, 0, t + 1);
+        a.on_stable(2, t + 5);
+        assert_eq!(a.poll_order(), Some(MsgId { sender: 0, seq: 0 }));
+        assert_eq!(a.poll_order(), Some(MsgId { sender: 1, seq: 0 }));
+        // β hands the own message back later: nothing changes.
+        a.on_delivered(0, 0, t);
+        assert_eq!(a.poll_order(), None);
     }
 }

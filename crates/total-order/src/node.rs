@@ -15,6 +15,8 @@ pub struct ToNode {
     pub service: ToService,
     pub orderer: LamportOrderer,
     pub rb: ReliableBroadcast,
+    /// This node's next sequence number (β numbers its broadcasts the same way).
+    next_seq: u64,
 }
 
 impl ToNode {
@@ -24,6 +26,7 @@ impl ToNode {
             service: ToService::new(me, n, window)?,
             orderer: LamportOrderer::new(me, n)?,
             rb: ReliableBroadcast::new(me, n, cfg)?,
+            next_seq: 0,
         })
     }
 
@@ -31,11 +34,13 @@ impl ToNode {
     pub fn to_broadcast(&mut self, payload: Vec<u8>) -> Result<(), BroadcastError> {
         self.service.to_broadcast(payload)?;
         while let Some(p) = self.service.take_outgoing() {
-            let stamp = self.orderer.stamp();
+            let stamp = self.orderer.stamp(self.next_seq);
             // The service checked the length already.
-            if let Err(e) = self.rb.broadcast(stamp, p) {
-                unreachable!("the service let through a payload β refuses: {e}");
+            match self.rb.broadcast(stamp, p) {
+                Ok(seq) => assert_eq!(seq, self.next_seq, "α and β number alike"),
+                Err(e) => unreachable!("the service let through a payload β refuses: {e}"),
             }
+            self.next_seq += 1;
         }
         self.pump();
         Ok(())

@@ -178,6 +178,11 @@ impl ReliableBroadcast {
         self.stats
     }
 
+    /// Own messages broadcast so far (the next one's sequence number).
+    pub fn sent(&self) -> u64 {
+        self.next_seq
+    }
+
     /// Own messages held for retransmission.
     pub fn held(&self) -> usize {
         self.history.len()
