@@ -46,6 +46,9 @@ pub enum DemoCommand {
     Firewall(FirewallArgs),
     /// The traffic generator on a dedicated core vs a socket loop (§8.3).
     Generator(GeneratorArgs),
+    /// Offloaded total order: Lamport on the host or beside reliable broadcast,
+    /// against a fixed sequencer and etcd (Table 8.5).
+    TotalOrder(crate::demo_total_order::TotalOrderArgs),
 }
 
 #[derive(Debug, Args)]
@@ -128,6 +131,7 @@ pub fn run(cmd: DemoCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         DemoCommand::Firewall(a) => firewall(&a),
         DemoCommand::Generator(a) => generator(&a),
+        DemoCommand::TotalOrder(a) => crate::demo_total_order::run(&a),
     }
 }
 
