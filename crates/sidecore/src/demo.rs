@@ -46,6 +46,9 @@ pub enum DemoCommand {
     Firewall(FirewallArgs),
     /// The traffic generator on a dedicated core vs a socket loop (§8.3).
     Generator(GeneratorArgs),
+    /// TiVoPC: a paced stream from a socket loop, sendfile, io_uring and a
+    /// dedicated core, with and without load (Tables 8.2–8.4).
+    Tivo(crate::demo_tivo::TivoArgs),
     /// Offloaded total order: Lamport on the host or beside reliable broadcast,
     /// against a fixed sequencer and etcd (Table 8.5).
     TotalOrder(crate::demo_total_order::TotalOrderArgs),
@@ -131,6 +134,7 @@ pub fn run(cmd: DemoCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         DemoCommand::Firewall(a) => firewall(&a),
         DemoCommand::Generator(a) => generator(&a),
+        DemoCommand::Tivo(a) => crate::demo_tivo::run(&a),
         DemoCommand::TotalOrder(a) => crate::demo_total_order::run(&a),
     }
 }

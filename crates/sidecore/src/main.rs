@@ -17,6 +17,7 @@ mod ctl;
 mod daemon;
 mod daemon_config;
 mod demo;
+mod demo_tivo;
 mod demo_total_order;
 mod devices;
 mod exec_cmd;
