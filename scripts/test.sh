@@ -14,6 +14,7 @@ if grep -rn 'env!("CARGO_MANIFEST_DIR")' crates/*/tests crates/*/benches 2>/dev/
     echo 'test.sh: use std::env::var("CARGO_MANIFEST_DIR") in tests, not env!()' >&2
     exit 1
 fi
+(cd dashboard && npx --no-install tsc --noEmit)   # the dashboard's TypeScript type-checks
 cargo build --workspace --all-targets --quiet
 cargo test --workspace --quiet -- --test-threads=2
 cargo fmt --all -- --check

@@ -5,7 +5,7 @@
 import { App } from "./types";
 import { svg, fmtRate } from "./dom";
 
-const COL_W = 190;
+const COL_W = 260;
 const BOX_W = 150;
 const BOX_H = 34;
 const ROW_H = 56;
@@ -40,7 +40,7 @@ export function drawLayout(app: App, rates: Map<string, number>): SVGElement {
       const [x2, y2] = b.x > a.x ? [b.x, b.y + BOX_H / 2] : [b.x + BOX_W / 2, b.y];
       g.append(svg("line", { x1, y1, x2, y2, class: "channel", "marker-end": "url(#arrow)" }));
       const label = ch.probed ? `${ch.name} ${fmtRate(rates.get(`${app.name}/${ch.name}`) ?? 0)}` : `${ch.name} (${ch.transport})`;
-      g.append(svg("text", { x: (x1 + x2) / 2 - 30, y: (y1 + y2) / 2 - 6, class: "channel-label", "data-testid": "channel-rate" }, label));
+      g.append(svg("text", { x: (x1 + x2) / 2, y: (y1 + y2) / 2 - 8, "text-anchor": "middle", class: "channel-label", "data-testid": "channel-rate" }, label));
     }
   }
   for (const o of app.offcodes) {

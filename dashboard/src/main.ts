@@ -139,7 +139,7 @@ function renderPanels(snap: Snapshot): void {
   );
   panel(
     "Other services",
-    [["Sikker, FileWall, Orion, TCPServers", "run as their own commands; each serves /metrics with --metrics ADDR"]],
+    [["Sikker, FileWall, Orion, TCPServers", "run as their own commands (sikker agent, filewall run, orion watch, tcps serve); their counters are not reported to the daemon yet"]],
     "panel-services",
   );
 }

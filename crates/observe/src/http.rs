@@ -7,11 +7,15 @@
 //! cores of the data path. Connections are served one task each with hyper,
 //! so a connection can be cut from outside: a client that sends a request
 //! head too slowly (or never) is dropped by hyper's header timeout, and a
-//! dashboard that stops reading its event stream is found by the janitor (its
-//! stream has not been polled for [`STALL`]) and cut. Malformed requests get
-//! hyper's 400, unknown routes a 404, wrong methods a 405.
+//! dashboard that stops reading its event stream is found by the janitor and
+//! cut: its socket's send queue has not shrunk for [`STALL`] (the client's
+//! receive window is shut), or its stream has not been polled for as long.
+//! What a stalled client can hold is bounded meanwhile: hyper's write buffer
+//! is small, and the hub's broadcast channel has a fixed length. Malformed
+//! requests get hyper's 400, unknown routes a 404, wrong methods a 405.
 
 use std::net::SocketAddr;
+use std::os::fd::{AsFd as _, AsRawFd as _, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -35,6 +39,9 @@ use crate::hub::Hub;
 pub const STALL: Duration = Duration::from_secs(5);
 /// Time a client has to send a whole request head.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
+/// Hyper's buffer per connection (its minimum is 8 KiB): what a client that
+/// stops reading can make the server hold, beyond the kernel's socket buffer.
+const CONN_BUFFER: usize = 16 * 1024;
 
 /// Why the HTTP side could not start.
 #[derive(Debug, thiserror::Error)]
@@ -59,6 +66,67 @@ struct ConnWatch {
     progress: AtomicU64,
     streaming: AtomicBool,
     cut: Notify,
+    /// A duplicate of the connection's socket, to read its send queue: it
+    /// names the same socket for as long as the watch lives (a bare fd number
+    /// could be reused by another connection once this one closes).
+    socket: Option<OwnedFd>,
+    /// Bytes queued at the last look, and since when the queue has not shrunk
+    /// (ms; 0: it is moving).
+    last_queued: AtomicU64,
+    stuck_since: AtomicU64,
+}
+
+impl ConnWatch {
+    /// Bytes the kernel holds for this socket that the peer has not taken.
+    fn queued(&self) -> Option<u64> {
+        let fd = self.socket.as_ref()?;
+        let mut n: libc::c_int = 0;
+        // SAFETY: SIOCOUTQ on a TCP socket writes one int through the pointer,
+        // which points at `n`, alive for the call; `fd` is an open socket owned
+        // by this watch.
+        let r = unsafe { libc::ioctl(fd.as_raw_fd(), libc::TIOCOUTQ, &raw mut n) };
+        (r == 0).then(|| u64::try_from(n).unwrap_or(0))
+    }
+
+    /// Makes the close a reset: the bytes queued for a client that does not
+    /// read would otherwise hold the FIN back (and the kernel's memory) until
+    /// the orphan timeout.
+    fn reset_on_close(&self) {
+        let Some(fd) = self.socket.as_ref() else {
+            return;
+        };
+        let l = libc::linger {
+            l_onoff: 1,
+            l_linger: 0,
+        };
+        // SAFETY: setsockopt(SO_LINGER) reads `size_of::<linger>()` bytes from
+        // `l`, a live local; `fd` is an open socket owned by this watch.
+        let _ = unsafe {
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_LINGER,
+                (&raw const l).cast(),
+                std::mem::size_of::<libc::linger>() as libc::socklen_t,
+            )
+        };
+    }
+
+    /// True when the client has not taken bytes for `stall_ms` while some wait.
+    fn stalled(&self, now: u64, stall_ms: u64) -> bool {
+        let Some(q) = self.queued() else { return false };
+        let last = self.last_queued.swap(q, Ordering::AcqRel);
+        if q == 0 || q < last {
+            self.stuck_since.store(0, Ordering::Release);
+            return false;
+        }
+        let since = self.stuck_since.load(Ordering::Acquire);
+        if since == 0 {
+            self.stuck_since.store(now.max(1), Ordering::Release);
+            return false;
+        }
+        now.saturating_sub(since) > stall_ms
+    }
 }
 
 #[derive(Clone)]
@@ -252,6 +320,9 @@ async fn serve(listener: std::net::TcpListener, shared: Shared, mut stop: onesho
             progress: AtomicU64::new(0),
             streaming: AtomicBool::new(false),
             cut: Notify::new(),
+            socket: tcp.as_fd().try_clone_to_owned().ok(),
+            last_queued: AtomicU64::new(0),
+            stuck_since: AtomicU64::new(0),
         });
         shared
             .watches
@@ -263,6 +334,8 @@ async fn serve(listener: std::net::TcpListener, shared: Shared, mut stop: onesho
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
+                .max_buf_size(CONN_BUFFER)
+                .writev(false)
                 .serve_connection(TokioIo::new(tcp), svc);
             tokio::select! {
                 _ = conn => {}
@@ -286,9 +359,11 @@ async fn janitor(shared: Shared) {
         w.retain(|c| {
             let Some(c) = c.upgrade() else { return false };
             if c.streaming.load(Ordering::Acquire)
-                && now.saturating_sub(c.progress.load(Ordering::Acquire)) > stall
+                && (c.stalled(now, stall)
+                    || now.saturating_sub(c.progress.load(Ordering::Acquire)) > stall)
             {
                 tracing::info!("cutting a dashboard that stopped reading its event stream");
+                c.reset_on_close();
                 c.cut.notify_one();
                 return false;
             }
