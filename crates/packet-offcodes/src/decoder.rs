@@ -13,11 +13,13 @@
 
 use serde::Deserialize;
 use sidecore_offcode::{
-    BuildSpec, InitCx, InputId, Metric, Offcode, OffcodeError, RunCx, parse_params,
+    BuildSpec, InitCx, InputId, Metric, Offcode, OffcodeError, Progress, RunCx, parse_params,
 };
 
 use crate::util::{bad, thread_cpu_ns};
 
+/// How long a host-placed decoder waits on a turn with nothing to decode.
+const HOST_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 /// Most rounds per chunk.
 pub const MAX_ROUNDS: u32 = 10_000;
 
@@ -119,6 +121,11 @@ pub fn decode(chunk: &[u8], rounds: u32) -> u64 {
 pub struct Decoder {
     rounds: u32,
     cpu0: Option<u64>,
+    /// On the host, a turn with nothing to decode waits [`HOST_WAIT`], as an
+    /// ordinary decoder blocks on its input (instead of the executor's spin
+    /// and yield).
+    host: bool,
+    busy: bool,
     m: [Metric; 4],
 }
 
@@ -127,6 +134,8 @@ pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
     Ok(Box::new(Decoder {
         rounds: Params::parse(spec.params)?.rounds,
         cpu0: None,
+        host: spec.kind == sidecore_types::PeKind::Host,
+        busy: false,
         m: Default::default(),
     }))
 }
@@ -155,6 +164,7 @@ impl Offcode for Decoder {
         _input: InputId,
         msg: &[u8],
     ) -> Result<(), OffcodeError> {
+        self.busy = true;
         let c = decode(msg, self.rounds);
         self.m[0].add(1);
         self.m[1].add(msg.len() as u64);
@@ -163,6 +173,14 @@ impl Offcode for Decoder {
             self.account();
         }
         Ok(())
+    }
+
+    fn poll(&mut self, _cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
+        if self.host && !self.busy {
+            std::thread::sleep(HOST_WAIT);
+        }
+        self.busy = false;
+        Ok(Progress::Idle)
     }
 
     fn stop(&mut self, _cx: &mut RunCx<'_>) -> Result<(), OffcodeError> {

@@ -116,8 +116,14 @@ pub struct FileSource {
     offset: u64,
     sent: u64,
     out: OutputId,
+    /// On the host, a full ring blocks it for [`HOST_WAIT`], as a full pipe
+    /// blocks an ordinary reader (instead of the executor's spin and yield).
+    host: bool,
     m: [Metric; 4],
 }
+
+/// How long a host-placed file offcode waits when its ring is full.
+const HOST_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
 
 /// Builds a file offcode.
 pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
@@ -128,6 +134,7 @@ pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
         offset: 0,
         sent: 0,
         out: OutputId(0),
+        host: spec.kind == sidecore_types::PeKind::Host,
         m: Default::default(),
     }))
 }
@@ -223,6 +230,9 @@ impl Offcode for FileSource {
                 }
                 SendOutcome::Full => {
                     self.m[3].add(1);
+                    if self.host && n == 0 {
+                        std::thread::sleep(HOST_WAIT);
+                    }
                     break;
                 }
                 _ => break,
@@ -283,6 +293,7 @@ mod tests {
             offset: 0,
             sent: 0,
             out: OutputId(0),
+            host: true,
             m: Default::default(),
         };
         let (file, len) = open(&f).unwrap();

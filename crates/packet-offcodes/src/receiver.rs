@@ -164,8 +164,15 @@ pub struct Receiver {
     first_ns: u64,
     last_ns: u64,
     published: Option<Instant>,
+    /// On the host, an empty socket blocks it in `poll(2)` for up to
+    /// [`HOST_WAIT_MS`], as an ordinary receiver blocks in `recv` (arrival
+    /// times come from the kernel's stamps, so this costs no precision).
+    host: bool,
     m: [Metric; 12],
 }
+
+/// How long a host-placed receiver blocks on an empty socket, ms.
+const HOST_WAIT_MS: i32 = 2;
 
 const NAMES: [&str; 12] = [
     "received",
@@ -194,6 +201,7 @@ pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
         first_ns: 0,
         last_ns: 0,
         published: None,
+        host: spec.kind == sidecore_types::PeKind::Host,
         m: Default::default(),
     }))
 }
@@ -266,6 +274,18 @@ impl Offcode for Receiver {
                 self.iat.arrival(stamp);
             }
             self.forward(cx, &self.batch.frame(k)[..len])?;
+        }
+        if n == 0
+            && self.host
+            && let Some(sock) = &self.sock
+        {
+            let mut fd = libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(sock),
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd that lives across the call; the socket is open.
+            unsafe { libc::poll(&raw mut fd, 1, HOST_WAIT_MS) };
         }
         if n > 0 && self.published.is_none_or(|t| t.elapsed() >= PUBLISH_EVERY) {
             self.publish();

@@ -29,7 +29,12 @@
 //! Parameters: `dst`, `dport` (default 5000), `src` (bind address, default
 //! any), `sport` (0: any), `netns`, `rate` (chunks/s, 1..=[`MAX_RATE`]),
 //! `send`, `file` (for `sendfile`), `pacing` (`spin`|`sleep`, to override the
-//! PE's default). Metrics: `sent`, `bytes`, `send_errors`, `late_max_ns` and
+//! PE's default), `realtime` (when busy-waiting, run its thread under
+//! `SCHED_FIFO` priority 1 while it streams: on a core that is dedicated by affinity only, as on a
+//! shared machine without `isolcpus`, ordinary threads that land on the CPU
+//! would otherwise take turns with the busy-wait and delay chunks by whole
+//! time slices; it then sleeps until [`SPIN_LEAD`] before each deadline and
+//! busy-waits the rest; needs `CAP_SYS_NICE`). Metrics: `sent`, `bytes`, `send_errors`, `late_max_ns` and
 //! `late_mean_ns` (send time past the deadline), `cpu_ns` (the thread's CPU
 //! time since start), `elapsed_ms`.
 
@@ -54,6 +59,12 @@ use crate::util::{bad, ipv4, thread_cpu_ns};
 pub const MAX_RATE: u64 = 10_000_000;
 /// How far ahead a spinning streamer waits inside one turn.
 const SPIN_WINDOW: Duration = Duration::from_millis(1);
+/// Under `realtime`, the busy-wait covers only this much before each
+/// deadline; the thread sleeps before it, so it never holds its CPU long
+/// enough for the kernel's real-time throttling (by default 950 ms of each
+/// second) to stall it for the rest of the second. A SCHED_FIFO thread's
+/// wake-up preempts any ordinary thread at once, well within the lead.
+const SPIN_LEAD: Duration = Duration::from_micros(300);
 /// How far ahead a sleeping streamer waits inside one turn (so a stop
 /// request is seen within this).
 const SLEEP_WINDOW: Duration = Duration::from_millis(20);
@@ -95,6 +106,8 @@ pub struct Params {
     pub file: Option<PathBuf>,
     #[serde(default)]
     pub pacing: Option<String>,
+    #[serde(default)]
+    pub realtime: bool,
 }
 
 fn default_dport() -> u16 {
@@ -205,10 +218,17 @@ impl Pacer {
     }
 }
 
-/// Waits until `t`: spinning, or sleeping.
-fn wait_until(t: Instant, pacing: Pacing) {
+/// Waits until `t`: spinning (after sleeping to `lead` before `t`, when
+/// given), or sleeping.
+fn wait_until(t: Instant, pacing: Pacing, lead: Option<Duration>) {
     match pacing {
         Pacing::Spin => {
+            if let Some(lead) = lead {
+                let now = Instant::now();
+                if t > now + lead {
+                    std::thread::sleep(t - now - lead);
+                }
+            }
             while Instant::now() < t {
                 std::hint::spin_loop();
             }
@@ -239,6 +259,10 @@ pub struct Streamer {
     cpu0: u64,
     late_sum_ns: u64,
     input_closed: bool,
+    /// The thread's scheduling policy before `realtime` changed it.
+    was_fifo: Option<bool>,
+    /// Under `realtime`, how long before a deadline the busy-wait starts.
+    spin_lead: Option<Duration>,
     m: [Metric; 7],
 }
 
@@ -264,8 +288,30 @@ pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
         cpu0: 0,
         late_sum_ns: 0,
         input_closed: false,
+        was_fifo: None,
+        spin_lead: None,
         m: Default::default(),
     }))
+}
+
+/// Puts the calling thread under `SCHED_FIFO` priority 1 (`fifo`) or back
+/// under `SCHED_OTHER`.
+fn set_fifo(fifo: bool) -> std::io::Result<()> {
+    let p = libc::sched_param {
+        sched_priority: i32::from(fifo),
+    };
+    let policy = if fifo {
+        libc::SCHED_FIFO
+    } else {
+        libc::SCHED_OTHER
+    };
+    // SAFETY: pid 0 is the calling thread; `p` lives across the call.
+    let r = unsafe { libc::sched_setscheduler(0, policy, &raw const p) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 fn failed(what: &str, e: impl std::fmt::Display) -> OffcodeError {
@@ -321,7 +367,7 @@ impl Streamer {
         let r = if self.mode == SendMode::IoUring {
             uring_send(wire, chunk, deadline)
         } else {
-            wait_until(deadline, self.pacing);
+            wait_until(deadline, self.pacing, self.spin_lead);
             match (&wire.file, self.mode) {
                 (Some(f), SendMode::Sendfile) => {
                     let off = u64::from_le_bytes(msg[..HEADER_BYTES].try_into().unwrap_or([0; 8]));
@@ -421,6 +467,18 @@ impl Offcode for Streamer {
     }
 
     fn start(&mut self, _cx: &mut RunCx<'_>) -> Result<(), OffcodeError> {
+        if self.p.realtime && self.pacing == Pacing::Spin {
+            // SAFETY: sched_getscheduler only reads the calling thread's policy.
+            let before = unsafe { libc::sched_getscheduler(0) };
+            set_fifo(true).map_err(|e| {
+                bad(
+                    "realtime",
+                    format!("sched_setscheduler(SCHED_FIFO, 1): {e} (needs CAP_SYS_NICE)"),
+                )
+            })?;
+            self.was_fifo = Some(before == libc::SCHED_FIFO);
+            self.spin_lead = Some(SPIN_LEAD);
+        }
         self.cpu0 = thread_cpu_ns();
         self.pacer = Some(Pacer::new(Instant::now(), self.p.rate));
         Ok(())
@@ -436,9 +494,9 @@ impl Offcode for Streamer {
         let Some(pacer) = self.pacer else {
             return Ok(Drained::default());
         };
-        let window = match self.pacing {
-            Pacing::Spin => SPIN_WINDOW,
-            Pacing::Sleep => SLEEP_WINDOW,
+        let window = match (self.pacing, self.spin_lead) {
+            (Pacing::Spin, None) => SPIN_WINDOW,
+            _ => SLEEP_WINDOW,
         };
         let due = usize::try_from(pacer.due_by(Instant::now() + window)).unwrap_or(usize::MAX);
         let n = due.min(max);
@@ -468,6 +526,9 @@ impl Offcode for Streamer {
 
     fn stop(&mut self, _cx: &mut RunCx<'_>) -> Result<(), OffcodeError> {
         self.account();
+        if self.was_fifo == Some(false) {
+            set_fifo(false).map_err(|e| failed("sched_setscheduler(SCHED_OTHER)", e))?;
+        }
         self.wire = None;
         Ok(())
     }

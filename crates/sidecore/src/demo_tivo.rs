@@ -65,6 +65,11 @@ pub struct TivoArgs {
     /// Rounds of the stand-in decoder per chunk.
     #[arg(long, default_value_t = 64)]
     pub decoder_rounds: u32,
+    /// Leave the busy-waiting streamer under SCHED_OTHER (by default it asks
+    /// for SCHED_FIFO 1, the streamer's `realtime` parameter, so ordinary
+    /// threads on its CPU do not take turns with it).
+    #[arg(long)]
+    pub no_realtime: bool,
     /// Skip the client rows (decoder on the host vs the dedicated core).
     #[arg(long)]
     pub no_client: bool,
@@ -293,9 +298,10 @@ fn manifest(
         "streamer",
         2,
         format!(
-            "netns = \"{}\", dst = \"{client}\", dport = {PORT}, rate = {}, send = \"{send}\", file = \"{movie}\"",
+            "netns = \"{}\", dst = \"{client}\", dport = {PORT}, rate = {}, send = \"{send}\", file = \"{movie}\", realtime = {}",
             ns("server"),
-            a.rate
+            a.rate,
+            !a.no_realtime
         ),
         "inputs = [\"in\"]\n",
         kind,
