@@ -46,6 +46,7 @@ pub fn registry() -> Registry {
     sidecore_builtins::register(&mut r);
     sidecore_ext::offcode::register(&mut r);
     sidecore_packet_offcodes::register(&mut r);
+    sidecore_total_order_net::offcodes::register(&mut r);
     r
 }
 

@@ -129,3 +129,129 @@ fn bad_parameters_are_refused_with_the_field_named() {
             .contains("loss 80%")
     );
 }
+
+fn repo(p: &str) -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .join(p)
+}
+
+/// The example with its two constraints swapped, and nothing else changed.
+fn swapped(dir: &std::path::Path) -> std::path::PathBuf {
+    let text = std::fs::read_to_string(repo("examples/total-order.toml")).unwrap();
+    let text = text
+        .replace("constraint = \"link\"", "constraint = \"TMP\"")
+        .replace("constraint = \"pull\"", "constraint = \"link\"")
+        .replace("constraint = \"TMP\"", "constraint = \"pull\"");
+    let p = dir.join("total-order-swapped.toml");
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+fn placements(manifest: &std::path::Path) -> Vec<(String, String)> {
+    let o = run(&["layout", manifest.to_str().unwrap(), "--json"]);
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    v["placements"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|p| {
+            (
+                p["offcode"].as_str().unwrap().to_string(),
+                p["pe"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn swapping_link_and_pull_moves_the_orderer_between_a_core_and_the_host() {
+    let pe =
+        |ps: &[(String, String)], name: &str| ps.iter().find(|(o, _)| o == name).unwrap().1.clone();
+    // The seed's layout: to-service Link α, α Pull β — α beside β on a core.
+    let seed = placements(&repo("examples/total-order.toml"));
+    assert_eq!(pe(&seed, "to-service"), "host");
+    assert!(pe(&seed, "broadcast").starts_with("core:"), "{seed:?}");
+    assert_eq!(pe(&seed, "orderer"), pe(&seed, "broadcast"), "{seed:?}");
+    // Swapped: to-service Pull α, α Link β — α on the host with the TO service.
+    let dir = tempfile::tempdir().unwrap();
+    let swap = placements(&swapped(dir.path()));
+    assert_eq!(pe(&swap, "orderer"), "host", "{swap:?}");
+    assert!(pe(&swap, "broadcast").starts_with("core:"), "{swap:?}");
+}
+
+/// `sidecore up` of one node's copy of the example, in its namespace.
+fn node_manifest(dir: &std::path::Path, bed: &Bed, i: usize, swap: bool, messages: u64) -> String {
+    let base = if swap {
+        swapped(dir)
+    } else {
+        repo("examples/total-order.toml")
+    };
+    let n = bed.nodes();
+    let peers: Vec<String> = bed.peers_of(i).iter().map(|a| format!("\"{a}\"")).collect();
+    let text = std::fs::read_to_string(base)
+        .unwrap()
+        .replace(
+            "params = { me = 0, nodes = 1, messages = 1000, window = 32, payload_bytes = 64 }",
+            &format!("params = {{ me = {i}, nodes = {n}, messages = {messages}, window = 16, payload_bytes = 64 }}"),
+        )
+        .replace(
+            "params = { me = 0, nodes = 1 }",
+            &format!("params = {{ me = {i}, nodes = {n} }}"),
+        )
+        .replace(
+            "params = { me = 0, nodes = 1, port = 7400 }",
+            &format!(
+                "params = {{ me = {i}, nodes = {n}, port = 7400, netns = \"{}\", peers = [{}] }}",
+                bed.netns(i),
+                peers.join(", ")
+            ),
+        );
+    let p = dir.join(format!("node{i}-{swap}.toml"));
+    std::fs::write(&p, text).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+#[test]
+fn the_offcodes_order_a_group_of_three_through_the_runtime_in_both_layouts() {
+    if !root() {
+        return;
+    }
+    let _g = serial();
+    let prefix = format!("toup{}", std::process::id() % 10_000);
+    let _clean = Cleanup(prefix.clone());
+    let bed = Bed::up(3, &prefix, 5.0).unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    for swap in [false, true] {
+        let children: Vec<_> = (0..3)
+            .map(|i| {
+                let m = node_manifest(dir.path(), &bed, i, swap, 200);
+                let sock = dir.path().join(format!("s{i}-{swap}.sock"));
+                common::bin()
+                    .args(["up", &m, "--for", "4s", "--json", "--quiet", "--socket"])
+                    .arg(&sock)
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        let mut hashes = Vec::new();
+        for c in children {
+            let o = c.wait_with_output().unwrap();
+            let (out, err) = text(&o);
+            assert!(o.status.success(), "{err}");
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let app = common::offcode(&v, "to-service");
+            assert_eq!(app["metrics"]["delivered"], 600, "swap {swap}: {v}");
+            hashes.push(app["metrics"]["order_hash"].clone());
+        }
+        assert!(
+            hashes.iter().all(|h| *h == hashes[0]),
+            "swap {swap}: {hashes:?}"
+        );
+    }
+    bed.down().unwrap();
+}

@@ -11,12 +11,16 @@
 //!   the fixed sequencer in plain user space, one thread per node.
 //! * [`etcd`] — the baseline a user would pick today: etcd's Raft log as the
 //!   sequencer, a put per broadcast, a watch per node.
+//! * [`offcodes`] — `reliable-broadcast` (β), `lamport-orderer` (α) and
+//!   `to-service` for manifests: the layout puts α beside β or beside the
+//!   TO service.
 //! * [`run`] — a measured run: every node's sequence checked (same order, no
 //!   gap, no duplicate), throughput and broadcast-to-deliver latency.
 
 pub mod bed;
 pub mod drive;
 pub mod etcd;
+pub mod offcodes;
 pub mod run;
 
 pub use bed::{Bed, BedError, LossMethod};
