@@ -194,6 +194,7 @@ pub enum Up {
 }
 
 /// The application thread: the TO service, a load, and α if it is on the host.
+#[allow(clippy::too_many_arguments)] // one node's wiring, named at the one call site
 pub fn app(
     me: usize,
     n: usize,
@@ -381,6 +382,7 @@ pub fn nic(
 
 /// The fixed sequencer's node, one plain thread. Runs until `stop` (node 0
 /// keeps ordering for the others after its own messages are done).
+#[allow(clippy::too_many_arguments)] // one node's wiring, named at the one call site
 pub fn sequencer(
     mut net: Net,
     me: usize,
