@@ -133,7 +133,7 @@ fn table(a: &TotalOrderArgs, loss_by: &str, all: &[Measured]) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        "Total order, all-to-all: {} messages of {} bytes per node, window {}, {}% loss ({loss_by})",
+        "Total order, all-to-all: {} messages of {} bytes per node, window {} (etcd: as many puts in flight per node), {}% loss ({loss_by})",
         a.messages, a.payload_bytes, a.window, a.loss_percent
     );
     let _ = writeln!(

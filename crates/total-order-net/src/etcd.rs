@@ -3,7 +3,9 @@
 //! on, as deployed); every broadcast is a put of `/to/n{node}/{k}` through
 //! its v3 JSON gateway, and every node watches the prefix from one revision
 //! on — the revision order of etcd's Raft log is the total order. Each node
-//! keeps `PUT_THREADS` puts in flight.
+//! keeps as many puts in flight as the TO service's window lets a node have
+//! broadcasts in flight (a thread per put, at most [`MAX_PUT_THREADS`]), so
+//! the two are measured at the same concurrency.
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
@@ -21,8 +23,13 @@ use crate::drive::{Clock, Load, NodeLog, payload, sent_at};
 
 /// etcd's client port inside node 0's namespace.
 pub const CLIENT_PORT: u16 = 2379;
-/// Puts in flight per node.
-pub const PUT_THREADS: usize = 4;
+/// Most puts in flight per node.
+pub const MAX_PUT_THREADS: usize = 64;
+
+/// Puts in flight per node for a window of `window`.
+pub fn put_threads(window: usize) -> usize {
+    window.clamp(1, MAX_PUT_THREADS)
+}
 /// The key prefix of the run's messages.
 const PREFIX: &str = "/to/";
 /// The end of the prefix's range (`/` + 1).
@@ -148,13 +155,13 @@ fn int(v: &Value) -> i64 {
     }
 }
 
-/// One of node `i`'s put threads: messages `t, t + PUT_THREADS, …`.
+/// One of node `i`'s put threads: messages `t, t + threads, …`.
 pub fn putter(bed: &Bed, i: usize, t: usize, load: Load, clock: Clock) -> Result<u64, String> {
     let a = agent(Duration::from_secs(10));
     let url = format!("{}/v3/kv/put", endpoint(bed, i));
     sidecore_testbed::within(Some(bed.netns(i)), || {
         let mut failed = 0;
-        for k in (t..load.per_node).step_by(PUT_THREADS) {
+        for k in (t..load.per_node).step_by(put_threads(load.window)) {
             if clock.now_ns() > load.deadline_ns {
                 break;
             }

@@ -278,7 +278,7 @@ fn via_etcd(
         // Let the watches open before the first put (they start at `from` anyway).
         std::thread::sleep(Duration::from_millis(100));
         let putters: Vec<_> = (0..n)
-            .flat_map(|i| (0..etcd::PUT_THREADS).map(move |t| (i, t)))
+            .flat_map(|i| (0..etcd::put_threads(load.window)).map(move |t| (i, t)))
             .map(|(i, t)| s.spawn(move || etcd::putter(bed, i, t, load, clock)))
             .collect();
         for h in putters {
