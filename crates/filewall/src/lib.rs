@@ -10,6 +10,7 @@
 pub mod chain;
 pub mod flowstats;
 pub mod handles;
+pub mod latency;
 pub mod message;
 pub mod mount;
 pub mod nfs3;

@@ -122,6 +122,8 @@ pub struct ProxyStats {
     pub policies: PolicyCounters,
     /// Messages dropped because a policy's input buffer was full.
     pub policy_buffer_drops: u64,
+    /// Call-to-reply latency by procedure name, for calls that got a reply.
+    pub latency: BTreeMap<String, crate::latency::LatencyHistogram>,
 }
 
 impl ProxyStats {
@@ -144,6 +146,8 @@ struct Shared {
     /// Write half of the server connection, connected on first use.
     server: Mutex<Option<TcpStream>>,
     stats: Mutex<ProxyStats>,
+    /// When each pending client call arrived, for its latency.
+    arrived: Mutex<HashMap<ClientKey, Instant>>,
 }
 
 /// Locks a mutex, recovering the data if a thread panicked while holding it (the
@@ -208,6 +212,7 @@ impl Proxy {
             clients: Mutex::new(HashMap::new()),
             server: Mutex::new(None),
             stats: Mutex::new(ProxyStats::default()),
+            arrived: Mutex::new(HashMap::new()),
         });
         let s = shared.clone();
         let accept = thread::Builder::new()
@@ -373,17 +378,35 @@ fn handle_call(flow: FlowId, record: &[u8], shared: &Arc<Shared>) {
         op.reencode_mismatches += mismatch;
     });
     let now = Instant::now();
+    let key = ClientKey {
+        flow,
+        xid: call.xid,
+    };
+    note_arrival(shared, key, now);
     let outputs = {
         let mut chain = lock(&shared.chain);
         chain.expire(now);
-        let key = ClientKey {
-            flow,
-            xid: call.xid,
-        };
         chain.recv_request(key, Msg::Call { flow, call }, now);
         chain.run(now, usize::MAX)
     };
     dispatch(shared, outputs);
+}
+
+/// Arrival times kept before the oldest are forgotten: calls that never got a
+/// reply (timed out, refused) must not grow the map without bound.
+const MAX_ARRIVALS: usize = 65_536;
+
+/// Notes when a client call arrived (a retransmission keeps the first time).
+fn note_arrival(shared: &Shared, key: ClientKey, now: Instant) {
+    let mut a = lock(&shared.arrived);
+    if a.len() >= MAX_ARRIVALS {
+        let horizon = shared.config.timeout;
+        a.retain(|_, t| now.duration_since(*t) < horizon);
+        if a.len() >= MAX_ARRIVALS {
+            a.clear();
+        }
+    }
+    a.entry(key).or_insert(now);
 }
 
 /// Sends what left the chain: calls to the server under their server XID, replies
@@ -423,7 +446,13 @@ fn dispatch(shared: &Arc<Shared>, outputs: Vec<Output<Msg>>) {
                     Msg::Call { .. } => continue,
                 };
                 if send_to_client(shared, client.flow, &out) {
-                    shared.count(|s| s.ops.entry(name).or_default().replies += 1);
+                    let took = lock(&shared.arrived).remove(&client).map(|t| t.elapsed());
+                    shared.count(|s| {
+                        if let Some(d) = took {
+                            s.latency.entry(name.clone()).or_default().observe(d);
+                        }
+                        s.ops.entry(name).or_default().replies += 1;
+                    });
                 } else {
                     shared.count(|s| s.unmatched_replies += 1);
                 }

@@ -133,6 +133,9 @@ fn libnfs_clients_list_read_and_write_through_the_proxy() {
         "no READDIR(PLUS) seen: {s:#?}"
     );
     assert!(s.op("NFSv3 Read").calls >= 3, "{s:#?}");
+    // Every answered call has its call-to-reply time.
+    let reads = s.latency.get("NFSv3 Read").map_or(0, |h| h.count);
+    assert_eq!(reads, s.op("NFSv3 Read").replies, "{s:#?}");
     assert!(s.op("NFSv3 Write").calls >= 2, "{s:#?}");
     assert!(
         mnt.stats().op("MOUNTv3 Mnt").calls >= 3,

@@ -129,14 +129,24 @@ impl ConnWatch {
     }
 }
 
+/// The connections of one server, for the janitor.
 #[derive(Clone)]
-struct Shared {
-    hub: Arc<Hub>,
+struct Conns {
     started: Instant,
     watches: Arc<Mutex<Vec<Weak<ConnWatch>>>>,
 }
 
-impl Shared {
+/// The daemon's routes' state.
+#[derive(Clone)]
+struct Shared {
+    hub: Arc<Hub>,
+    conns: Conns,
+}
+
+/// What an exporter renders at each scrape: OpenMetrics text.
+pub type Render = Arc<dyn Fn() -> String + Send + Sync>;
+
+impl Conns {
     fn now_ms(&self) -> u64 {
         u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
@@ -150,8 +160,38 @@ pub struct HttpServer {
 }
 
 impl HttpServer {
-    /// Listens on `addr` (loopback only unless `expose`) and serves `hub`.
+    /// Listens on `addr` (loopback only unless `expose`) and serves `hub`:
+    /// the metrics, the dashboard and its API.
     pub fn start(hub: Arc<Hub>, addr: SocketAddr, expose: bool) -> Result<HttpServer, HttpError> {
+        Self::start_with(addr, expose, move |conns| router(Shared { hub, conns }))
+    }
+
+    /// Listens on `addr` and serves only `/metrics`, rendered by `render` at
+    /// each scrape: the exporter of a command that runs outside the daemon
+    /// (`sikker agent`, `filewall run`, `orion watch`, `tcps serve`).
+    pub fn exporter(
+        addr: SocketAddr,
+        expose: bool,
+        render: Render,
+    ) -> Result<HttpServer, HttpError> {
+        Self::start_with(addr, expose, move |_| {
+            Router::new()
+                .route(
+                    "/metrics",
+                    get(move |headers: axum::http::HeaderMap| {
+                        let om = render();
+                        async move { metrics_response(om, &headers) }
+                    }),
+                )
+                .fallback(|| async { (StatusCode::NOT_FOUND, "no such page; try /metrics\n") })
+        })
+    }
+
+    fn start_with(
+        addr: SocketAddr,
+        expose: bool,
+        routes: impl FnOnce(Conns) -> Router,
+    ) -> Result<HttpServer, HttpError> {
         if !expose && !addr.ip().is_loopback() {
             return Err(HttpError::NotLoopback(addr));
         }
@@ -168,14 +208,14 @@ impl HttpServer {
             .set_nonblocking(true)
             .map_err(|source| HttpError::Bind { addr, source })?;
         let (stop_tx, stop_rx) = oneshot::channel();
-        let shared = Shared {
-            hub,
+        let conns = Conns {
             started: Instant::now(),
             watches: Arc::new(Mutex::new(Vec::new())),
         };
+        let app = routes(conns.clone());
         let thread = std::thread::Builder::new()
             .name("observe-http".into())
-            .spawn(move || rt.block_on(serve(std_listener, shared, stop_rx)))
+            .spawn(move || rt.block_on(serve(std_listener, app, conns, stop_rx)))
             .map_err(HttpError::Runtime)?;
         Ok(HttpServer {
             addr: bound,
@@ -240,7 +280,10 @@ fn asset(kind: &'static str, body: &'static str) -> Response {
 /// OpenMetrics to scrapers that ask for it, the Prometheus text format to
 /// everyone else (curl, promtool).
 async fn metrics(State(s): State<Shared>, headers: axum::http::HeaderMap) -> Response {
-    let om = crate::metrics::render(&s.hub.latest());
+    metrics_response(crate::metrics::render(&s.hub.latest()), &headers)
+}
+
+fn metrics_response(om: String, headers: &axum::http::HeaderMap) -> Response {
     let wants_om = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -275,11 +318,11 @@ async fn events(State(s): State<Shared>, Extension(watch): Extension<Arc<ConnWat
     let first = serde_json::to_string(&*s.hub.latest()).unwrap_or_default();
     let rx = s.hub.subscribe();
     watch.streaming.store(true, Ordering::Release);
-    watch.progress.store(s.now_ms(), Ordering::Release);
+    watch.progress.store(s.conns.now_ms(), Ordering::Release);
     let first = futures_util::stream::once(async move {
         Ok::<_, std::convert::Infallible>(SseEvent::default().event("status").data(first))
     });
-    let clock = s.clone();
+    let clock = s.conns.clone();
     let live = BroadcastStream::new(rx)
         // A listener that fell behind has lost messages; it is dropped and its
         // page reconnects, instead of the hub keeping a backlog for it.
@@ -294,7 +337,12 @@ async fn events(State(s): State<Shared>, Extension(watch): Extension<Arc<ConnWat
         .into_response()
 }
 
-async fn serve(listener: std::net::TcpListener, shared: Shared, mut stop: oneshot::Receiver<()>) {
+async fn serve(
+    listener: std::net::TcpListener,
+    app: Router,
+    conns: Conns,
+    mut stop: oneshot::Receiver<()>,
+) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(l) => l,
         Err(e) => {
@@ -302,8 +350,7 @@ async fn serve(listener: std::net::TcpListener, shared: Shared, mut stop: onesho
             return;
         }
     };
-    let app = router(shared.clone());
-    tokio::spawn(janitor(shared.clone()));
+    tokio::spawn(janitor(conns.clone()));
     loop {
         let (tcp, _peer) = tokio::select! {
             _ = &mut stop => return,
@@ -324,7 +371,7 @@ async fn serve(listener: std::net::TcpListener, shared: Shared, mut stop: onesho
             last_queued: AtomicU64::new(0),
             stuck_since: AtomicU64::new(0),
         });
-        shared
+        conns
             .watches
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -346,7 +393,7 @@ async fn serve(listener: std::net::TcpListener, shared: Shared, mut stop: onesho
 }
 
 /// Once a second: cuts stalled stream clients, forgets finished connections.
-async fn janitor(shared: Shared) {
+async fn janitor(shared: Conns) {
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     loop {
         tick.tick().await;

@@ -7,9 +7,12 @@
 //!   esbuild into the binary, [`dashboard`]) and its JSON and live event
 //!   stream;
 //! * [`hub`] — the one picture a second and the event stream every
-//!   observer shares, so the data path pays the same however many look.
+//!   observer shares, so the data path pays the same however many look;
+//! * [`exporters`] — `/metrics` for the services that run as their own
+//!   commands (FileWall, TCPServers, Sikker's agent).
 
 pub mod dashboard;
+pub mod exporters;
 pub mod http;
 pub mod hub;
 pub mod metrics;

@@ -86,3 +86,31 @@ pub fn stderr_is_tty() -> bool {
 pub fn bytes(b: u64) -> String {
     bytesize::ByteSize(b).to_string()
 }
+
+/// `--metrics ADDR` for commands that run a service outside the daemon: a
+/// Prometheus `/metrics` endpoint of their own (loopback unless
+/// `--metrics-expose`).
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct MetricsArgs {
+    /// Serve Prometheus metrics on this address (e.g. 127.0.0.1:9465).
+    #[arg(long)]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Allow --metrics on an address beyond loopback.
+    #[arg(long, requires = "metrics")]
+    pub metrics_expose: bool,
+}
+
+impl MetricsArgs {
+    /// Starts the endpoint when asked for; it stops when the value is dropped.
+    pub fn start(
+        &self,
+        render: sidecore_observe::http::Render,
+    ) -> anyhow::Result<Option<sidecore_observe::HttpServer>> {
+        let Some(addr) = self.metrics else {
+            return Ok(None);
+        };
+        let s = sidecore_observe::HttpServer::exporter(addr, self.metrics_expose, render)?;
+        eprintln!("metrics on http://{}/metrics", s.addr());
+        Ok(Some(s))
+    }
+}

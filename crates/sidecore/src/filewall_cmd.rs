@@ -18,6 +18,8 @@ use sidecore_filewall::proxy::{Proxy, ProxyConfig, ProxyStats};
 /// Where `run` listens for `stats` when no `--control` is given.
 pub const DEFAULT_CONTROL: &str = "/run/sidecore/filewall.sock";
 
+// One value per process, parsed once from the command line: its size is irrelevant.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum FilewallCommand {
     /// Validate a policy chain file; errors say file:line (exit 2).
@@ -40,6 +42,8 @@ pub enum FilewallCommand {
         key: Option<PathBuf>,
         #[arg(long, default_value = DEFAULT_CONTROL)]
         control: PathBuf,
+        #[command(flatten)]
+        metrics: crate::args::MetricsArgs,
     },
     /// Print a running proxy pair's counters.
     Stats {
@@ -59,6 +63,7 @@ pub fn run(cmd: FilewallCommand) -> anyhow::Result<ExitCode> {
             policy,
             key,
             control,
+            metrics,
         } => {
             let chain = match policy.as_deref().map(load_chain).transpose() {
                 Ok(c) => c.unwrap_or_default(),
@@ -77,6 +82,7 @@ pub fn run(cmd: FilewallCommand) -> anyhow::Result<ExitCode> {
                 &chain,
                 key,
                 &control,
+                &metrics,
             )
         }
         FilewallCommand::Stats { control } => {
@@ -127,6 +133,7 @@ fn serve(
     chain: &ChainSpec,
     key: Option<HandleKey>,
     control: &Path,
+    metrics: &crate::args::MetricsArgs,
 ) -> anyhow::Result<ExitCode> {
     let mut proxies = Vec::new();
     for (label, (listen, server)) in ["NFS", "MOUNT"].into_iter().zip(pairs) {
@@ -137,6 +144,12 @@ fn serve(
         println!("filewall {label}: {} -> {server}", p.local_addr());
         proxies.push((label, p));
     }
+    let proxies = std::sync::Arc::new(proxies);
+    let watched = std::sync::Arc::clone(&proxies);
+    let _metrics = metrics.start(std::sync::Arc::new(move || {
+        let stats: Vec<(&str, _)> = watched.iter().map(|(l, p)| (*l, p.stats())).collect();
+        sidecore_observe::exporters::filewall(&stats)
+    }))?;
     if let Some(dir) = control.parent() {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
@@ -147,7 +160,7 @@ fn serve(
     for conn in listener.incoming() {
         let Ok(mut conn) = conn else { continue };
         let mut text = String::new();
-        for (label, p) in &proxies {
+        for (label, p) in proxies.iter() {
             text.push_str(&render(label, &p.stats()));
         }
         let _ = conn.write_all(text.as_bytes());

@@ -5,13 +5,15 @@
 
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
+use sidecore_observe::exporters::OrionWatch;
 use sidecore_orion::actions::ActionLog;
 use sidecore_orion::aggregate::Rate;
-use sidecore_orion::detect::{LivenessConfig, SlopeDetector, Transition};
+use sidecore_orion::detect::{Liveness, LivenessConfig, SlopeDetector, Transition};
 use sidecore_orion::implicit::ImplicitSource;
 use sidecore_orion::monitor::{MonitorBox, View};
 use sidecore_orion::policy::{VictimScope, Whitelist};
@@ -76,6 +78,8 @@ pub enum OrionCommand {
         /// Append the action log here as JSON lines.
         #[arg(long)]
         log: Option<PathBuf>,
+        #[command(flatten)]
+        metrics: crate::args::MetricsArgs,
     },
 }
 
@@ -228,17 +232,52 @@ fn print_transition(t: &Transition, sensor: &str, k: u32) {
 }
 
 /// One fork-bomb check and repair, reported.
-fn heal_once(h: &mut Healer) {
+/// One repair pass; returns how many processes it killed, if it repaired.
+fn heal_once(h: &mut Healer) -> Option<usize> {
     match h.check_fork_bomb() {
-        Ok(Some(r)) => println!(
-            "REPAIRED fork bomb: culprit {}, {} killed in {:.1} ms ({} pass(es))",
-            r.culprit,
-            r.killed.len(),
-            r.total_ms,
-            r.passes
-        ),
-        Ok(None) => {}
-        Err(e) => println!("heal: {e}"),
+        Ok(Some(r)) => {
+            println!(
+                "REPAIRED fork bomb: culprit {}, {} killed in {:.1} ms ({} pass(es))",
+                r.culprit,
+                r.killed.len(),
+                r.total_ms,
+                r.passes
+            );
+            Some(r.killed.len())
+        }
+        Ok(None) => None,
+        Err(e) => {
+            println!("heal: {e}");
+            None
+        }
+    }
+}
+
+/// Copies what the watch saw into what `--metrics` shows.
+fn publish(
+    shown: &Mutex<OrionWatch>,
+    view: &View,
+    value: Option<u64>,
+    state: Liveness,
+    transition: bool,
+    killed: Option<usize>,
+) {
+    let mut w = shown
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    w.value = value;
+    w.implicit.clone_from(&view.implicit);
+    w.explicit_sensors = view.sensors.len();
+    w.state = match state {
+        Liveness::Alive => "alive",
+        Liveness::Suspect { .. } => "suspect",
+        Liveness::Dead { .. } => "dead",
+    };
+    w.fetches += 1;
+    w.transitions += u64::from(transition);
+    if let Some(k) = killed {
+        w.repairs += 1;
+        w.killed += k as u64;
     }
 }
 
@@ -255,6 +294,7 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
         whitelist,
         scope,
         log,
+        metrics,
     } = cmd
     else {
         bail!("not a watch command");
@@ -274,6 +314,21 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let mut det = SlopeDetector::new(cfg);
+    let shown = Arc::new(Mutex::new(OrionWatch {
+        target: cgroup
+            .as_ref()
+            .map_or_else(|| "host".to_string(), |c| c.display().to_string()),
+        sensor: sensor.clone(),
+        ..OrionWatch::default()
+    }));
+    let watched = Arc::clone(&shown);
+    let _metrics = metrics.start(Arc::new(move || {
+        sidecore_observe::exporters::orion(
+            &watched
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }))?;
     let mut rate = Rate::new(1_000_000_000);
     println!(
         "watching `{sensor}` every {refresh_ms} ms, k = {k}: a target without progress for {} ms is declared dead",
@@ -288,12 +343,12 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
         if let Some(v) = value {
             rate.push(view.at_ns, v);
         }
-        if let Some(t) = det.observe(view.at_ns, value) {
-            print_transition(&t, &sensor, k);
+        let t = det.observe(view.at_ns, value);
+        if let Some(t) = &t {
+            print_transition(t, &sensor, k);
         }
-        if let Some(h) = healer.as_mut() {
-            heal_once(h);
-        }
+        let killed = healer.as_mut().and_then(heal_once);
+        publish(&shown, &view, value, det.state(), t.is_some(), killed);
         if Instant::now() >= next_print {
             next_print += Duration::from_secs(1);
             let r = rate

@@ -172,6 +172,9 @@ pub fn run(cmd: SikkerCommand) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// How often the agent's loop copies its counters out for `--metrics`.
+const METRICS_EVERY: Duration = Duration::from_millis(250);
+
 fn agent(
     policy: Option<&std::path::Path>,
     store: &StoreArgs,
@@ -207,7 +210,29 @@ fn agent(
         None
     };
     let (host_name, mut last) = (host.to_string(), p);
+    // What the metrics endpoint shows: the core's counters and SE-TRE rates,
+    // copied out of the agent's loop at most every METRICS_EVERY.
+    let published = Arc::new(std::sync::Mutex::new((
+        Default::default(),
+        Default::default(),
+    )));
+    let shown = Arc::clone(&published);
+    let h = host.to_string();
+    let _metrics = net.metrics.start(Arc::new(move || {
+        let g = shown
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        sidecore_observe::exporters::sikker(&h, &g.0, &g.1)
+    }))?;
+    let mut copied = std::time::Instant::now();
     server.set_on_turn(move |core| {
+        if copied.elapsed() >= METRICS_EVERY {
+            copied = std::time::Instant::now();
+            *published
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) =
+                (core.counters().clone(), core.local_rates());
+        }
         while let Ok(u) = updates.try_recv() {
             policy_update(core, u, &host_name, &mut last);
         }

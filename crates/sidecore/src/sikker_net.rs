@@ -35,6 +35,8 @@ pub struct AgentNetArgs {
     /// With `--l4`: the cgroup v2 directory to attach to (default: the root).
     #[arg(long, requires = "l4")]
     pub l4_cgroup: Option<PathBuf>,
+    #[command(flatten)]
+    pub metrics: crate::args::MetricsArgs,
 }
 
 fn parse_peer(s: &str) -> Result<(String, SocketAddr), String> {

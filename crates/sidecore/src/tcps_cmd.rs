@@ -57,6 +57,8 @@ pub enum TcpsCommand {
         /// Stop after this long (e.g. 30s).
         #[arg(long, value_parser = humantime::parse_duration)]
         r#for: Option<Duration>,
+        #[command(flatten)]
+        metrics: crate::args::MetricsArgs,
     },
     /// Add or remove a PPE of a running server.
     Ppe {
@@ -145,6 +147,7 @@ fn run_serve(cmd: TcpsCommand) -> anyhow::Result<ExitCode> {
         spin,
         control,
         r#for,
+        metrics,
     } = cmd
     else {
         bail!("internal: run_serve called without serve");
@@ -168,6 +171,10 @@ fn run_serve(cmd: TcpsCommand) -> anyhow::Result<ExitCode> {
     let server = Arc::new(TcpServers::start(cfg).context("starting sidecore-tcps")?);
     let stop = Arc::new(AtomicBool::new(false));
     let ctl_thread = ctl::serve(Arc::clone(&server), &control, Arc::clone(&stop))?;
+    let watched = Arc::clone(&server);
+    let _metrics = metrics.start(Arc::new(move || {
+        sidecore_observe::exporters::tcps(&watched.stats())
+    }))?;
     let app_cpu = app_cpu.or_else(|| usable.iter().copied().find(|c| !allowed.contains(*c)));
     let app = server.app();
     let stop_app = Arc::clone(&stop);

@@ -4,6 +4,8 @@
 //! never reads, the configuration file with `--check-config` and SIGHUP, and
 //! the shell completions.
 
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
+
 mod common;
 
 use std::io::{Read as _, Write as _};
@@ -328,6 +330,7 @@ fn socket_with_small_receive_buffer(addr: SocketAddr) -> TcpStream {
 /// readable and reading it to the end gives EOF or an error. Drains only what
 /// is queued, without blocking.
 fn closed_by_server(s: &TcpStream) -> bool {
+    // SAFETY: tcp_info is plain integers, for which all-zero bytes are valid.
     let mut info: libc::tcp_info = unsafe { std::mem::zeroed() };
     let mut len = std::mem::size_of::<libc::tcp_info>() as libc::socklen_t;
     // SAFETY: getsockopt(TCP_INFO) writes at most `len` bytes into `info`.

@@ -86,10 +86,12 @@ portal = "ForBill"
     .unwrap();
     let sock = dir.path().join("agent.sock");
     let s = sock.to_str().unwrap();
+    let metrics = format!("127.0.0.1:{}", common::free_port());
     let _agent = Guard(
         bin()
             .args(["sikker", "agent", "--host", "h1", "--socket", s, "--policy"])
             .arg(&policy)
+            .args(["--metrics", &metrics])
             .arg("--placement")
             .arg(&placement)
             .stdout(Stdio::null())
@@ -295,4 +297,25 @@ portal = "ForBill"
         ),
         "one-time permission: process has no one-time permission with key",
     );
+    // The agent's own /metrics tells the same story.
+    let scrape = || common::http_get(&metrics, "/metrics");
+    let delivered = "sidecore_sikker_messages_total{host=\"h1\",what=\"delivered\"}";
+    assert!(
+        wait_for(
+            || common::sample(&scrape(), delivered).is_some_and(|v| v >= 3.0),
+            5
+        ),
+        "ping, the second message and pong were delivered: {}",
+        scrape()
+    );
+    let m = scrape();
+    assert!(
+        m.contains("sidecore_sikker_denials_total{host=\"h1\",kind="),
+        "{m}"
+    );
+    assert!(
+        m.contains("sidecore_sikker_attachments_total{host=\"h1\"}"),
+        "{m}"
+    );
+    common::promtool_ok(&m);
 }

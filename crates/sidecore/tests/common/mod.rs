@@ -99,3 +99,51 @@ pub fn offcode<'a>(v: &'a serde_json::Value, name: &str) -> &'a serde_json::Valu
         .and_then(|a| a.iter().find(|o| o["name"] == name))
         .unwrap_or_else(|| panic!("no offcode {name} in {v}"))
 }
+
+/// The body of a GET over plain HTTP/1.1 (empty when nothing answers).
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read as _, Write as _};
+    let Ok(mut s) = std::net::TcpStream::connect(addr) else {
+        return String::new();
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    let _ = write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    );
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_string())
+        .unwrap_or_default()
+}
+
+/// `promtool check metrics` accepts `text` (Debian's prometheus package).
+pub fn promtool_ok(text: &str) {
+    use std::io::Write as _;
+    let mut p = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (scripts/setup.sh installs Debian's prometheus package)");
+    p.stdin
+        .take()
+        .expect("promtool's stdin")
+        .write_all(text.as_bytes())
+        .expect("writing to promtool");
+    let out = p.wait_with_output().expect("promtool's answer");
+    assert!(
+        out.status.success(),
+        "promtool: {}{}\n{text}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The value of the series whose name and labels are exactly `series`.
+pub fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}

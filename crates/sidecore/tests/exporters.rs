@@ -1,0 +1,179 @@
+//! The `/metrics` endpoints of the services that run as their own commands,
+//! each scraped while it works on real input and checked by promtool:
+//! `tcps serve` answering HTTP, `orion watch` watching this machine, and
+//! `filewall run` in front of a real nfs-ganesha with libnfs clients. (The
+//! Sikker agent's endpoint is checked in `sikker_agent.rs`, beside its
+//! traffic.)
+
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
+
+mod common;
+
+#[path = "../../filewall/tests/common/mod.rs"]
+mod fw;
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use common::{Guard, bin, free_port, http_get, promtool_ok, sample, serial, wait_for};
+
+#[test]
+fn tcps_serve_exports_its_ppes_and_queues() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("www");
+    std::fs::create_dir(&root).unwrap();
+    std::fs::write(root.join("index.html"), "hello\n").unwrap();
+    let (port, metrics) = (free_port(), format!("127.0.0.1:{}", free_port()));
+    let _srv = Guard(
+        bin()
+            .args(["tcps", "serve", "--listen", &format!("127.0.0.1:{port}")])
+            .arg("--root")
+            .arg(&root)
+            .args([
+                "--allowed",
+                "1",
+                "--master",
+                "1",
+                "--app-cpu",
+                "0",
+                "--for",
+                "30s",
+            ])
+            .arg("--control")
+            .arg(dir.path().join("tcps.sock"))
+            .args(["--metrics", &metrics])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(|| !http_get(&metrics, "/metrics").is_empty(), 10));
+    let addr = format!("127.0.0.1:{port}");
+    for _ in 0..5 {
+        assert!(http_get(&addr, "/index.html").contains("hello"));
+    }
+    let m = http_get(&metrics, "/metrics");
+    let accepted = sample(
+        &m,
+        "sidecore_tcps_accepted_total{ppe=\"1\",master=\"true\"}",
+    );
+    assert!(accepted.is_some_and(|v| v >= 5.0), "{m}");
+    assert!(m.contains("sidecore_tcps_receive_queue_full_total"), "{m}");
+    promtool_ok(&m);
+    assert_eq!(
+        http_get(&metrics, "/nope").trim(),
+        "no such page; try /metrics"
+    );
+}
+
+#[test]
+fn orion_watch_exports_sensors_and_liveness() {
+    let _s = serial();
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let _w = Guard(
+        bin()
+            .args(["orion", "watch", "--seconds", "20", "--metrics", &metrics])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let fetches = || {
+        sample(
+            &http_get(&metrics, "/metrics"),
+            "sidecore_orion_fetches_total{target=\"host\"}",
+        )
+    };
+    assert!(wait_for(|| fetches().is_some_and(|v| v > 0.0), 10));
+    let first = fetches().unwrap_or(0.0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        fetches().unwrap_or(0.0) > first,
+        "the watch stopped fetching"
+    );
+    let m = http_get(&metrics, "/metrics");
+    // The machine is alive: its context switches keep moving.
+    assert_eq!(
+        sample(
+            &m,
+            "sidecore_orion_target_state{target=\"host\",state=\"alive\"}"
+        ),
+        Some(1.0),
+        "{m}"
+    );
+    assert!(
+        sample(
+            &m,
+            "sidecore_orion_liveness_sensor{target=\"host\",sensor=\"stat.ctxt\"}"
+        )
+        .is_some_and(|v| v > 0.0),
+        "{m}"
+    );
+    promtool_ok(&m);
+}
+
+#[test]
+fn filewall_run_exports_operations_and_latency() {
+    let _s = serial();
+    let Some(g) = fw::ganesha::Ganesha::start() else {
+        return;
+    };
+    std::fs::write(g.export.join("f.txt"), "through filewall\n").unwrap();
+    let (nfs, mnt) = (free_port(), free_port());
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let dir = tempfile::tempdir().unwrap();
+    let _p = Guard(
+        bin()
+            .args([
+                "filewall",
+                "run",
+                "--nfs-listen",
+                &format!("127.0.0.1:{nfs}"),
+            ])
+            .args(["--mount-listen", &format!("127.0.0.1:{mnt}")])
+            .args(["--server-nfs", &g.nfs_addr().to_string()])
+            .args(["--server-mount", &g.mount_addr().to_string()])
+            .arg("--control")
+            .arg(dir.path().join("fw.sock"))
+            .args(["--metrics", &metrics])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(|| !http_get(&metrics, "/metrics").is_empty(), 10));
+    let url = fw::ganesha::nfs_url(&g.export, "f.txt", nfs, mnt);
+    let out = fw::ganesha::libnfs("nfs-cat", &[&url]);
+    assert!(
+        out.status.success(),
+        "nfs-cat: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        g.log_tail()
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "through filewall\n");
+    let m = http_get(&metrics, "/metrics");
+    let reads = sample(
+        &m,
+        "sidecore_filewall_operations_total{proxy=\"NFS\",op=\"NFSv3 Read\",kind=\"call\"}",
+    );
+    assert!(reads.is_some_and(|v| v >= 1.0), "{m}");
+    let lat = sample(
+        &m,
+        "sidecore_filewall_operation_latency_seconds_count{proxy=\"NFS\",op=\"NFSv3 Read\"}",
+    );
+    assert!(lat.is_some_and(|v| v >= 1.0), "{m}");
+    assert!(
+        m.contains("sidecore_filewall_operation_latency_seconds_bucket{le=\"+Inf\""),
+        "{m}"
+    );
+    assert_eq!(
+        sample(
+            &m,
+            "sidecore_filewall_denials_total{proxy=\"NFS\",reason=\"refused\"}"
+        ),
+        Some(0.0),
+        "{m}"
+    );
+    promtool_ok(&m);
+}
