@@ -65,6 +65,12 @@ const SPIN_WINDOW: Duration = Duration::from_millis(1);
 /// second) to stall it for the rest of the second. A SCHED_FIFO thread's
 /// wake-up preempts any ordinary thread at once, well within the lead.
 const SPIN_LEAD: Duration = Duration::from_micros(300);
+/// Under `realtime`, when chunks come faster than [`SPIN_LEAD`] (so the
+/// thread never sleeps to a deadline), it still rests [`REST`] every
+/// [`REST_EVERY`]: under the throttling's share, at the cost of a short
+/// burst after each rest instead of a stall of tens of milliseconds.
+const REST_EVERY: Duration = Duration::from_millis(1);
+const REST: Duration = Duration::from_micros(100);
 /// How far ahead a sleeping streamer waits inside one turn (so a stop
 /// request is seen within this).
 const SLEEP_WINDOW: Duration = Duration::from_millis(20);
@@ -263,6 +269,8 @@ pub struct Streamer {
     was_fifo: Option<bool>,
     /// Under `realtime`, how long before a deadline the busy-wait starts.
     spin_lead: Option<Duration>,
+    /// Under `realtime`, when the thread last slept.
+    rested: Option<Instant>,
     m: [Metric; 7],
 }
 
@@ -290,6 +298,7 @@ pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
         input_closed: false,
         was_fifo: None,
         spin_lead: None,
+        rested: None,
         m: Default::default(),
     }))
 }
@@ -363,6 +372,15 @@ impl Streamer {
             )));
         }
         let deadline = pacer.next();
+        if let (Some(lead), Some(rested)) = (self.spin_lead, self.rested.as_mut()) {
+            let now = Instant::now();
+            if deadline > now + lead {
+                *rested = now;
+            } else if now.duration_since(*rested) >= REST_EVERY {
+                std::thread::sleep(REST);
+                *rested = Instant::now();
+            }
+        }
         let chunk = &msg[HEADER_BYTES..];
         let r = if self.mode == SendMode::IoUring {
             uring_send(wire, chunk, deadline)
@@ -478,6 +496,7 @@ impl Offcode for Streamer {
             })?;
             self.was_fifo = Some(before == libc::SCHED_FIFO);
             self.spin_lead = Some(SPIN_LEAD);
+            self.rested = Some(Instant::now());
         }
         self.cpu0 = thread_cpu_ns();
         self.pacer = Some(Pacer::new(Instant::now(), self.p.rate));
