@@ -3,6 +3,7 @@
 //! NFS and MOUNT proxies with that chain in front of a server, and read the running
 //! proxies' counters (statistics template included) over a Unix control socket.
 
+use std::fmt::Write as _;
 use std::io::{Read, Write};
 use std::net::SocketAddr;
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -49,6 +50,9 @@ pub enum FilewallCommand {
     Stats {
         #[arg(long, default_value = DEFAULT_CONTROL)]
         control: PathBuf,
+        /// Print the counters as JSON.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -85,14 +89,22 @@ pub fn run(cmd: FilewallCommand) -> anyhow::Result<ExitCode> {
                 &metrics,
             )
         }
-        FilewallCommand::Stats { control } => {
+        FilewallCommand::Stats { control, json } => {
             let mut s = UnixStream::connect(&control).with_context(|| {
                 format!("connecting to a running filewall at {}", control.display())
             })?;
             let mut text = String::new();
             s.read_to_string(&mut text)
                 .with_context(|| format!("reading from {}", control.display()))?;
-            print!("{text}");
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .with_context(|| format!("{}: not a filewall's answer", control.display()))?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            } else {
+                for p in v.as_array().into_iter().flatten() {
+                    print!("{}", render(p));
+                }
+            }
             Ok(ExitCode::SUCCESS)
         }
     }
@@ -159,53 +171,112 @@ fn serve(
     println!("filewall control: {}", control.display());
     for conn in listener.incoming() {
         let Ok(mut conn) = conn else { continue };
-        let mut text = String::new();
-        for (label, p) in proxies.iter() {
-            text.push_str(&render(label, &p.stats()));
-        }
-        let _ = conn.write_all(text.as_bytes());
+        let all: Vec<serde_json::Value> = proxies
+            .iter()
+            .map(|(label, p)| to_json(label, &p.stats()))
+            .collect();
+        let _ = conn.write_all(serde_json::Value::Array(all).to_string().as_bytes());
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// The counters of one proxy as text.
-fn render(label: &str, s: &ProxyStats) -> String {
+/// The counters of one proxy as JSON: what the control socket sends.
+fn to_json(label: &str, s: &ProxyStats) -> serde_json::Value {
+    let ops: serde_json::Map<String, serde_json::Value> = s
+        .ops
+        .iter()
+        .map(|(n, c)| {
+            (
+                n.clone(),
+                serde_json::json!({"calls": c.calls, "replies": c.replies}),
+            )
+        })
+        .collect();
+    let latency: serde_json::Map<String, serde_json::Value> = s
+        .latency
+        .iter()
+        .map(|(n, h)| {
+            let mean_us = (h.sum_ns / 1000).checked_div(h.count).unwrap_or(0);
+            (
+                n.clone(),
+                serde_json::json!({"count": h.count, "mean_us": mean_us}),
+            )
+        })
+        .collect();
+    let flows: Vec<serde_json::Value> = s
+        .policies
+        .flows
+        .iter()
+        .map(|((flow, op), f)| {
+            serde_json::json!({
+                "flow": flow, "op": op, "calls": f.calls, "replies": f.replies,
+                "call_bytes": f.call_bytes, "reply_bytes": f.reply_bytes,
+                "latency_mean_us": f.mean_latency_us(), "latency_max_us": f.latency_max_us,
+            })
+        })
+        .collect();
+    serde_json::json!({
+        "proxy": label,
+        "refused": s.refused_calls, "dropped": s.dropped_records,
+        "closed": s.closed_connections, "retransmissions": s.retransmissions,
+        "overflows": s.overflows, "timeouts": s.timeouts, "unmatched": s.unmatched_replies,
+        "server_errors": s.server_errors, "buffer_drops": s.policy_buffer_drops,
+        "bad_handles": s.policies.bad_handles, "oversize_handles": s.policies.oversize_handles,
+        "temporal_denied": s.policies.temporal_denied,
+        "ops": ops, "latency": latency, "flows": flows, "last_error": s.last_error,
+    })
+}
+
+/// One proxy's counters as text, from their JSON.
+fn render(v: &serde_json::Value) -> String {
+    let label = v["proxy"].as_str().unwrap_or("?");
+    let n = |k: &str| v[k].as_u64().unwrap_or(0);
     let mut t = format!(
         "[{label}] refused {} dropped {} closed {} retransmissions {} overflows {} timeouts {} \
          unmatched {} server_errors {} buffer_drops {} bad_handles {} oversize_handles {} \
          temporal_denied {}\n",
-        s.refused_calls,
-        s.dropped_records,
-        s.closed_connections,
-        s.retransmissions,
-        s.overflows,
-        s.timeouts,
-        s.unmatched_replies,
-        s.server_errors,
-        s.policy_buffer_drops,
-        s.policies.bad_handles,
-        s.policies.oversize_handles,
-        s.policies.temporal_denied
+        n("refused"),
+        n("dropped"),
+        n("closed"),
+        n("retransmissions"),
+        n("overflows"),
+        n("timeouts"),
+        n("unmatched"),
+        n("server_errors"),
+        n("buffer_drops"),
+        n("bad_handles"),
+        n("oversize_handles"),
+        n("temporal_denied")
     );
-    for (name, c) in &s.ops {
-        t.push_str(&format!(
-            "[{label}] op {name:<22} calls {} replies {}\n",
-            c.calls, c.replies
-        ));
+    for (name, c) in v["ops"].as_object().into_iter().flatten() {
+        let lat = &v["latency"][name];
+        let _ = writeln!(
+            t,
+            "[{label}] op {name:<22} calls {} replies {}{}",
+            c["calls"],
+            c["replies"],
+            lat["count"]
+                .as_u64()
+                .map(|_| format!(" latency mean {} us", lat["mean_us"]))
+                .unwrap_or_default()
+        );
     }
-    for ((flow, name), f) in &s.policies.flows {
-        t.push_str(&format!(
-            "[{label}] flow {flow} {name:<22} calls {} replies {} bytes {}/{} latency mean {} us max {} us\n",
-            f.calls,
-            f.replies,
-            f.call_bytes,
-            f.reply_bytes,
-            f.mean_latency_us(),
-            f.latency_max_us
-        ));
+    for f in v["flows"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            t,
+            "[{label}] flow {} {:<22} calls {} replies {} bytes {}/{} latency mean {} us max {} us",
+            f["flow"],
+            f["op"].as_str().unwrap_or("?"),
+            f["calls"],
+            f["replies"],
+            f["call_bytes"],
+            f["reply_bytes"],
+            f["latency_mean_us"],
+            f["latency_max_us"]
+        );
     }
-    if let Some(e) = &s.last_error {
-        t.push_str(&format!("[{label}] last error: {e}\n"));
+    if let Some(e) = v["last_error"].as_str() {
+        let _ = writeln!(t, "[{label}] last error: {e}");
     }
     t
 }

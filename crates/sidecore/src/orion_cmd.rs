@@ -29,6 +29,9 @@ pub enum OrionCommand {
     Status {
         #[arg(long, default_value = DEFAULT_DIR)]
         dir: PathBuf,
+        /// One JSON object per box.
+        #[arg(long)]
+        json: bool,
     },
     /// One fetch of a box (or of the host's implicit sensors alone with --host).
     Query {
@@ -85,7 +88,7 @@ pub enum OrionCommand {
 
 pub fn run(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
     match cmd {
-        OrionCommand::Status { dir } => status(&dir),
+        OrionCommand::Status { dir, json } => status(&dir, json),
         OrionCommand::Query {
             name,
             dir,
@@ -125,10 +128,14 @@ fn open(
     Ok(mon)
 }
 
-fn status(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
+fn status(dir: &std::path::Path, json: bool) -> anyhow::Result<ExitCode> {
     let (records, bad) = match ExportRecord::list(dir) {
         Ok(r) => r,
         Err(_) if !dir.exists() => {
+            if json {
+                println!(r#"{{"boxes": [], "skipped": []}}"#);
+                return Ok(ExitCode::SUCCESS);
+            }
             println!(
                 "no sensor boxes exported ({} does not exist)",
                 dir.display()
@@ -137,6 +144,9 @@ fn status(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
         }
         Err(e) => return Err(e.into()),
     };
+    if json {
+        return status_json(dir, &records, &bad);
+    }
     println!(
         "{:<24} {:>8} {:>8} {:>10} {:>10} {:>8}  STATE",
         "BOX", "PID", "SENSORS", "UPDATES", "UNFLUSHED", "DROPPED"
@@ -162,6 +172,33 @@ fn status(dir: &std::path::Path) -> anyhow::Result<ExitCode> {
     for b in bad {
         println!("skipped: {b}");
     }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `orion status --json`: the boxes as a JSON array.
+fn status_json(
+    dir: &std::path::Path,
+    records: &[ExportRecord],
+    bad: &[String],
+) -> anyhow::Result<ExitCode> {
+    let boxes: Vec<serde_json::Value> = records
+        .iter()
+        .map(|r| match MonitorBox::discover(dir, &r.name) {
+            Ok(mut m) => {
+                let v = m.fetch();
+                serde_json::json!({
+                    "name": r.name, "pid": r.pid, "period_us": r.period_us,
+                    "sensors": v.sensors.len(), "updates": v.info.updates,
+                    "unflushed": v.info.head - v.info.tail, "dropped": v.info.dropped,
+                })
+            }
+            Err(e) => serde_json::json!({"name": r.name, "pid": r.pid, "error": e.to_string()}),
+        })
+        .collect();
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&serde_json::json!({"boxes": boxes, "skipped": bad}))?
+    );
     Ok(ExitCode::SUCCESS)
 }
 

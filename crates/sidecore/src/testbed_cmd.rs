@@ -34,6 +34,9 @@ pub enum TestbedCommand {
     Status {
         #[arg(long, default_value = DEFAULT_PREFIX)]
         prefix: String,
+        /// One JSON object per namespace, with its interfaces and addresses.
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -65,8 +68,31 @@ pub fn run(cmd: TestbedCommand) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        TestbedCommand::Status { prefix } => {
+        TestbedCommand::Status { prefix, json } => {
             let names = topology::namespaces(&prefix);
+            if json {
+                let mut out = Vec::new();
+                for n in &names {
+                    let addrs = topology::ip(&["-n", n, "-br", "-4", "addr", "show"])?;
+                    let ifaces: Vec<serde_json::Value> = addrs
+                        .lines()
+                        .filter(|l| !l.starts_with("lo "))
+                        .map(|l| {
+                            let f: Vec<&str> = l.split_whitespace().collect();
+                            serde_json::json!({
+                                "iface": f.first(), "state": f.get(1), "addrs": f.get(2..),
+                            })
+                        })
+                        .collect();
+                    out.push(serde_json::json!({"namespace": n, "ifaces": ifaces}));
+                }
+                println!("{}", serde_json::to_string_pretty(&out)?);
+                return Ok(if names.is_empty() {
+                    ExitCode::FAILURE
+                } else {
+                    ExitCode::SUCCESS
+                });
+            }
             if names.is_empty() {
                 println!("no testbed `{prefix}` is up");
                 return Ok(ExitCode::FAILURE);

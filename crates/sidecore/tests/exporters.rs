@@ -111,6 +111,15 @@ fn orion_watch_exports_sensors_and_liveness() {
         "{m}"
     );
     promtool_ok(&m);
+    let o = common::run(&[
+        "orion",
+        "status",
+        "--json",
+        "--dir",
+        "/nonexistent-orion-dir",
+    ]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(j["boxes"], serde_json::json!([]), "{j}");
 }
 
 #[test]
@@ -176,4 +185,30 @@ fn filewall_run_exports_operations_and_latency() {
         "{m}"
     );
     promtool_ok(&m);
+    // The same counters through the control socket, as JSON and as text.
+    let ctl = dir.path().join("fw.sock");
+    let o = common::run(&[
+        "filewall",
+        "stats",
+        "--json",
+        "--control",
+        ctl.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{:?}", common::text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v[0]["proxy"], "NFS");
+    assert!(
+        v[0]["ops"]["NFSv3 Read"]["calls"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+    assert!(
+        v[0]["latency"]["NFSv3 Read"]["count"].as_u64().unwrap() >= 1,
+        "{v}"
+    );
+    let o = common::run(&["filewall", "stats", "--control", ctl.to_str().unwrap()]);
+    assert!(
+        common::text(&o).0.contains("[NFS] op NFSv3 Read"),
+        "{:?}",
+        common::text(&o)
+    );
 }

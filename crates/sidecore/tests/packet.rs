@@ -129,6 +129,17 @@ fn testbed_up_status_down_leaves_nothing() {
         "{out}"
     );
     assert!(out.contains("10.201.1.2/24"), "{out}");
+    let o = run(&["testbed", "status", "--prefix", &prefix, "--json"]);
+    let j: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let spaces = j.as_array().unwrap();
+    assert_eq!(spaces.len(), 3, "{j:#}");
+    assert!(
+        spaces
+            .iter()
+            .any(|n| n["namespace"] == format!("{prefix}-middlebox")),
+        "{j:#}"
+    );
+    assert!(j.to_string().contains("10.201.1.2/24"), "{j:#}");
     let o = run(&["testbed", "down", "--prefix", &prefix]);
     assert!(o.status.success(), "{}", text(&o).1);
     let names: Vec<String> = std::fs::read_dir("/run/netns")
