@@ -1,8 +1,9 @@
 //! The baseline a user would pick today: etcd as the sequencer. etcd runs
 //! in node 0's namespace (one member, its data on this machine's disk, fsync
-//! on, as deployed); every broadcast is a put of `/to/n{node}/{k}` through
-//! its v3 JSON gateway, and every node watches the prefix from one revision
-//! on — the revision order of etcd's Raft log is the total order. Each node
+//! on, as deployed); every broadcast is a put of `/to/n{node}/{k}` (a
+//! transaction: only if the key is new, so a retried put is ordered once)
+//! through its v3 JSON gateway, and every node watches the prefix from one
+//! revision on — the revision order of etcd's Raft log is the total order. Each node
 //! keeps as many puts in flight as the TO service's window lets a node have
 //! broadcasts in flight (a thread per put, at most [`MAX_PUT_THREADS`]), so
 //! the two are measured at the same concurrency.
@@ -155,25 +156,29 @@ fn int(v: &Value) -> i64 {
     }
 }
 
-/// One of node `i`'s put threads: messages `t, t + threads, …`.
+/// Attempts at one put before it counts as failed.
+const PUT_ATTEMPTS: usize = 5;
+
+/// One of node `i`'s put threads: messages `t, t + threads, …`. Each is a
+/// transaction that creates the key only if it does not exist, so a put
+/// retried after a timeout (whose first attempt may have landed) never
+/// orders a message twice. Returns the puts that failed every attempt.
 pub fn putter(bed: &Bed, i: usize, t: usize, load: Load, clock: Clock) -> Result<u64, String> {
     let a = agent(Duration::from_secs(10));
-    let url = format!("{}/v3/kv/put", endpoint(bed, i));
+    let url = format!("{}/v3/kv/txn", endpoint(bed, i));
     sidecore_testbed::within(Some(bed.netns(i)), || {
         let mut failed = 0;
         for k in (t..load.per_node).step_by(put_threads(load.window)) {
-            if clock.now_ns() > load.deadline_ns {
-                break;
-            }
-            let key = format!("{PREFIX}n{i}/{k}");
-            let p = payload(clock.now_ns(), load.payload_bytes);
-            if post(
-                &a,
-                &url,
-                &json!({"key": B64.encode(key), "value": B64.encode(p)}),
-            )
-            .is_err()
-            {
+            let key = B64.encode(format!("{PREFIX}n{i}/{k}"));
+            let value = B64.encode(payload(clock.now_ns(), load.payload_bytes));
+            let txn = json!({
+                "compare": [{"key": key, "target": "CREATE", "result": "EQUAL", "create_revision": 0}],
+                "success": [{"request_put": {"key": key, "value": value}}],
+            });
+            let ok = (0..PUT_ATTEMPTS)
+                .take_while(|_| clock.now_ns() < load.deadline_ns)
+                .any(|_| post(&a, &url, &txn).is_ok());
+            if !ok {
                 failed += 1;
             }
         }
