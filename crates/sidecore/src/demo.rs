@@ -335,6 +335,8 @@ fn firewall(a: &FirewallArgs) -> anyhow::Result<ExitCode> {
     let client = bed.addr("client", "middlebox")?;
     let server = bed.addr("server", "middlebox")?;
     let mut rows = Vec::new();
+    let total = a.rules.len() * a.discard.len() * a.firewalls.len();
+    let bar = crate::progress::Progress::bar(total as u64, "firewall rows");
     for &n in &a.rules {
         let rules = rule_file(&bed.dir, server, n)?;
         for &discard in &a.discard {
@@ -390,8 +392,9 @@ fn firewall(a: &FirewallArgs) -> anyhow::Result<ExitCode> {
                 })
                 .with_context(|| format!("firewall {f}, {n} rules, {discard}% discard"))?;
                 if !a.json {
-                    print_row(&row, rows.is_empty());
+                    bar.suspend(|| print_row(&row, rows.is_empty()));
                 }
+                bar.step(format!("after {f}, {n} rules, {discard}% discard"));
                 rows.push(row);
             }
         }

@@ -265,11 +265,15 @@ fn run(r: &RunArgs) -> anyhow::Result<i32> {
 impl CalibrateCommand {
     pub fn run(&self) -> anyhow::Result<i32> {
         let out = self.out.clone().unwrap_or_else(calibrate::default_path);
+        let spin = crate::progress::Progress::spinner(
+            "calibrating: timing operator classes, memory and invocations",
+        );
         let cal = calibrate::calibrate(if self.quick {
             Effort::QUICK
         } else {
             Effort::FULL
         })?;
+        drop(spin);
         calibrate::save(&cal, &out).map_err(|e| anyhow::anyhow!(e))?;
         println!(
             "calibration of {} written to {}",

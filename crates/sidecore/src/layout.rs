@@ -15,14 +15,13 @@ pub fn run(path: &Path, pe: &PeArgs, json: bool) -> anyhow::Result<ExitCode> {
             return Ok(ExitCode::from(2));
         }
     };
+    let spin = crate::progress::Progress::spinner("probing PEs and solving the layout");
     let inv = sidecore_pe::discover(&discover_options(pe)?);
     let reg = crate::args::registry();
-    let plan = match sidecore_runtime::plan_manifest(
-        &m,
-        &inv,
-        &reg,
-        &sidecore_layout::SolveOptions::default(),
-    ) {
+    let planned =
+        sidecore_runtime::plan_manifest(&m, &inv, &reg, &sidecore_layout::SolveOptions::default());
+    drop(spin);
+    let plan = match planned {
         Ok(p) => p,
         Err(e) => {
             eprintln!("error: {e}");

@@ -27,6 +27,7 @@ mod fw;
 mod layout;
 mod orion_cmd;
 mod policy;
+mod progress;
 mod sikker_cmd;
 mod sikker_l4;
 mod sikker_net;

@@ -297,7 +297,13 @@ fn run_rate(a: &RateArgs) -> anyhow::Result<()> {
             );
         }
     }
+    let spin = crate::progress::Progress::spinner(if o.sweep_seeds.is_some() {
+        "RateSim: sweeping, then Tables 8.1 and 8.2"
+    } else {
+        "RateSim: Tables 8.1 and 8.2"
+    });
     let mut rep = report::rate_report(&o)?;
+    drop(spin);
     if let Some(dir) = &a.plots {
         report::write_plots(dir, &rep)?;
         eprintln!("plots written to {}", dir.display());

@@ -432,3 +432,35 @@ fn completions_generate_for_each_shell_and_load_in_bash() {
     let bad = run(&["completions", "tcsh"]);
     assert!(!bad.status.success());
 }
+
+#[test]
+fn progress_shows_on_a_terminal_and_stays_out_of_pipes() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("cal.json");
+    let out = out.to_str().unwrap();
+    // Piped: stdout and stderr carry no spinner.
+    let piped = run(&["calibrate", "--quick", "--out", out]);
+    assert!(piped.status.success());
+    let (o, e) = text(&piped);
+    assert!(
+        !o.contains("calibrating") && !e.contains("calibrating"),
+        "{o}\n{e}"
+    );
+    // On a terminal (script(1) gives it a pty): the spinner and its message.
+    let cmd = format!(
+        "{} calibrate --quick --out {out}",
+        env!("CARGO_BIN_EXE_sidecore")
+    );
+    let tty = Command::new("script")
+        .args(["-qfec", &cmd, "/dev/null"])
+        .output()
+        .expect("script(1) from util-linux");
+    assert!(tty.status.success(), "{:?}", text(&tty));
+    let shown = String::from_utf8_lossy(&tty.stdout);
+    assert!(
+        shown.contains("calibrating: timing operator classes"),
+        "{shown}"
+    );
+    assert!(shown.contains("calibration of"), "{shown}");
+}
