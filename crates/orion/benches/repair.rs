@@ -162,6 +162,7 @@ fn main() {
         "| processes | seed (Tab. 3.4) | orion frozen | of which freeze settling | orion healer total | orion until empty | passes | killed | cgroup.kill until empty | walk+SIGKILL issue | walk+SIGKILL until empty |"
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
+    let mut plot: [Vec<f64>; 4] = Default::default();
     for &n in &sizes {
         let methods = [Method::Orion, Method::CgroupKill, Method::WalkKill];
         let mut s: Vec<Samples> = (0..3).map(|_| Samples::default()).collect();
@@ -177,6 +178,10 @@ fn main() {
             "n={n} orion frozen {:?} gone {:?} passes {:?} killed {:?}; cgroup.kill gone {:?}; walk gone {:?}",
             o.frozen, o.gone, o.passes, o.killed, c.gone, w.gone
         );
+        plot[0].push(seed(n).parse().unwrap_or(f64::NAN));
+        plot[1].push(median(&o.healer_total));
+        plot[2].push(median(&c.gone));
+        plot[3].push(median(&w.gone));
         println!(
             "| {n} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {:.1} | {:.1} | {:.1} |",
             seed(n),
@@ -190,5 +195,23 @@ fn main() {
             median(&w.frozen),
             median(&w.gone),
         );
+    }
+    let svg = sidecore_plot::out_dir().join("orion-repair.svg");
+    let groups: Vec<String> = sizes.iter().map(|n| format!("{n} processes")).collect();
+    let [seed_ms, healer, cgkill, walk] = plot;
+    match sidecore_plot::grouped_bars(
+        &svg,
+        "Repair of a process tree (OR-7, Table 3.4), median ms",
+        "ms",
+        &groups,
+        &[
+            sidecore_plot::Series::new("seed (Tab. 3.4)", seed_ms),
+            sidecore_plot::Series::new("orion healer", healer),
+            sidecore_plot::Series::new("cgroup.kill until empty", cgkill),
+            sidecore_plot::Series::new("walk+SIGKILL until empty", walk),
+        ],
+    ) {
+        Ok(()) => println!("plot: {}", svg.display()),
+        Err(e) => eprintln!("plot not written: {e}"),
     }
 }

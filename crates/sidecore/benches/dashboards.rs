@@ -126,11 +126,29 @@ fn main() {
     }
     println!("pair  none (records/s)  {DASHBOARDS} dashboards (records/s)  ratio");
     let mut ratios = Vec::new();
+    let (mut none, mut ten) = (Vec::new(), Vec::new());
     for p in 0..pairs {
         let a = round(addr, socket, &manifest, 0, secs);
         let b = round(addr, socket, &manifest, DASHBOARDS, secs);
         ratios.push(b / a);
+        none.push(a / 1e6);
+        ten.push(b / 1e6);
         println!("{p:>4}  {a:>16.0}  {b:>26.0}  {:.3}", b / a);
+    }
+    let svg = sidecore_plot::out_dir().join("dashboards.svg");
+    let groups: Vec<String> = (0..pairs).map(|p| format!("pair {p}")).collect();
+    match sidecore_plot::grouped_bars(
+        &svg,
+        "checksum records/s with 0 and 10 dashboards",
+        "M records/s",
+        &groups,
+        &[
+            sidecore_plot::Series::new("no dashboard", none),
+            sidecore_plot::Series::new(format!("{DASHBOARDS} dashboards"), ten),
+        ],
+    ) {
+        Ok(()) => println!("plot: {}", svg.display()),
+        Err(e) => eprintln!("plot not written: {e}"),
     }
     ratios.sort_by(f64::total_cmp);
     println!(

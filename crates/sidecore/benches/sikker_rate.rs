@@ -124,6 +124,7 @@ fn main() {
         "| phase (senders) | steady x limit | converged after ms | overshoot | predicted steady | predicted converged ms | predicted overshoot |"
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
+    let (mut groups, mut measured, mut predicted_steady) = (Vec::new(), Vec::new(), Vec::new());
     for (k, a) in phases.iter().enumerate() {
         // The first whole window after the phase starts, to its end.
         let t0 = starts[k];
@@ -138,6 +139,9 @@ fn main() {
         let (ps, pc, po) = pred[k];
         let who: Vec<String> = (0..3).filter(|&i| a[i]).map(|i| format!("s{i}")).collect();
         let ms = |c: Option<u128>| c.map_or_else(|| "never".to_string(), |c| c.to_string());
+        groups.push(format!("{k} ({})", who.join(",")));
+        measured.push(s);
+        predicted_steady.push(ps);
         println!(
             "| {k} ({}) | {s:.4} | {} | {:.1}% | {ps:.4} | {} | {:.1}% |",
             who.join(","),
@@ -146,5 +150,19 @@ fn main() {
             ms(pc),
             po * 100.0
         );
+    }
+    let svg = sidecore_plot::out_dir().join("sikker-rate.svg");
+    match sidecore_plot::grouped_bars(
+        &svg,
+        "SE-TRE on real time: steady rate per phase, as a multiple of the limit",
+        "steady x limit",
+        &groups,
+        &[
+            sidecore_plot::Series::new("three agents, measured", measured),
+            sidecore_plot::Series::new("simulated prediction", predicted_steady),
+        ],
+    ) {
+        Ok(()) => println!("plot: {}", svg.display()),
+        Err(e) => eprintln!("plot not written: {e}"),
     }
 }
