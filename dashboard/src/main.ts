@@ -124,7 +124,7 @@ function renderPanels(snap: Snapshot): void {
   const panel = (title: string, rows: [string, string][], testid: string) => {
     const p = el("section", { class: "panel", "data-testid": testid }, el("h3", {}, title));
     if (rows.length === 0) p.append(el("p", { class: "empty" }, "nothing deployed"));
-    for (const [k, v] of rows) p.append(el("div", { class: "kv" }, el("span", {}, k), el("span", { class: "num" }, v)));
+    for (const [k, v] of rows) p.append(el("div", { class: "kv", "data-testid": "kv" }, el("span", {}, k), el("span", { class: "num" }, v)));
     root.append(p);
   };
   panel(
@@ -137,11 +137,19 @@ function renderPanels(snap: Snapshot): void {
     fw.map(({ app, o }) => [`${app}/${o.name} (${o.pe})`, `accept ${fmtCount(o.metrics["accepted"] ?? 0)} · deny ${fmtCount((o.metrics["denied"] ?? 0) + (o.metrics["default_denied"] ?? 0))}`]),
     "panel-firewall",
   );
-  panel(
-    "Other services",
-    [["Sikker, FileWall, Orion, TCPServers", "run as their own commands (sikker agent, filewall run, orion watch, tcps serve); their counters are not reported to the daemon yet"]],
-    "panel-services",
-  );
+  for (const s of snap.services ?? []) {
+    const rows: [string, string][] = s.up
+      ? s.samples.filter(([k]) => !k.endsWith("_sum")).slice(0, 40).map(([k, v]) => [k.replace(/^sidecore_/, ""), fmtCount(v)])
+      : [["down", s.error ?? "no answer"]];
+    panel(`${s.name} (${s.addr})`, rows, `panel-service-${s.name}`);
+  }
+  if ((snap.services ?? []).length === 0) {
+    panel(
+      "Services",
+      [["Sikker, FileWall, Orion, TCPServers", "run with --metrics ADDR and start the daemon with --service NAME=ADDR to see them here"]],
+      "panel-services",
+    );
+  }
 }
 
 function addEvent(e: RuntimeEvent): void {

@@ -46,10 +46,20 @@ export interface Pe {
   detail: string;
 }
 
+export interface ServiceView {
+  name: string;
+  addr: string;
+  up: boolean;
+  error?: string;
+  /** [series with labels, value] */
+  samples: [string, number][];
+}
+
 export interface Snapshot {
   at_ms: number;
   apps: App[];
   pes: Pe[];
+  services: ServiceView[];
 }
 
 export interface RuntimeEvent {

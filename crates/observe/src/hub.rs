@@ -14,6 +14,7 @@ use sidecore_control::Daemon;
 use sidecore_runtime::events::{Event, EventKind};
 use tokio::sync::broadcast;
 
+use crate::services::{self, ServiceSpec, ServiceView};
 use crate::snapshot::{self, CpuSampler, EventCounts, Snapshot};
 
 /// How often the picture is taken.
@@ -37,11 +38,16 @@ pub struct Hub {
     started: Instant,
     stop: AtomicBool,
     ticker: Mutex<Option<JoinHandle<()>>>,
+    /// The services to scrape, and what their last scrape found.
+    services: Vec<ServiceSpec>,
+    scraped: Mutex<Vec<ServiceView>>,
+    scraper: Mutex<Option<JoinHandle<()>>>,
 }
 
 impl Hub {
-    /// A hub on `daemon`, subscribed to its events and ticking.
-    pub fn start(daemon: Arc<Daemon>) -> Arc<Hub> {
+    /// A hub on `daemon`, subscribed to its events and ticking, scraping
+    /// `services` once a period.
+    pub fn start(daemon: Arc<Daemon>, services: Vec<ServiceSpec>) -> Arc<Hub> {
         let (tx, _) = broadcast::channel(BACKLOG);
         let started = Instant::now();
         let first = snapshot::take(&daemon, &CpuSampler::default(), EventCounts::default(), 0);
@@ -53,6 +59,9 @@ impl Hub {
             started,
             stop: AtomicBool::new(false),
             ticker: Mutex::new(None),
+            services,
+            scraped: Mutex::new(Vec::new()),
+            scraper: Mutex::new(None),
         });
         let weak = Arc::downgrade(&hub);
         hub.daemon.runtime().events().subscribe(move |e| {
@@ -66,13 +75,33 @@ impl Hub {
             .spawn(move || h.tick_loop())
             .ok();
         *lock(&hub.ticker) = ticker;
+        if !hub.services.is_empty() {
+            let h = Arc::clone(&hub);
+            *lock(&hub.scraper) = std::thread::Builder::new()
+                .name("observe-scrape".into())
+                .spawn(move || h.scrape_loop())
+                .ok();
+        }
         hub
+    }
+
+    /// Scrapes every service each period, apart from the ticker so that a
+    /// slow service never delays the picture.
+    fn scrape_loop(&self) {
+        while !self.stop.load(Ordering::Acquire) {
+            let views: Vec<ServiceView> = self.services.iter().map(services::scrape).collect();
+            *lock(&self.scraped) = views;
+            std::thread::sleep(PERIOD);
+        }
     }
 
     /// Stops the ticker.
     pub fn stop(&self) {
         self.stop.store(true, Ordering::Release);
-        if let Some(t) = lock(&self.ticker).take() {
+        for t in [lock(&self.ticker).take(), lock(&self.scraper).take()]
+            .into_iter()
+            .flatten()
+        {
             let _ = t.join();
         }
     }
@@ -105,7 +134,9 @@ impl Hub {
     fn refresh_with(&self, cpus: &CpuSampler) -> Arc<Snapshot> {
         let counts = lock(&self.counts).clone();
         let at = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        let snap = Arc::new(snapshot::take(&self.daemon, cpus, counts, at));
+        let mut snap = snapshot::take(&self.daemon, cpus, counts, at);
+        snap.services = lock(&self.scraped).clone();
+        let snap = Arc::new(snap);
         *lock(&self.latest) = Arc::clone(&snap);
         if self.tx.receiver_count() > 0 {
             match serde_json::to_string(&*snap) {

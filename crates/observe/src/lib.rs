@@ -16,6 +16,7 @@ pub mod exporters;
 pub mod http;
 pub mod hub;
 pub mod metrics;
+pub mod services;
 pub mod snapshot;
 
 pub use http::{HttpError, HttpServer};

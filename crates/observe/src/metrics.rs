@@ -41,6 +41,7 @@ pub const FAMILIES: &[(&str, &str)] = &[
     ("sidecore_wasm_unloads_total", "counter"),
     ("sidecore_firewall_verdicts_total", "counter"),
     ("sidecore_events_total", "counter"),
+    ("sidecore_service_up", "gauge"),
 ];
 
 /// Offcode metrics with a family of their own; the rest go to
@@ -112,6 +113,16 @@ pub fn render(snap: &Snapshot) -> String {
                 b,
             );
         }
+    }
+    for s in &snap.services {
+        let l = vec![("service", s.name.clone()), ("addr", s.addr.clone())];
+        e.gauge(
+            "service_up",
+            "1 when the service's /metrics answered the last scrape",
+            None,
+            l,
+            f64::from(u8::from(s.up)),
+        );
     }
     let ev = &snap.events;
     e.counter(

@@ -46,6 +46,8 @@ pub struct Snapshot {
     pub at_ms: u64,
     pub apps: Vec<AppStatus>,
     pub pes: Vec<PeRow>,
+    /// The services scraped beside the daemon.
+    pub services: Vec<crate::services::ServiceView>,
     #[serde(skip)]
     pub events: EventCounts,
 }
@@ -126,6 +128,7 @@ pub fn take(d: &Daemon, cpus: &CpuSampler, events: EventCounts, at_ms: u64) -> S
         at_ms,
         apps: d.ps(),
         pes,
+        services: Vec::new(),
         events,
     }
 }

@@ -43,6 +43,10 @@ pub struct DaemonArgs {
     /// Allow --http on an address beyond loopback.
     #[arg(long)]
     http_expose: bool,
+    /// A service's metrics to scrape and show, NAME=ADDR (repeatable), e.g.
+    /// `filewall=127.0.0.1:9465` for `filewall run --metrics 127.0.0.1:9465`.
+    #[arg(long = "service")]
+    services: Vec<sidecore_observe::services::ServiceSpec>,
     /// Configuration file (see dist/sidecore.toml); flags override it.
     #[arg(long, env = "SIDECORE_CONFIG")]
     config: Option<PathBuf>,
@@ -72,6 +76,7 @@ fn settings(args: &DaemonArgs) -> anyhow::Result<(DaemonConfig, PeArgs)> {
         c.http.clone_from(&args.http);
     }
     c.http_expose |= args.http_expose;
+    c.services.extend(args.services.iter().cloned());
     c.spin |= args.spin;
     let pe = PeArgs {
         nodes: args.pe.nodes.clone().or_else(|| c.nodes.clone()),
@@ -104,7 +109,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<ExitCode> {
         None => None,
     };
     d.runtime().events().subscribe(|e| eprintln!("{e}"));
-    let hub = Hub::start(Arc::clone(&d));
+    let hub = Hub::start(Arc::clone(&d), cfg.services.clone());
     let http = start_http(&hub, &cfg)?;
     let term = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {

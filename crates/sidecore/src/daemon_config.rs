@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
+use sidecore_observe::services::ServiceSpec;
 
 /// The default address of the metrics and dashboard listener.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:9464";
@@ -38,6 +39,16 @@ pub struct DaemonConfig {
     /// Manifests kept deployed (relative paths are against the file's folder).
     #[serde(default)]
     pub apps: Vec<PathBuf>,
+    /// Services whose `/metrics` the daemon scrapes and shows (`NAME=ADDR`).
+    #[serde(default, deserialize_with = "services")]
+    pub services: Vec<ServiceSpec>,
+}
+
+fn services<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<ServiceSpec>, D::Error> {
+    let raw: Vec<String> = Vec::deserialize(d)?;
+    raw.iter()
+        .map(|s| s.parse().map_err(serde::de::Error::custom))
+        .collect()
 }
 
 /// A configuration that cannot be used, with where.
@@ -153,6 +164,12 @@ mod tests {
         assert!(e.contains("`apps`") && e.contains("nope.toml"), "{e}");
         let e = DaemonConfig::load(&d.path().join("absent.toml")).unwrap_err();
         assert!(matches!(e, ConfigError::Read { .. }));
+        let svc = write(d.path(), "e.toml", "services = [\"fw=nowhere\"]\n");
+        let e = DaemonConfig::load(&svc).unwrap_err().to_string();
+        assert!(
+            e.contains("e.toml:1:") && e.contains("not an address"),
+            "{e}"
+        );
         let ok = write(d.path(), "d.toml", "http = \"off\"\nspin = true\n");
         let c = DaemonConfig::load(&ok).unwrap();
         assert!(c.spin && c.apps.is_empty());

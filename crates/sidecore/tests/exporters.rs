@@ -65,6 +65,53 @@ fn tcps_serve_exports_its_ppes_and_queues() {
         http_get(&metrics, "/nope").trim(),
         "no such page; try /metrics"
     );
+    // A daemon told of the service scrapes it, shows it and says it is up;
+    // one that is not there is shown down.
+    let gone = format!("127.0.0.1:{}", free_port());
+    let http = format!("127.0.0.1:{}", free_port());
+    let _d = Guard(
+        bin()
+            .arg("daemon")
+            .arg("--socket")
+            .arg(dir.path().join("d.sock"))
+            .args(["--http", &http, "--service", &format!("tcps={metrics}")])
+            .args(["--service", &format!("gone={gone}")])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let status = || serde_json::from_str::<serde_json::Value>(&http_get(&http, "/api/status")).ok();
+    assert!(
+        wait_for(
+            || status().is_some_and(|s| s["services"][0]["up"] == true),
+            10
+        ),
+        "{:?}",
+        status()
+    );
+    let s = status().unwrap();
+    assert_eq!(s["services"][0]["name"], "tcps");
+    assert!(
+        s["services"][0]["samples"]
+            .to_string()
+            .contains("sidecore_tcps_accepted_total"),
+        "{s}"
+    );
+    assert_eq!(s["services"][1]["up"], false);
+    let dm = http_get(&http, "/metrics");
+    assert!(
+        dm.contains(&format!(
+            "sidecore_service_up{{service=\"tcps\",addr=\"{metrics}\"}} 1"
+        )),
+        "{dm}"
+    );
+    assert!(
+        dm.contains(&format!(
+            "sidecore_service_up{{service=\"gone\",addr=\"{gone}\"}} 0"
+        )),
+        "{dm}"
+    );
 }
 
 #[test]

@@ -119,6 +119,7 @@ fn metrics_families_types_units_and_promtool() {
     let optional = [
         "sidecore_firewall_verdicts_total",
         "sidecore_wasm_violations_total",
+        "sidecore_service_up",
     ];
     for t in &types {
         assert!(want.contains(t), "{t:?} is not on the list");
@@ -362,6 +363,13 @@ fn config_file_check_and_sighup_reload() {
     ]);
     assert!(ok.status.success(), "{:?}", text(&ok));
     assert!(text(&ok).0.contains("ok — 1 app(s)"));
+    // The example the service unit uses is valid as shipped.
+    let root = std::env::var("CARGO_MANIFEST_DIR").unwrap();
+    let dist = format!("{root}/../../dist/sidecore.toml");
+    let o = run(&["daemon", "--config", &dist, "--check-config"]);
+    assert!(o.status.success(), "{:?}", text(&o));
+    let unit = std::fs::read_to_string(format!("{root}/../../dist/sidecore.service")).unwrap();
+    assert!(unit.contains("--check-config") && unit.contains("ExecReload=/bin/kill -HUP $MAINPID"));
     let bad = dir.path().join("bad.toml");
     std::fs::write(&bad, "apps = [\"x.toml\"]\nhttp = 3\n").unwrap();
     let r = run(&[

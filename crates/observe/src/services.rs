@@ -1,0 +1,178 @@
+//! The services that run beside the daemon as their own commands (`filewall
+//! run`, `tcps serve`, `sikker agent`, `orion watch`, each with `--metrics
+//! ADDR`): the daemon scrapes their `/metrics` once a second on a thread of its
+//! own, so the dashboard can show them in its capability panels and the
+//! daemon's own `/metrics` says whether each is up.
+
+use std::io::{Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::str::FromStr;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// Longest a scrape may take (connect, send, read).
+const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
+/// Largest answer read from a service.
+const MAX_BODY: u64 = 4 << 20;
+/// Samples kept per service for the dashboard (histogram buckets are left out).
+const MAX_SAMPLES: usize = 400;
+
+/// A service to scrape: `NAME=ADDR`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceSpec {
+    pub name: String,
+    pub addr: SocketAddr,
+}
+
+impl FromStr for ServiceSpec {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        let (name, addr) = s
+            .split_once('=')
+            .ok_or_else(|| format!("`{s}`: expected NAME=ADDR, e.g. filewall=127.0.0.1:9465"))?;
+        if name.is_empty()
+            || !name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        {
+            return Err(format!(
+                "`{name}`: a service name is letters, digits, `-` and `_`"
+            ));
+        }
+        let addr = addr
+            .parse()
+            .map_err(|e| format!("`{addr}` is not an address: {e}"))?;
+        Ok(ServiceSpec {
+            name: name.to_string(),
+            addr,
+        })
+    }
+}
+
+/// What the last scrape of one service found.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ServiceView {
+    pub name: String,
+    pub addr: String,
+    pub up: bool,
+    /// Why the last scrape failed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// (series with its labels, value), in the service's order.
+    pub samples: Vec<(String, f64)>,
+}
+
+/// Scrapes one service now.
+pub fn scrape(s: &ServiceSpec) -> ServiceView {
+    let (up, error, samples) = match fetch(s.addr) {
+        Ok(body) => (true, None, parse_samples(&body)),
+        Err(e) => (false, Some(e), Vec::new()),
+    };
+    ServiceView {
+        name: s.name.clone(),
+        addr: s.addr.to_string(),
+        up,
+        error,
+        samples,
+    }
+}
+
+/// GET /metrics with HTTP/1.0 (the service closes after the answer).
+fn fetch(addr: SocketAddr) -> Result<String, String> {
+    let mut c =
+        TcpStream::connect_timeout(&addr, SCRAPE_TIMEOUT).map_err(|e| format!("connect: {e}"))?;
+    c.set_read_timeout(Some(SCRAPE_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    c.set_write_timeout(Some(SCRAPE_TIMEOUT))
+        .map_err(|e| e.to_string())?;
+    c.write_all(b"GET /metrics HTTP/1.0\r\nHost: sidecore\r\n\r\n")
+        .map_err(|e| format!("send: {e}"))?;
+    let mut raw = Vec::new();
+    c.take(MAX_BODY)
+        .read_to_end(&mut raw)
+        .map_err(|e| format!("read: {e}"))?;
+    let text = String::from_utf8_lossy(&raw);
+    let (head, body) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| "not an HTTP answer".to_string())?;
+    let status = head.split_whitespace().nth(1).unwrap_or("?");
+    if status != "200" {
+        return Err(format!("HTTP {status}"));
+    }
+    Ok(body.to_string())
+}
+
+/// The sample lines of a Prometheus text exposition, without histogram
+/// buckets: `series value` pairs.
+pub fn parse_samples(text: &str) -> Vec<(String, f64)> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let name = series.split('{').next()?;
+            if name.ends_with("_bucket") {
+                return None;
+            }
+            Some((series.to_string(), value.trim().parse().ok()?))
+        })
+        .take(MAX_SAMPLES)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn specs_parse_and_bad_ones_say_why() {
+        let s: ServiceSpec = "filewall=127.0.0.1:9465".parse().unwrap();
+        assert_eq!(s.name, "filewall");
+        assert!(
+            "filewall"
+                .parse::<ServiceSpec>()
+                .unwrap_err()
+                .contains("NAME=ADDR")
+        );
+        assert!(
+            "a b=127.0.0.1:1"
+                .parse::<ServiceSpec>()
+                .unwrap_err()
+                .contains("service name")
+        );
+        assert!(
+            "x=nowhere"
+                .parse::<ServiceSpec>()
+                .unwrap_err()
+                .contains("not an address")
+        );
+    }
+
+    #[test]
+    fn samples_skip_comments_buckets_and_junk() {
+        let t = "# HELP a A\n# TYPE a counter\na_total{x=\"1 2\"} 3\nh_bucket{le=\"1\"} 2\nh_count 2\nbroken\nb NaNx\n";
+        assert_eq!(
+            parse_samples(t),
+            vec![
+                ("a_total{x=\"1 2\"}".to_string(), 3.0),
+                ("h_count".to_string(), 2.0)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_service_that_is_not_there_is_down_with_the_reason() {
+        let free = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap();
+        let v = scrape(&ServiceSpec {
+            name: "gone".into(),
+            addr: free,
+        });
+        assert!(
+            !v.up && v.error.as_deref().is_some_and(|e| e.contains("connect")),
+            "{v:?}"
+        );
+    }
+}
