@@ -51,6 +51,20 @@ fn start(dir: &Path, extra: &[&str]) -> Daemon {
     d
 }
 
+/// A daemon running examples/checksum.toml.
+fn start_checksum(dir: &Path) -> Daemon {
+    let d = start(dir, &[]);
+    let up = run(&[
+        "up",
+        "-d",
+        &example("checksum.toml"),
+        "--socket",
+        d.socket.to_str().unwrap(),
+    ]);
+    assert!(up.status.success(), "{:?}", text(&up));
+    d
+}
+
 fn example(name: &str) -> String {
     let root = std::env::var("CARGO_MANIFEST_DIR").unwrap();
     format!("{root}/../../examples/{name}")
@@ -94,10 +108,8 @@ fn samples(text: &str, pat: &str) -> Vec<f64> {
 fn metrics_families_types_units_and_promtool() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let d = start(dir.path(), &[]);
+    let d = start_checksum(dir.path());
     let sock = d.socket.to_str().unwrap();
-    let up = run(&["up", "-d", &example("checksum.toml"), "--socket", sock]);
-    assert!(up.status.success(), "{:?}", text(&up));
     std::thread::sleep(Duration::from_millis(2500));
     let (code, first) = get(d.http, "/metrics");
     assert_eq!(code, 200);
@@ -197,10 +209,8 @@ fn metrics_families_types_units_and_promtool() {
 fn dashboard_in_headless_chromium() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let d = start(dir.path(), &[]);
+    let d = start_checksum(dir.path());
     let sock = d.socket.to_str().unwrap();
-    let up = run(&["up", "-d", &example("checksum.toml"), "--socket", sock]);
-    assert!(up.status.success(), "{:?}", text(&up));
     let root = std::env::var("CARGO_MANIFEST_DIR").unwrap();
     let dash = format!("{root}/../../dashboard");
     // The screenshot is the test's artefact, next to the other build outputs.
