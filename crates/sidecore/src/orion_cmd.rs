@@ -72,6 +72,11 @@ pub enum OrionCommand {
         /// Repair fork bombs in --cgroup (freeze, kill the culprit's subtree, thaw).
         #[arg(long, requires = "cgroup")]
         heal: bool,
+        /// With --heal, also repair memory hogs: the cgroup's memory limit
+        /// (e.g. 400MiB); a hog is killed (by --scope) once use passes the
+        /// healer's share of it.
+        #[arg(long, requires = "heal")]
+        memory_limit: Option<bytesize::ByteSize>,
         /// Command names never killed (comma-separated).
         #[arg(long, value_delimiter = ',')]
         whitelist: Vec<String>,
@@ -124,6 +129,9 @@ fn open(
     if let Some(cg) = cgroup {
         mon.add_implicit(ImplicitSource::CgroupCpu(cg.clone()));
         mon.add_implicit(ImplicitSource::CgroupPids(cg.clone()));
+        // Its memory use (v2 memory.current, or the v1 twin's usage), for the
+        // memory-hog repair; a machine without it reports the sensor unread.
+        mon.add_implicit(ImplicitSource::CgroupMemory(cg.clone()));
     }
     Ok(mon)
 }
@@ -269,8 +277,35 @@ fn print_transition(t: &Transition, sensor: &str, k: u32) {
 }
 
 /// One fork-bomb check and repair, reported.
-/// One repair pass; returns how many processes it killed, if it repaired.
-fn heal_once(h: &mut Healer) -> Option<usize> {
+/// One repair pass (fork bomb; memory hog when the use and limit are known);
+/// returns how many processes it killed, if it repaired.
+fn heal_once(h: &mut Healer, memory: Option<(u64, u64)>) -> Option<usize> {
+    let bomb = heal_bomb(h);
+    let hog = memory.and_then(|(usage, limit)| match h.check_memory(usage, limit) {
+        Ok(Some(r)) => {
+            println!(
+                "REPAIRED memory hog: {} used of {limit} bytes, culprit {}, {} killed in {:.1} ms",
+                usage,
+                r.culprit,
+                r.killed.len(),
+                r.total_ms
+            );
+            Some(r.killed.len())
+        }
+        Ok(None) => None,
+        Err(e) => {
+            println!("heal: {e}");
+            None
+        }
+    });
+    match (bomb, hog) {
+        (None, None) => None,
+        (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+    }
+}
+
+/// One fork-bomb check.
+fn heal_bomb(h: &mut Healer) -> Option<usize> {
     match h.check_fork_bomb() {
         Ok(Some(r)) => {
             println!(
@@ -332,6 +367,7 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
         scope,
         log,
         metrics,
+        memory_limit,
     } = cmd
     else {
         bail!("not a watch command");
@@ -384,7 +420,10 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
         if let Some(t) = &t {
             print_transition(t, &sensor, k);
         }
-        let killed = healer.as_mut().and_then(heal_once);
+        let memory = memory_limit
+            .zip(view.value("memory.usage_bytes"))
+            .map(|(l, u)| (u, l.as_u64()));
+        let killed = healer.as_mut().and_then(|h| heal_once(h, memory));
         publish(&shown, &view, value, det.state(), t.is_some(), killed);
         if Instant::now() >= next_print {
             next_print += Duration::from_secs(1);

@@ -259,3 +259,60 @@ fn filewall_run_exports_operations_and_latency() {
         common::text(&o)
     );
 }
+
+#[path = "../../orion/benches/common/mod.rs"]
+mod orion_cg;
+
+#[test]
+fn orion_watch_heals_a_memory_hog_and_spares_bystanders() {
+    let _s = serial();
+    if let Some(why) = orion_cg::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    // The kernel's own limit is far above the healer's, so Orion acts first.
+    let cg = orion_cg::TestCgroup::new("watch-hog", 256, 1 << 30);
+    let mut bystander = cg.spawn(&["sleep", "30"]);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    // Not in a Guard: its output is read at the end, and --seconds ends it anyway.
+    let mut watch = bin()
+        .args(["orion", "watch", "--cgroup"])
+        .arg(&cg.v2)
+        .args(["--heal", "--memory-limit", "128MiB", "--whitelist", "sleep"])
+        .args(["--seconds", "15", "--metrics", &metrics])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(|| !http_get(&metrics, "/metrics").is_empty(), 10));
+    let mut hog = cg.spawn(&["perl", "-e", "my $x = 'x' x (150 << 20); sleep 30"]);
+    let t0 = std::time::Instant::now();
+    let repaired = || {
+        sample(
+            &http_get(&metrics, "/metrics"),
+            &format!(
+                "sidecore_orion_repairs_total{{target=\"{}\"}}",
+                cg.v2.display()
+            ),
+        )
+        .is_some_and(|v| v >= 1.0)
+    };
+    assert!(wait_for(repaired, 10), "{}", http_get(&metrics, "/metrics"));
+    eprintln!("repaired after {:?}", t0.elapsed());
+    let hog_pid = hog.id();
+    assert!(
+        wait_for(|| !cg.procs().contains(&hog_pid), 5),
+        "the hog still runs"
+    );
+    let _ = hog.wait();
+    assert!(
+        bystander.try_wait().unwrap().is_none(),
+        "the whitelisted bystander was killed"
+    );
+    let _ = watch.kill();
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("REPAIRED memory hog"), "{text}");
+    let _ = bystander.kill();
+    cg.empty();
+}
