@@ -316,3 +316,75 @@ fn orion_watch_heals_a_memory_hog_and_spares_bystanders() {
     let _ = bystander.kill();
     cg.empty();
 }
+
+#[test]
+fn orion_watch_repairs_a_c_fork_bomb() {
+    let _s = serial();
+    if let Some(why) = orion_cg::unavailable() {
+        eprintln!("skipped: {why}");
+        return;
+    }
+    // A compiled bomb forks far faster than a shell one; pids.max caps it.
+    let dir = tempfile::tempdir().unwrap();
+    let src = dir.path().join("bomb.c");
+    std::fs::write(
+        &src,
+        "#include <unistd.h>\nint main(void) { for (;;) { fork(); usleep(1000); } }\n",
+    )
+    .unwrap();
+    let exe = dir.path().join("bomb");
+    let cc = std::process::Command::new("cc")
+        .arg("-O2")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .output()
+        .expect("cc (clang or gcc; scripts/setup.sh installs clang)");
+    assert!(
+        cc.status.success(),
+        "{}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let cg = orion_cg::TestCgroup::new("watch-cbomb", 300, 1 << 30);
+    let mut keeper = cg.spawn(&["sleep", "30"]);
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let mut watch = bin()
+        .args(["orion", "watch", "--cgroup"])
+        .arg(&cg.v2)
+        .args(["--heal", "--whitelist", "sleep", "--seconds", "20"])
+        .args(["--metrics", &metrics])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(|| !http_get(&metrics, "/metrics").is_empty(), 10));
+    let mut bomb = cg.spawn(&[exe.to_str().unwrap()]);
+    let repaired = || {
+        sample(
+            &http_get(&metrics, "/metrics"),
+            &format!(
+                "sidecore_orion_repairs_total{{target=\"{}\"}}",
+                cg.v2.display()
+            ),
+        )
+        .is_some_and(|v| v >= 1.0)
+    };
+    assert!(wait_for(repaired, 10), "{}", http_get(&metrics, "/metrics"));
+    let keeper_pid = keeper.id();
+    assert!(
+        wait_for(|| cg.procs() == vec![keeper_pid], 10),
+        "left in the cgroup: {:?}",
+        cg.procs()
+    );
+    let _ = bomb.wait();
+    assert!(
+        keeper.try_wait().unwrap().is_none(),
+        "the whitelisted keeper was killed"
+    );
+    let _ = watch.kill();
+    let out = watch.wait_with_output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains("REPAIRED fork bomb"), "{text}");
+    let _ = keeper.kill();
+    cg.empty();
+}
