@@ -129,7 +129,12 @@ pub fn run(argv: &[OsString], policy: Policy) -> Result<Outcome, Error> {
     };
     drop(parent_sock);
     let serve = std::thread::spawn(move || serve(&listener, &policy, root.as_ref()));
+    let forward = forward_signals(child.id());
     let status = child.wait().map_err(Error::Wait)?;
+    if let Some((handle, thread)) = forward {
+        handle.close();
+        let _ = thread.join();
+    }
     let counters = serve.join().unwrap_or_default();
     let code = match (status.code(), status.signal()) {
         (Some(c), _) => c,
@@ -137,6 +142,49 @@ pub fn run(argv: &[OsString], policy: Policy) -> Result<Outcome, Error> {
         (None, None) => 1,
     };
     Ok(Outcome { code, counters })
+}
+
+/// Signals that end a program when sent to it: passed on to the guest, as a
+/// shell's foreground job would get them, so that `kill -TERM` on `sidecore
+/// exec` ends the guest (with its own status) rather than orphaning it.
+/// (A terminal's Ctrl-C reaches the guest directly too, since it shares the
+/// foreground process group; it may see that SIGINT twice.)
+const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
+
+/// Starts forwarding [`FORWARDED`] to `pid` through a pidfd, which keeps
+/// naming the guest after it is reaped (a late signal then fails with ESRCH
+/// instead of reaching whatever process reuses the number); `None` when the
+/// handlers or the pidfd cannot be had (the guest then only gets what its
+/// process group gets).
+fn forward_signals(
+    pid: u32,
+) -> Option<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>)> {
+    let pid = libc::pid_t::try_from(pid).ok()?;
+    // SAFETY: pidfd_open(2) with a pid this process spawned and has not reaped
+    // (the caller waits for it only after this returns).
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    let fd = RawFd::try_from(fd).ok().filter(|&fd| fd >= 0)?;
+    // SAFETY: the descriptor was just returned by the kernel and is owned by
+    // nothing else.
+    let pidfd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut signals = signal_hook::iterator::Signals::new(FORWARDED).ok()?;
+    let handle = signals.handle();
+    let thread = std::thread::spawn(move || {
+        for sig in signals.forever() {
+            // SAFETY: pidfd_send_signal(2) on the pidfd this thread owns, with
+            // no siginfo (null) and no flags.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd.as_raw_fd(),
+                    sig,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                )
+            };
+        }
+    });
+    Some((handle, thread))
 }
 
 fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {

@@ -127,3 +127,30 @@ fn projected_root_supplies_the_file() {
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("/nonexistent/root"));
 }
+
+#[test]
+fn sigterm_and_sigint_reach_the_guest_and_its_status_comes_back() {
+    for (sig, code) in [(libc::SIGTERM, 42), (libc::SIGINT, 43), (libc::SIGHUP, 44)] {
+        let name = match sig {
+            libc::SIGTERM => "TERM",
+            libc::SIGINT => "INT",
+            _ => "HUP",
+        };
+        // The guest says when its trap is set, then waits.
+        let script = format!("trap 'exit {code}' {name}; echo ready; while :; do sleep 0.05; done");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_sidecore"))
+            .args(["exec", "-q", "sh", "-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        std::io::BufRead::read_line(&mut out, &mut line).unwrap();
+        assert_eq!(line.trim(), "ready");
+        // SAFETY: kill(2) on the child this test started.
+        assert_eq!(unsafe { libc::kill(child.id() as libc::pid_t, sig) }, 0);
+        let status = child.wait().unwrap();
+        assert_eq!(status.code(), Some(code), "after SIG{name}");
+    }
+}
