@@ -172,7 +172,7 @@ struct Net {
 fn simulate<N: Node>(nodes: &mut [N], per_node: usize, net: &Net, seed: u64) -> Vec<Vec<MsgId>> {
     let n = nodes.len();
     let mut rng = ChaCha8Rng::seed_from_u64(seed);
-    let mut flight: Vec<(usize, Vec<u8>)> = Vec::new();
+    let mut flight: VecDeque<(usize, Vec<u8>)> = VecDeque::new();
     let mut sent = vec![0usize; n];
     let mut got: Vec<Vec<MsgId>> = vec![Vec::new(); n];
     let mut now: u64 = 0;
@@ -203,21 +203,24 @@ fn simulate<N: Node>(nodes: &mut [N], per_node: usize, net: &Net, seed: u64) -> 
                         continue;
                     }
                     if rng.random_bool(net.dup) {
-                        flight.push((j, t.bytes.clone()));
+                        flight.push_back((j, t.bytes.clone()));
                     }
-                    flight.push((j, t.bytes.clone()));
+                    flight.push_back((j, t.bytes.clone()));
                 }
             }
         }
-        // Some datagrams arrive, oldest first or any.
-        let burst = rng.random_range(0..=flight.len().min(8));
+        // Some datagrams arrive, oldest first or any (up to half of what is
+        // in flight, so the network keeps up with what the nodes send).
+        let burst = rng.random_range(0..=flight.len().div_ceil(2).max(8).min(flight.len()));
         for _ in 0..burst {
             let k = if rng.random_bool(net.shuffle) {
                 rng.random_range(0..flight.len())
             } else {
                 0
             };
-            let (j, b) = flight.remove(k);
+            let Some((j, b)) = flight.swap_remove_back(k) else {
+                break;
+            };
             nodes[j].datagram(&b, now);
         }
         if rng.random_bool(net.garbage) {
