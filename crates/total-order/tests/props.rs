@@ -286,7 +286,7 @@ fn net() -> impl Strategy<Value = Net> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
 
     #[test]
     fn lamport_over_beta_agrees_everywhere(n in 1usize..=5, per_node in 1usize..40, window in 1usize..16, net in net(), seed: u64) {
@@ -310,7 +310,7 @@ proptest! {
 
 proptest! {
     // Slower per case (two queues per node): fewer cases.
-    #![proptest_config(ProptestConfig { cases: 24, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
     fn lamport_with_alpha_apart_from_beta_agrees_everywhere(n in 1usize..=5, per_node in 1usize..40, window in 1usize..16, net in net(), seed: u64) {
