@@ -19,5 +19,3 @@ pub mod metrics;
 pub mod services;
 pub mod snapshot;
 
-pub use http::{HttpError, HttpServer};
-pub use hub::Hub;

@@ -105,11 +105,11 @@ impl MetricsArgs {
     pub fn start(
         &self,
         render: sidecore_observe::http::Render,
-    ) -> anyhow::Result<Option<sidecore_observe::HttpServer>> {
+    ) -> anyhow::Result<Option<sidecore_observe::http::HttpServer>> {
         let Some(addr) = self.metrics else {
             return Ok(None);
         };
-        let s = sidecore_observe::HttpServer::exporter(addr, self.metrics_expose, render)?;
+        let s = sidecore_observe::http::HttpServer::exporter(addr, self.metrics_expose, render)?;
         eprintln!("metrics on http://{}/metrics", s.addr());
         Ok(Some(s))
     }

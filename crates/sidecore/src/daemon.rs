@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use sidecore_control::node::NodeListener;
 use sidecore_control::{ControlServer, Daemon, Request};
-use sidecore_observe::{HttpServer, Hub};
+use sidecore_observe::http::HttpServer;
+use sidecore_observe::hub::Hub;
 
 use crate::args::{PeArgs, SocketArgs, daemon_options, registry};
 use crate::daemon_config::{DEFAULT_HTTP, DaemonConfig};
@@ -175,7 +176,7 @@ fn start_http(hub: &Arc<Hub>, cfg: &DaemonConfig) -> anyhow::Result<Option<HttpS
         // Only the default address may be taken by another daemon on this
         // machine (tests, `up -d` with another socket); an address the user
         // chose must be served or the start fails.
-        Err(sidecore_observe::HttpError::Bind { addr, source })
+        Err(sidecore_observe::http::HttpError::Bind { addr, source })
             if cfg.http.is_none() && source.kind() == std::io::ErrorKind::AddrInUse =>
         {
             eprintln!(
