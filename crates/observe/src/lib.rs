@@ -18,4 +18,3 @@ pub mod hub;
 pub mod metrics;
 pub mod services;
 pub mod snapshot;
-
