@@ -445,16 +445,21 @@ fn dispatch(shared: &Arc<Shared>, outputs: Vec<Output<Msg>>) {
                     }
                     Msg::Call { .. } => continue,
                 };
-                if send_to_client(shared, client.flow, &out) {
-                    let took = lock(&shared.arrived).remove(&client).map(|t| t.elapsed());
+                // Counted before it is sent, so a client that reads the
+                // statistics as soon as it has its reply finds it counted; a
+                // reply that cannot be delivered is moved to `unmatched`.
+                let took = lock(&shared.arrived).remove(&client).map(|t| t.elapsed());
+                shared.count(|s| {
+                    if let Some(d) = took {
+                        s.latency.entry(name.clone()).or_default().observe(d);
+                    }
+                    s.ops.entry(name.clone()).or_default().replies += 1;
+                });
+                if !send_to_client(shared, client.flow, &out) {
                     shared.count(|s| {
-                        if let Some(d) = took {
-                            s.latency.entry(name.clone()).or_default().observe(d);
-                        }
-                        s.ops.entry(name).or_default().replies += 1;
+                        s.ops.entry(name).or_default().replies -= 1;
+                        s.unmatched_replies += 1;
                     });
-                } else {
-                    shared.count(|s| s.unmatched_replies += 1);
                 }
             }
             Output::ToServer { .. } => {}
