@@ -107,13 +107,17 @@ fn three_agents_prove_their_hosts_and_hold_a_limit_together() {
     std::thread::sleep(Duration::from_millis(300));
     let phases: [&[usize]; 4] = [&[0, 1, 2], &[0], &[1, 2], &[0, 1, 2]];
     let mut spans = Vec::new();
+    // Each phase is measured from 1 s after it starts (SE-TRE has converged
+    // by then) over 2.9 s: SE-TRE moves rate between hosts while all send,
+    // and one 250 ms window mid-move can read 5% low, which a short span
+    // (it was 1.4 s) averaged into a 1.04% miss once in CI.
     for senders in phases {
         let t0 = unix_ms();
-        let loads: Vec<Proc> = senders.iter().map(|&s| c.load(s, SIZE, 2500)).collect();
+        let loads: Vec<Proc> = senders.iter().map(|&s| c.load(s, SIZE, 4000)).collect();
         for mut l in loads {
             assert!(wait_exit(&mut l.0, 10).is_some_and(|s| s.success()));
         }
-        spans.push((senders, t0 + 1000, t0 + 2400));
+        spans.push((senders, t0 + 1000, t0 + 3900));
     }
     // h2's agent dies while all three send; the others go on.
     let t0 = unix_ms();
