@@ -172,14 +172,21 @@ impl Hub {
                     .entry((e.app.clone(), e.offcode.clone()))
                     .or_insert(0) += 1;
             }
-            if self.is_wasm(&e.app, &e.offcode) {
-                match e.kind {
-                    EventKind::Initialized => c.wasm_admitted += 1,
-                    EventKind::Failed { .. } | EventKind::WatchdogExpired { .. } => {
-                        c.wasm_unloaded += 1;
-                    }
-                    _ => {}
+            // Every offcode is placed before it initializes, so its `Placed`
+            // event says whether it runs on the Wasm PE; nothing is looked up
+            // in the runtime from inside its own event callback.
+            let key = (e.app.clone(), e.offcode.clone());
+            match &e.kind {
+                EventKind::Placed { pe, .. } if pe == "wasm" => {
+                    c.wasm_offcodes.insert(key);
                 }
+                EventKind::Initialized if c.wasm_offcodes.contains(&key) => c.wasm_admitted += 1,
+                EventKind::Failed { .. } | EventKind::WatchdogExpired { .. }
+                    if c.wasm_offcodes.contains(&key) =>
+                {
+                    c.wasm_unloaded += 1;
+                }
+                _ => {}
             }
         }
         if self.tx.receiver_count() > 0
@@ -190,22 +197,6 @@ impl Hub {
                 data: data.into(),
             });
         }
-    }
-
-    /// True when the offcode runs a Wasm extension. Events come before the
-    /// app is in the runtime's list (while it lands), so the implementation is
-    /// looked up in the latest picture and, failing that, asked of the runtime.
-    fn is_wasm(&self, app: &str, offcode: &str) -> bool {
-        let find = |apps: &[sidecore_types::AppStatus]| {
-            apps.iter()
-                .filter(|a| a.name == app)
-                .flat_map(|a| &a.offcodes)
-                .find(|o| o.name == offcode)
-                .map(|o| o.pe == "wasm" || o.implementation.contains("wasm"))
-        };
-        find(&self.latest().apps)
-            .or_else(|| find(&self.daemon.ps()))
-            .unwrap_or(false)
     }
 }
 

@@ -37,6 +37,9 @@ pub struct EventCounts {
     pub wasm_admitted: u64,
     /// Wasm offcodes stopped by a failure (a violation unloads the module).
     pub wasm_unloaded: u64,
+    /// (app, offcode) placed on the Wasm PE.
+    #[serde(skip)]
+    pub wasm_offcodes: std::collections::BTreeSet<(String, String)>,
 }
 
 /// The picture.

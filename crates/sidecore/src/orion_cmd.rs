@@ -395,6 +395,8 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
         ..OrionWatch::default()
     }));
     let watched = Arc::clone(&shown);
+    // Copied each refresh only when someone can scrape it.
+    let shown = metrics.metrics.is_some().then_some(shown);
     let _metrics = metrics.start(Arc::new(move || {
         sidecore_observe::exporters::orion(
             &watched
@@ -424,7 +426,9 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
             .zip(view.value("memory.usage_bytes"))
             .map(|(l, u)| (u, l.as_u64()));
         let killed = healer.as_mut().and_then(|h| heal_once(h, memory));
-        publish(&shown, &view, value, det.state(), t.is_some(), killed);
+        if let Some(shown) = &shown {
+            publish(shown, &view, value, det.state(), t.is_some(), killed);
+        }
         if Instant::now() >= next_print {
             next_print += Duration::from_secs(1);
             let r = rate

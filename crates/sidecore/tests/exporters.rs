@@ -263,6 +263,36 @@ fn filewall_run_exports_operations_and_latency() {
 #[path = "../../orion/benches/common/mod.rs"]
 mod orion_cg;
 
+/// `orion watch --heal` on `cg` (sparing `sleep`) with `extra` flags and its
+/// own `--metrics`, once that answers. Not in a Guard: its output is read at
+/// the end, and `--seconds` ends it anyway.
+fn healing_watch(cg: &orion_cg::TestCgroup, extra: &[&str]) -> (std::process::Child, String) {
+    let metrics = format!("127.0.0.1:{}", free_port());
+    let watch = bin()
+        .args(["orion", "watch", "--cgroup"])
+        .arg(&cg.v2)
+        .args(["--heal", "--whitelist", "sleep", "--metrics", &metrics])
+        .args(extra)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(wait_for(|| !http_get(&metrics, "/metrics").is_empty(), 10));
+    (watch, metrics)
+}
+
+/// True once `orion watch --metrics` at `metrics` counts a repair in `cg`.
+fn repaired(metrics: &str, cg: &orion_cg::TestCgroup) -> bool {
+    sample(
+        &http_get(metrics, "/metrics"),
+        &format!(
+            "sidecore_orion_repairs_total{{target=\"{}\"}}",
+            cg.v2.display()
+        ),
+    )
+    .is_some_and(|v| v >= 1.0)
+}
+
 #[test]
 fn orion_watch_heals_a_memory_hog_and_spares_bystanders() {
     let _s = serial();
@@ -273,31 +303,14 @@ fn orion_watch_heals_a_memory_hog_and_spares_bystanders() {
     // The kernel's own limit is far above the healer's, so Orion acts first.
     let cg = orion_cg::TestCgroup::new("watch-hog", 256, 1 << 30);
     let mut bystander = cg.spawn(&["sleep", "30"]);
-    let metrics = format!("127.0.0.1:{}", free_port());
-    // Not in a Guard: its output is read at the end, and --seconds ends it anyway.
-    let mut watch = bin()
-        .args(["orion", "watch", "--cgroup"])
-        .arg(&cg.v2)
-        .args(["--heal", "--memory-limit", "128MiB", "--whitelist", "sleep"])
-        .args(["--seconds", "15", "--metrics", &metrics])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(wait_for(|| !http_get(&metrics, "/metrics").is_empty(), 10));
+    let (mut watch, metrics) = healing_watch(&cg, &["--memory-limit", "128MiB", "--seconds", "15"]);
     let mut hog = cg.spawn(&["perl", "-e", "my $x = 'x' x (150 << 20); sleep 30"]);
     let t0 = std::time::Instant::now();
-    let repaired = || {
-        sample(
-            &http_get(&metrics, "/metrics"),
-            &format!(
-                "sidecore_orion_repairs_total{{target=\"{}\"}}",
-                cg.v2.display()
-            ),
-        )
-        .is_some_and(|v| v >= 1.0)
-    };
-    assert!(wait_for(repaired, 10), "{}", http_get(&metrics, "/metrics"));
+    assert!(
+        wait_for(|| repaired(&metrics, &cg), 10),
+        "{}",
+        http_get(&metrics, "/metrics")
+    );
     eprintln!("repaired after {:?}", t0.elapsed());
     let hog_pid = hog.id();
     assert!(
@@ -347,29 +360,13 @@ fn orion_watch_repairs_a_c_fork_bomb() {
     );
     let cg = orion_cg::TestCgroup::new("watch-cbomb", 300, 1 << 30);
     let mut keeper = cg.spawn(&["sleep", "30"]);
-    let metrics = format!("127.0.0.1:{}", free_port());
-    let mut watch = bin()
-        .args(["orion", "watch", "--cgroup"])
-        .arg(&cg.v2)
-        .args(["--heal", "--whitelist", "sleep", "--seconds", "20"])
-        .args(["--metrics", &metrics])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    assert!(wait_for(|| !http_get(&metrics, "/metrics").is_empty(), 10));
+    let (mut watch, metrics) = healing_watch(&cg, &["--seconds", "20"]);
     let mut bomb = cg.spawn(&[exe.to_str().unwrap()]);
-    let repaired = || {
-        sample(
-            &http_get(&metrics, "/metrics"),
-            &format!(
-                "sidecore_orion_repairs_total{{target=\"{}\"}}",
-                cg.v2.display()
-            ),
-        )
-        .is_some_and(|v| v >= 1.0)
-    };
-    assert!(wait_for(repaired, 10), "{}", http_get(&metrics, "/metrics"));
+    assert!(
+        wait_for(|| repaired(&metrics, &cg), 10),
+        "{}",
+        http_get(&metrics, "/metrics")
+    );
     let keeper_pid = keeper.id();
     assert!(
         wait_for(|| cg.procs() == vec![keeper_pid], 10),
