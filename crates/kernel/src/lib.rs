@@ -14,12 +14,15 @@
 //!
 //! * [`firewall`] — SCIRON at XDP: the tuple-space tables of
 //!   `sidecore-firewall` in BPF maps, swapped live between two generations.
+//! * [`orion_sched`] — Orion's explicit process sensors: `sched_process_fork`,
+//!   `_exec` and `_exit` tracepoints of one cgroup subtree into a ring buffer.
 //! * [`sikker_l4`] — Sikker's L4 mode: cgroup connect4/connect6 and egress
 //!   programs holding plain TCP to service permissions and rate limits.
 
 mod error;
 pub mod firewall;
 pub mod objects;
+pub mod orion_sched;
 pub mod sikker_l4;
 
 pub use error::{KernelError, XdpMode};

@@ -11,7 +11,17 @@ pub fn sikker_l4() -> &'static [u8] {
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/sikker_l4.bpf.o"))
 }
 
+/// Orion's fork/exec/exit sensors: scheduler tracepoints into a ring buffer
+/// (`bpf/orion_sched.bpf.c`).
+pub fn orion_sched() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/orion_sched.bpf.o"))
+}
+
 /// Every embedded object, by name (for `sidecore devices` and errors).
-pub fn all() -> [(&'static str, &'static [u8]); 2] {
-    [("firewall", firewall()), ("sikker_l4", sikker_l4())]
+pub fn all() -> [(&'static str, &'static [u8]); 3] {
+    [
+        ("firewall", firewall()),
+        ("sikker_l4", sikker_l4()),
+        ("orion_sched", orion_sched()),
+    ]
 }

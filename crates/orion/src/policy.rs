@@ -97,7 +97,10 @@ pub fn fork_bomb_check(
 /// The culprit of a bomb in `scope` and its victims: the unprotected root with the
 /// largest subtree, its descendants, and the orphans that share its user and command
 /// (bomb processes whose parents exited before the monitor saw them, reparented to
-/// init), with their descendants. Protected processes are never victims.
+/// init), with their descendants. Lineage runs through the tree's ghosts (exited
+/// ancestors the kernel's events kept), so a bomb whose every parent has exited is
+/// still one tree; the culprit may be such a ghost. Protected processes are never
+/// victims, and only live members of `scope` are.
 pub fn fork_bomb_victims(
     tree: &ShadowTree,
     scope: &BTreeSet<u32>,
@@ -108,11 +111,22 @@ pub fn fork_bomb_victims(
         .copied()
         .filter(|p| tree.get(*p).is_some_and(|i| !wl.protects(i)))
         .collect();
-    let roots = tree.roots(&candidates);
+    let lineage = tree.with_ghosts(&candidates);
+    let live = |r: u32| -> Vec<u32> {
+        tree.subtree(r, &lineage)
+            .into_iter()
+            .filter(|p| candidates.contains(p))
+            .collect()
+    };
+    let roots: Vec<u32> = tree
+        .roots(&lineage)
+        .into_iter()
+        .filter(|r| !live(*r).is_empty())
+        .collect();
     let culprit = roots
         .iter()
         .copied()
-        .max_by_key(|r| (tree.subtree(*r, &candidates).len(), std::cmp::Reverse(*r)))?;
+        .max_by_key(|r| (live(*r).len(), std::cmp::Reverse(*r)))?;
     let c = tree.get(culprit)?;
     let (uid, comm) = (c.uid, c.comm.clone());
     let mut victims = BTreeSet::new();
@@ -124,7 +138,7 @@ pub fn fork_bomb_victims(
                     || !scope.contains(&i.ppid) && tree.origin_parent(r) != Some(i.ppid))
         });
         if r == culprit || orphan_like {
-            victims.extend(tree.subtree(r, &candidates));
+            victims.extend(live(r));
         }
     }
     Some((culprit, victims.into_iter().collect()))

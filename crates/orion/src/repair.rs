@@ -1,5 +1,7 @@
 //! The healer: watches one cgroup v2 subtree from outside, keeps its shadow process
-//! tree from /proc scans, and repairs fork bombs (freeze → walk → kill the culprit's
+//! tree from the kernel's fork/exec/exit events (eBPF, [`sidecore_kernel::orion_sched`])
+//! reconciled with the cgroup's member list, or from /proc scans where the kernel
+//! refuses the programs ([`TreeSource`] says which, and why), and repairs fork bombs (freeze → walk → kill the culprit's
 //! subtree → thaw, repeated until the thresholds hold) and memory hogs (freeze → rank by
 //! RSS minus the whitelist → kill the victim scope → thaw). Only processes listed in
 //! the frozen cgroup are ever signalled, through pidfds (no pid reuse), and every step
@@ -13,10 +15,11 @@ use crate::policy::{
     ForkBombThresholds, VictimScope, Whitelist, fork_bomb_check, fork_bomb_victims,
     memory_hog_victims,
 };
-use crate::procscan::scan_cgroup;
+use crate::procscan::{cgroup_pids, read_proc, scan_cgroup};
 use crate::shm::now_ns;
 use crate::tree::{ShadowTree, TreeStats};
 use serde::Serialize;
+use sidecore_kernel::orion_sched::{SchedAttach, SchedEvents, SchedKind};
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -38,7 +41,34 @@ pub struct HealerConfig {
     pub memory_fraction: f64,
     /// Window of the creation rate.
     pub rate_window: Duration,
+    /// Keep the shadow tree from eBPF fork/exec/exit events (falling back to /proc
+    /// scans when the kernel refuses them); `false`: /proc scans only.
+    pub kernel_sensors: bool,
+    /// After a kill pass, how long to wait for the victims to leave the cgroup before
+    /// checking again.
+    pub settle_timeout: Duration,
 }
+
+/// Where the shadow tree comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case", tag = "source")]
+pub enum TreeSource {
+    /// eBPF on `sched_process_fork`/`exec`/`exit`, attached as `attach`.
+    Kernel {
+        /// `tp_btf` or `raw_tp`.
+        attach: &'static str,
+    },
+    /// /proc scans each check; `why` the kernel sensors are not used.
+    ProcScan {
+        /// Why not the kernel's events.
+        why: String,
+    },
+}
+
+/// The settle poll's period.
+const SETTLE_POLL: Duration = Duration::from_millis(1);
+/// Kill passes before a repair gives up.
+const MAX_PASSES: u32 = 8;
 
 impl HealerConfig {
     /// Defaults for `cgroup`.
@@ -51,6 +81,8 @@ impl HealerConfig {
             freeze_timeout: Duration::from_secs(2),
             memory_fraction: 0.8,
             rate_window: Duration::from_secs(1),
+            kernel_sensors: true,
+            settle_timeout: Duration::from_millis(20),
         }
     }
 }
@@ -78,6 +110,8 @@ pub struct Healer {
     tree: ShadowTree,
     rate: Rate,
     log: ActionLog,
+    sched: Option<SchedEvents>,
+    source: TreeSource,
 }
 
 fn kill(pid: u32) -> Result<(), OrionError> {
@@ -96,15 +130,41 @@ fn kill(pid: u32) -> Result<(), OrionError> {
 }
 
 impl Healer {
-    /// A healer for `cfg.cgroup`; refused when it cannot be frozen.
-    pub fn new(cfg: HealerConfig, log: ActionLog) -> Result<Healer, OrionError> {
+    /// A healer for `cfg.cgroup`; refused when it cannot be frozen. With
+    /// `kernel_sensors`, the eBPF fork/exec/exit sensors are attached to the cgroup;
+    /// where the kernel refuses them (no BTF, no BPF, no privilege) the healer scans
+    /// /proc instead, and says why in [`Healer::source`] and in its log.
+    pub fn new(cfg: HealerConfig, mut log: ActionLog) -> Result<Healer, OrionError> {
         probe(&cfg.cgroup)?;
         let rate = Rate::new(cfg.rate_window.as_nanos() as u64);
+        let (sched, source) = if cfg.kernel_sensors {
+            match SchedEvents::attach(&cfg.cgroup) {
+                Ok(ev) => {
+                    let attach = match ev.attached_as() {
+                        SchedAttach::BtfTracepoint => "tp_btf",
+                        SchedAttach::RawTracepoint => "raw_tp",
+                    };
+                    (Some(ev), TreeSource::Kernel { attach })
+                }
+                Err(e) => (
+                    None,
+                    TreeSource::ProcScan {
+                        why: format!("the kernel refused the eBPF process sensors: {e}"),
+                    },
+                ),
+            }
+        } else {
+            let why = "kernel sensors turned off".to_owned();
+            (None, TreeSource::ProcScan { why })
+        };
+        log.record("sensors", cfg.cgroup.display().to_string(), &source);
         Ok(Healer {
             cfg,
             tree: ShadowTree::new(),
             rate,
             log,
+            sched,
+            source,
         })
     }
 
@@ -113,14 +173,65 @@ impl Healer {
         &self.log
     }
 
-    /// Scans the cgroup into the shadow tree: its shape and the creation rate.
+    /// Where the shadow tree comes from.
+    pub fn source(&self) -> &TreeSource {
+        &self.source
+    }
+
+    /// Records lost because the kernel's ring buffer was full (0 without the sensors).
+    pub fn events_dropped(&self) -> u64 {
+        self.sched
+            .as_ref()
+            .and_then(|s| s.stats().ok())
+            .map_or(0, |s| s.dropped)
+    }
+
+    /// Brings the shadow tree up to date: the kernel's events first, then the cgroup's
+    /// member list (read after them, so a fork the list shows is either in the events
+    /// or read from /proc, and counted once); without the sensors, a /proc scan.
+    fn refresh_tree(&mut self) -> Result<BTreeSet<u32>, OrionError> {
+        let Some(sched) = self.sched.as_mut() else {
+            let procs = scan_cgroup(&self.cfg.cgroup)?;
+            let scope = procs.iter().map(|p| p.pid).collect();
+            self.tree.update(procs);
+            return Ok(scope);
+        };
+        let tree = &mut self.tree;
+        sched.drain(|e| match e.kind {
+            SchedKind::Fork => {
+                tree.fork(e.ppid, e.pid);
+                tree.exec(e.pid, &e.comm, e.uid);
+            }
+            SchedKind::Exec => tree.exec(e.pid, &e.comm, e.uid),
+            SchedKind::Exit => tree.exit(e.pid),
+        });
+        let scope: BTreeSet<u32> = cgroup_pids(&self.cfg.cgroup)?.into_iter().collect();
+        self.tree.reconcile(&scope, read_proc);
+        Ok(scope)
+    }
+
+    /// Updates the shadow tree: its shape over the cgroup and the creation rate.
     pub fn scan(&mut self) -> Result<(TreeStats, f64, BTreeSet<u32>), OrionError> {
-        let procs = scan_cgroup(&self.cfg.cgroup)?;
-        let scope: BTreeSet<u32> = procs.iter().map(|p| p.pid).collect();
-        self.tree.update(procs);
+        let scope = self.refresh_tree()?;
         self.rate.push(now_ns(), self.tree.created());
         let rate = self.rate.per_second().unwrap_or(0.0);
-        Ok((self.tree.stats(&scope), rate, scope))
+        // The shape follows lineage through exited ancestors; the count is the live.
+        let mut stats = self.tree.stats(&self.tree.with_ghosts(&scope));
+        stats.count = scope.len();
+        Ok((stats, rate, scope))
+    }
+
+    /// Waits up to `settle_timeout` for `killed` to leave the cgroup.
+    fn settle(&self, killed: &[u32]) -> Result<(), OrionError> {
+        let start = Instant::now();
+        while start.elapsed() < self.cfg.settle_timeout {
+            let now: BTreeSet<u32> = cgroup_pids(&self.cfg.cgroup)?.into_iter().collect();
+            if killed.iter().all(|p| !now.contains(p)) {
+                break;
+            }
+            std::thread::sleep(SETTLE_POLL);
+        }
+        Ok(())
     }
 
     fn target(&self) -> String {
@@ -144,40 +255,10 @@ impl Healer {
             frozen_ms: 0.0,
             total_ms: 0.0,
         };
-        while report.passes < 8 {
+        while report.passes < MAX_PASSES {
             report.passes += 1;
-            let mut lock = Frozen::take(&self.cfg.cgroup, self.cfg.freeze_timeout)?;
-            let t = Instant::now();
-            self.log.record(
-                "freeze",
-                self.target(),
-                serde_json::json!({ "settled_ms": lock.took().as_secs_f64() * 1e3 }),
-            );
-            let (stats, _, scope) = self.scan()?;
-            let picked = fork_bomb_victims(&self.tree, &scope, &self.cfg.whitelist);
-            if let Some((culprit, victims)) = picked {
-                if report.culprit == 0 {
-                    report.culprit = culprit;
-                }
-                let failed: Vec<String> = victims
-                    .iter()
-                    .filter_map(|p| kill(*p).err().map(|e| e.to_string()))
-                    .collect();
-                self.log.record(
-                    "kill",
-                    self.target(),
-                    serde_json::json!({ "culprit": culprit, "comm": self.tree.get(culprit).map(|p| p.comm.clone()), "pids": victims, "tree": stats, "failed": failed }),
-                );
-                report.killed.extend(victims);
-            }
-            lock.release()?;
-            report.frozen_ms += t.elapsed().as_secs_f64() * 1e3 + lock.took().as_secs_f64() * 1e3;
-            self.log.record(
-                "thaw",
-                self.target(),
-                serde_json::json!({ "pass": report.passes }),
-            );
-            std::thread::sleep(Duration::from_millis(20));
+            let killed = self.kill_pass(&mut report)?;
+            self.settle(&killed)?;
             let (stats, _, scope) = self.scan()?;
             let left = fork_bomb_victims(&self.tree, &scope, &self.cfg.whitelist)
                 .map(|(_, v)| v.len())
@@ -189,6 +270,44 @@ impl Healer {
         report.total_ms = start.elapsed().as_secs_f64() * 1e3;
         self.log.record("repaired", self.target(), &report);
         Ok(Some(report))
+    }
+
+    /// One freeze → walk → kill → thaw pass; returns whom it signalled.
+    fn kill_pass(&mut self, report: &mut RepairReport) -> Result<Vec<u32>, OrionError> {
+        let mut lock = Frozen::take(&self.cfg.cgroup, self.cfg.freeze_timeout)?;
+        let t = Instant::now();
+        self.log.record(
+            "freeze",
+            self.target(),
+            serde_json::json!({ "settled_ms": lock.took().as_secs_f64() * 1e3 }),
+        );
+        let (stats, _, scope) = self.scan()?;
+        let picked = fork_bomb_victims(&self.tree, &scope, &self.cfg.whitelist);
+        let mut killed = Vec::new();
+        if let Some((culprit, victims)) = picked {
+            if report.culprit == 0 {
+                report.culprit = culprit;
+            }
+            let failed: Vec<String> = victims
+                .iter()
+                .filter_map(|p| kill(*p).err().map(|e| e.to_string()))
+                .collect();
+            self.log.record(
+                "kill",
+                self.target(),
+                serde_json::json!({ "culprit": culprit, "comm": self.tree.get(culprit).map(|p| p.comm.clone()), "pids": victims, "tree": stats, "tree_source": self.source, "failed": failed }),
+            );
+            killed = victims;
+        }
+        lock.release()?;
+        report.frozen_ms += t.elapsed().as_secs_f64() * 1e3 + lock.took().as_secs_f64() * 1e3;
+        self.log.record(
+            "thaw",
+            self.target(),
+            serde_json::json!({ "pass": report.passes }),
+        );
+        report.killed.extend(killed.iter().copied());
+        Ok(killed)
     }
 
     /// One check for a memory hog given the cgroup's memory use and limit (bytes),

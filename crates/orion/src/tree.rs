@@ -1,6 +1,9 @@
 //! The shadow process tree (sans-IO): processes as the monitor last saw them, each with
 //! the parent it had when first seen, so lineage survives reparenting to init (the
-//! seed's FORK_REC dependency graph). Fed by /proc scans or fork/exit events.
+//! seed's FORK_REC dependency graph). Fed by /proc scans ([`ShadowTree::update`]) or by
+//! the kernel's fork/exec/exit events ([`ShadowTree::fork`], [`ShadowTree::exec`],
+//! [`ShadowTree::exit`]) reconciled with the cgroup's member list
+//! ([`ShadowTree::reconcile`]).
 
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet};
@@ -46,6 +49,9 @@ impl TreeStats {
 struct Node {
     info: ProcInfo,
     origin_parent: u32,
+    /// False for a ghost: an exited process kept while it has live descendants, so
+    /// that their lineage (the FORK_REC chain) survives its exit.
+    alive: bool,
 }
 
 /// The shadow tree.
@@ -82,6 +88,7 @@ impl ShadowTree {
                 Node {
                     info,
                     origin_parent,
+                    alive: true,
                 },
             );
         }
@@ -92,7 +99,16 @@ impl ShadowTree {
     }
 
     /// A fork event: `child` of `parent` (info filled from the parent's when unknown).
+    /// A child already in the tree (read from /proc before its event arrived) only
+    /// gets its origin parent, and is not counted twice; a ghost of the same pid (a
+    /// reused pid) is replaced.
     pub fn fork(&mut self, parent: u32, child: u32) {
+        if let Some(n) = self.nodes.get_mut(&child)
+            && n.alive
+        {
+            n.origin_parent = parent;
+            return;
+        }
         let info = self.nodes.get(&parent).map(|n| ProcInfo {
             pid: child,
             ppid: parent,
@@ -112,14 +128,94 @@ impl ShadowTree {
             Node {
                 info,
                 origin_parent: parent,
+                alive: true,
             },
         );
         self.created += 1;
     }
 
-    /// An exit event.
+    /// An exec event: `pid` now runs `comm` as `uid`.
+    pub fn exec(&mut self, pid: u32, comm: &str, uid: u32) {
+        if let Some(n) = self.nodes.get_mut(&pid) {
+            comm.clone_into(&mut n.info.comm);
+            n.info.uid = uid;
+        }
+    }
+
+    /// An exit event: the process becomes a ghost until [`ShadowTree::reconcile`]
+    /// finds it without live descendants.
     pub fn exit(&mut self, pid: u32) {
-        self.nodes.remove(&pid);
+        if let Some(n) = self.nodes.get_mut(&pid) {
+            n.alive = false;
+        }
+    }
+
+    /// Makes the tree's live processes exactly `scope` (the cgroup's members now):
+    /// live processes not in it become ghosts, members the events never showed (there
+    /// before the sensors, or moved in) are read with `read` and counted as created,
+    /// and ghosts without live descendants are dropped. Returns how many were read.
+    pub fn reconcile(
+        &mut self,
+        scope: &BTreeSet<u32>,
+        mut read: impl FnMut(u32) -> Option<ProcInfo>,
+    ) -> usize {
+        // Not a member any more: it exited (its event may still be on its way) or
+        // left; a ghost until pruned, so that its descendants keep their lineage.
+        for (pid, n) in &mut self.nodes {
+            if n.alive && !scope.contains(pid) {
+                n.alive = false;
+            }
+        }
+        let mut added = 0;
+        for pid in scope {
+            if self.nodes.get(pid).is_some_and(|n| n.alive) {
+                continue;
+            }
+            if let Some(info) = read(*pid) {
+                let origin_parent = info.ppid;
+                let node = Node {
+                    info,
+                    origin_parent,
+                    alive: true,
+                };
+                self.nodes.insert(*pid, node);
+                added += 1;
+            }
+        }
+        self.created += added as u64;
+        self.prune_ghosts();
+        added
+    }
+
+    /// Drops ghosts that are no live process's ancestor.
+    fn prune_ghosts(&mut self) {
+        let mut needed = BTreeSet::new();
+        for n in self.nodes.values().filter(|n| n.alive) {
+            let mut up = n.origin_parent;
+            while let Some(p) = self.nodes.get(&up) {
+                if p.alive || !needed.insert(up) {
+                    break;
+                }
+                up = p.origin_parent;
+            }
+        }
+        self.nodes.retain(|pid, n| n.alive || needed.contains(pid));
+    }
+
+    /// Exited processes kept for their live descendants' lineage.
+    pub fn ghosts(&self) -> impl Iterator<Item = u32> + '_ {
+        self.nodes
+            .iter()
+            .filter(|(_, n)| !n.alive)
+            .map(|(pid, _)| *pid)
+    }
+
+    /// `scope` with the ghosts: the set whose roots, subtrees and shape follow lineage
+    /// through exited ancestors.
+    pub fn with_ghosts(&self, scope: &BTreeSet<u32>) -> BTreeSet<u32> {
+        let mut s = scope.clone();
+        s.extend(self.ghosts());
+        s
     }
 
     /// Processes created since the tree began (for the creation rate).
@@ -127,14 +223,14 @@ impl ShadowTree {
         self.created
     }
 
-    /// A process.
+    /// A process (a ghost too).
     pub fn get(&self, pid: u32) -> Option<&ProcInfo> {
         self.nodes.get(&pid).map(|n| &n.info)
     }
 
-    /// Every process.
+    /// Every live process.
     pub fn all(&self) -> impl Iterator<Item = &ProcInfo> {
-        self.nodes.values().map(|n| &n.info)
+        self.nodes.values().filter(|n| n.alive).map(|n| &n.info)
     }
 
     /// The parent a process had when first seen.
@@ -245,5 +341,49 @@ mod tests {
         t.fork(14, 15);
         assert_eq!(t.origin_parent(15), Some(14));
         assert_eq!(t.created(), 6); // four first seen, 14 scanned, 15 forked
+    }
+
+    #[test]
+    fn events_keep_lineage_that_scans_miss_and_reconcile_trims_to_the_cgroup() {
+        let mut t = ShadowTree::new();
+        let scope: BTreeSet<u32> = [10].into();
+        assert_eq!(t.reconcile(&scope, |pid| Some(p(pid, 1, "bash"))), 1);
+        // 10 forks 11, 11 forks 12 and exits before any scan: 12 keeps 11 as origin,
+        // and 11 stays as a ghost, so 12 is still 10's descendant.
+        t.fork(10, 11);
+        t.fork(11, 12);
+        t.fork(11, 16);
+        t.exit(11);
+        t.exit(16);
+        t.exec(12, "sleep", 0);
+        assert_eq!(
+            t.get(12).map(|i| (i.comm.as_str(), i.uid)),
+            Some(("sleep", 0))
+        );
+        assert_eq!(t.origin_parent(12), Some(11));
+        let scope: BTreeSet<u32> = [10, 12].into();
+        t.reconcile(&scope, |_| None);
+        assert_eq!(
+            t.ghosts().collect::<Vec<_>>(),
+            vec![11],
+            "16 had no descendants"
+        );
+        let all = t.with_ghosts(&scope);
+        assert_eq!(t.roots(&all), vec![10]);
+        assert_eq!(t.subtree(10, &all), vec![10, 11, 12]);
+        // 12 is in the cgroup, 13 moved in; 10 left it.
+        let scope: BTreeSet<u32> = [12, 13].into();
+        assert_eq!(t.reconcile(&scope, |pid| Some(p(pid, 1, "cat"))), 1);
+        assert_eq!(t.all().map(|i| i.pid).collect::<Vec<_>>(), vec![12, 13]);
+        assert_eq!(t.created(), 5);
+        // 10 left (or exited unseen): a ghost, still 12's ancestor.
+        assert_eq!(t.ghosts().collect::<Vec<_>>(), vec![10, 11]);
+        // A ghost's pid reused by a new process replaces it.
+        t.fork(13, 11);
+        assert!(t.ghosts().all(|g| g != 11));
+        assert_eq!(t.origin_parent(11), Some(13));
+        // A member that vanished before it could be read is left out.
+        let scope: BTreeSet<u32> = [12, 13, 14].into();
+        assert_eq!(t.reconcile(&scope, |_| None), 0);
     }
 }

@@ -4,11 +4,12 @@
 //! whitelisted process in the same cgroup, a bystander, and a process outside. The
 //! healer must detect and repair each, touch nothing outside the cgroup, and spare the
 //! whitelist. Skipped, with a message, when not root or without the cgroup mounts.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
 use sidecore_orion::actions::ActionLog;
 use sidecore_orion::implicit::ImplicitSource;
 use sidecore_orion::policy::{ForkBombThresholds, VictimScope, Whitelist};
-use sidecore_orion::repair::{Healer, HealerConfig};
+use sidecore_orion::repair::{Healer, HealerConfig, TreeSource};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -33,8 +34,27 @@ fn alive(c: &mut Child) -> bool {
 }
 
 #[test]
-fn a_shell_fork_bomb_is_repaired_and_nothing_else_is_touched() {
-    let Some(cg) = test_cgroup("bomb", 256 << 20) else {
+fn a_shell_fork_bomb_is_repaired_from_kernel_events_and_nothing_else_is_touched() {
+    shell_bomb(true);
+}
+
+#[test]
+fn a_shell_fork_bomb_is_repaired_from_proc_scans_and_nothing_else_is_touched() {
+    shell_bomb(false);
+}
+
+/// A bash fork bomb (`:(){ :|:& };:`, every parent exiting as soon as it has forked)
+/// beside a whitelisted `sleep` in the cgroup and a `sleep` outside it; the shadow tree
+/// from the kernel's fork/exec/exit events, or from /proc scans.
+fn shell_bomb(kernel_sensors: bool) {
+    let Some(cg) = test_cgroup(
+        if kernel_sensors {
+            "bomb-ebpf"
+        } else {
+            "bomb-proc"
+        },
+        256 << 20,
+    ) else {
         return;
     };
     let mut outside = Command::new("sleep").arg("30").spawn().expect("sleep");
@@ -51,7 +71,17 @@ fn a_shell_fork_bomb_is_repaired_and_nothing_else_is_touched() {
         names: ["sleep".to_owned()].into(),
         ..Whitelist::default()
     };
+    cfg.kernel_sensors = kernel_sensors;
     let mut healer = Healer::new(cfg, ActionLog::new(None)).expect("healer");
+    eprintln!("shadow tree from {:?}", healer.source());
+    // As root on this kernel (BTF, BPF) the sensors must attach; elsewhere the healer
+    // says why not and scans /proc.
+    assert_eq!(
+        matches!(healer.source(), TreeSource::Kernel { .. }),
+        kernel_sensors,
+        "{:?}",
+        healer.source()
+    );
     assert!(healer.check_fork_bomb().unwrap().is_none(), "no bomb yet");
     let mut bomb = cg.spawn(&["bash", "-c", ":(){ :|:& };:"]);
     let start = Instant::now();
@@ -85,6 +115,16 @@ fn a_shell_fork_bomb_is_repaired_and_nothing_else_is_touched() {
         "only the whitelisted process is left"
     );
     assert!(report.killed.len() > 50, "killed {}", report.killed.len());
+    if kernel_sensors {
+        // Lineage through exited parents makes the bomb one tree: the first pass
+        // takes all of it (a /proc scan sees orphans as separate roots).
+        assert!(
+            report.passes <= 2,
+            "{} passes with the kernel's events",
+            report.passes
+        );
+        assert_eq!(healer.events_dropped(), 0, "no event lost");
+    }
     assert!(!report.killed.contains(&keeper.id()));
     assert!(alive(&mut keeper), "whitelisted process survived");
     assert!(alive(&mut outside), "process outside the cgroup untouched");
