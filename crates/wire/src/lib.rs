@@ -15,7 +15,10 @@
 //! * [`agents`] — Sikker's agent-to-agent link and its grammar; [`agent_msg`]
 //!   the bodies of its messages.
 //!
-//! Later conversations (Orion's monitor, Metachory's sessions) add their
+//! * [`orion_msg`] — Orion's monitors asking a node for views of its sensors
+//!   (`sense`, `sense-view`) on an ordinary node connection.
+//!
+//! Later conversations (Metachory's sessions) add their
 //! messages to [`Message`] and their rules beside [`session`]'s; the framing,
 //! the handshake and the driver stay as they are.
 
@@ -24,6 +27,7 @@ pub mod agents;
 pub mod frame;
 pub mod line;
 pub mod msg;
+pub mod orion_msg;
 pub mod part;
 pub mod session;
 pub mod tcp;

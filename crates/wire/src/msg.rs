@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use sidecore_types::AppStatus;
 
 use crate::agent_msg::{AgentHello, AgentResult, AgentSend, RateExchange};
+use crate::orion_msg::{SenseRequest, SenseView};
 use crate::part::RemotePart;
 
 /// The origin's first message: who is asking.
@@ -76,6 +77,11 @@ pub enum Message {
     RateResponse(RateExchange),
     /// Sikker agent → agent: still here (silence ends the link).
     AgentBeat,
+    /// Orion monitor → node, after the welcome: send a view of your sensors
+    /// ([`crate::orion_msg`]).
+    Sense(SenseRequest),
+    /// Node → Orion monitor: the view a `sense` asked for.
+    SenseView(SenseView),
 }
 
 impl Message {
@@ -96,6 +102,8 @@ impl Message {
             Message::RateRequest(_) => "rate-request",
             Message::RateResponse(_) => "rate-response",
             Message::AgentBeat => "agent-beat",
+            Message::Sense(_) => "sense",
+            Message::SenseView(_) => "sense-view",
         }
     }
 

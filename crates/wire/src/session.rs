@@ -198,6 +198,8 @@ pub enum OriginState {
     Running,
     /// Asked the peer to stop; its last status report arrives, then it closes.
     Stopping,
+    /// An Orion monitor asking for views (`sense`, `sense-view`) until it closes.
+    Monitoring,
     /// An error was sent or received.
     Over,
 }
@@ -224,6 +226,7 @@ impl Grammar for OriginGrammar {
             (S::AwaitListening, Message::Listening { .. }) => S::AwaitDeployed,
             (S::AwaitDeployed, Message::Deployed { .. }) => S::Running,
             (S::Running | S::Stopping, Message::Status(_)) => self.state,
+            (S::Monitoring, Message::SenseView(_)) => S::Monitoring,
             _ => return Err(unexpected(msg, self.state())),
         };
         Ok(None)
@@ -235,6 +238,7 @@ impl Grammar for OriginGrammar {
             (_, Message::Error { .. }) => S::Over,
             (S::Ready, Message::Deploy(_)) => S::AwaitListening,
             (S::Running, Message::Stop) => S::Stopping,
+            (S::Ready | S::Monitoring, Message::Sense(_)) => S::Monitoring,
             _ => return Err(not_now(msg, self.state())),
         };
         Ok(())
@@ -257,6 +261,7 @@ impl Grammar for OriginGrammar {
             OriginState::AwaitDeployed => "waiting for it to report the part deployed",
             OriginState::Running => "the part is running",
             OriginState::Stopping => "the part is stopping",
+            OriginState::Monitoring => "monitoring the node",
             OriginState::Over => "the conversation is over",
         }
     }
@@ -293,6 +298,12 @@ pub enum PeerState {
     Running,
     /// The origin asked to stop: the last report goes out, then the close.
     Stopping,
+    /// An Orion monitor asks for views; each `sense` is answered with a
+    /// `sense-view`.
+    Monitored {
+        /// A `sense` not yet answered.
+        asked: bool,
+    },
     /// An error was sent or received.
     Over,
 }
@@ -326,6 +337,7 @@ impl Grammar for PeerGrammar {
                 S::Deploying { listening: false }
             }
             (S::Running, Message::Stop) => S::Stopping,
+            (S::Ready | S::Monitored { .. }, Message::Sense(_)) => S::Monitored { asked: true },
             _ => return Err(unexpected(msg, self.state())),
         };
         Ok(answer)
@@ -340,6 +352,7 @@ impl Grammar for PeerGrammar {
             }
             (S::Deploying { listening: true }, Message::Deployed { .. }) => S::Running,
             (S::Running | S::Stopping, Message::Status(_)) => self.state,
+            (S::Monitored { asked: true }, Message::SenseView(_)) => S::Monitored { asked: false },
             _ => return Err(not_now(msg, self.state())),
         };
         Ok(())
@@ -362,6 +375,7 @@ impl Grammar for PeerGrammar {
             PeerState::Deploying { listening: true } => "connecting the part's channels",
             PeerState::Running => "its part is running",
             PeerState::Stopping => "its part is stopping",
+            PeerState::Monitored { .. } => "monitored by it",
             PeerState::Over => "the conversation is over",
         }
     }
