@@ -1,17 +1,27 @@
 //! The policy chain (§4.3.1–4.3.2): policies in configured order, each with a
 //! fixed-size input buffer (overflow drops the message, which the protocol sees as
 //! network loss); a forwarder that moves requests RECV→SEND and responses back
-//! SEND→RECV; a round-robin scheduler that runs each handler to completion; and the
+//! SEND→RECV; a pluggable [`Scheduler`] (round-robin, as in the seed, or
+//! longest-queue-first) that picks whose handler runs next, to completion; and the
 //! pending-request map whose per-request bitmap gives exactly-once handling: a
 //! response visits only the policies that handled its request, so a policy that
 //! generates a request alone sees its response, and a policy that answers a request
-//! itself keeps its successors from seeing either. Sans-IO: the driver feeds decoded
-//! messages in and sends the outputs.
+//! itself keeps its successors from seeing either.
+//!
+//! Flow coordination (§4.2.3) needs two more things, which replication and RBAC
+//! use: a policy may *hold* a request (return no action for it) and later
+//! [`Action::Resume`] it or [`Action::Complete`] it with a response, from another
+//! handler or from [`Policy::on_tick`]; and a generated request may be routed to one
+//! of several servers ([`Action::GenerateTo`]). Sans-IO: the driver feeds decoded
+//! messages in, calls [`Chain::tick`] now and then, and sends the outputs.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use crate::pending::{ClientKey, MAX_POLICIES, PendingError, PendingMap};
+
+/// The server a request goes to when no policy routes it: the first (primary).
+pub const PRIMARY: usize = 0;
 
 /// What a handler asks the forwarder to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -21,23 +31,96 @@ pub enum Action<M> {
     /// Answer the request here; the response goes back through the predecessors that
     /// handled the request (in a response handler this is the same as `Forward`).
     Respond(M),
-    /// Send a new request from this policy; only this policy will see its response.
+    /// Send a new request from this policy to the primary server; only this policy
+    /// (and its successors) will see its response.
     Generate(M),
+    /// As `Generate`, to server `server` (an index into the driver's servers).
+    GenerateTo { server: usize, msg: M },
+    /// Pass on a request this policy held earlier (returned no action for).
+    Resume { xid: u32, request: M },
+    /// Answer a request this policy held earlier; the response goes back through the
+    /// predecessors that handled it.
+    Complete { xid: u32, response: M },
 }
 
-/// A policy: handlers invoked on messages. Doing nothing with a message drops it.
+/// A policy: handlers invoked on messages. Doing nothing with a message drops it
+/// (for a request, it stays pending until the policy resumes or completes it, or
+/// until the timeout).
 pub trait Policy<M>: Send {
     fn name(&self) -> &str;
     /// A request travelling towards the server; `xid` is its server XID.
     fn on_request(&mut self, xid: u32, request: M, out: &mut Vec<Action<M>>);
     /// A response travelling towards the client, with the request it answers.
     fn on_response(&mut self, xid: u32, request: &M, response: M, out: &mut Vec<Action<M>>);
+    /// Time passes: a policy with its own deadlines acts here (only `Generate*`,
+    /// `Resume` and `Complete` make sense without a message in hand).
+    fn on_tick(&mut self, _now: Instant, _out: &mut Vec<Action<M>>) {}
+}
+
+/// Picks which policy's handler runs next (§4.3.1: "the scheduler is replaceable").
+pub trait Scheduler: Send {
+    fn name(&self) -> &'static str;
+    /// Given each policy's buffer occupancy, the index of the one to run next, or
+    /// `None` when every buffer is empty. Must return a non-empty buffer.
+    fn pick(&mut self, occupancy: &[usize]) -> Option<usize>;
+}
+
+/// The seed's scheduler: policies in turn from RECV to SEND, each that has work
+/// runs one handler, then the next.
+#[derive(Debug, Default)]
+pub struct RoundRobin {
+    next: usize,
+}
+
+impl Scheduler for RoundRobin {
+    fn name(&self) -> &'static str {
+        "round-robin"
+    }
+    fn pick(&mut self, occupancy: &[usize]) -> Option<usize> {
+        let n = occupancy.len();
+        let i = (0..n)
+            .map(|k| (self.next + k) % n)
+            .find(|&i| occupancy[i] > 0)?;
+        self.next = (i + 1) % n;
+        Some(i)
+    }
+}
+
+/// The policy with the fullest buffer runs next (ties to the one nearest the
+/// client): drains the policy closest to overflowing first, so bursts are dropped
+/// later than under round-robin when one policy is slower than the rest.
+#[derive(Debug, Default)]
+pub struct LongestQueue;
+
+impl Scheduler for LongestQueue {
+    fn name(&self) -> &'static str {
+        "longest-queue"
+    }
+    fn pick(&mut self, occupancy: &[usize]) -> Option<usize> {
+        let (i, &len) = occupancy
+            .iter()
+            .enumerate()
+            .max_by(|(i, a), (j, b)| a.cmp(b).then(j.cmp(i)))?;
+        (len > 0).then_some(i)
+    }
+}
+
+/// The schedulers by name, for configuration.
+pub const SCHEDULERS: [&str; 2] = ["round-robin", "longest-queue"];
+
+/// A scheduler by its configured name.
+pub fn scheduler(name: &str) -> Option<Box<dyn Scheduler>> {
+    match name {
+        "round-robin" => Some(Box::new(RoundRobin::default())),
+        "longest-queue" => Some(Box::new(LongestQueue)),
+        _ => None,
+    }
 }
 
 /// What leaves the chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Output<M> {
-    ToServer { xid: u32, request: M },
+    ToServer { xid: u32, server: usize, request: M },
     ToClient { client: ClientKey, response: M },
 }
 
@@ -62,6 +145,9 @@ pub struct ChainStats {
     pub retransmissions: u64,
     /// Requests purged by the timeout.
     pub timed_out: u64,
+    /// `Resume`/`Complete` for requests no longer pending, and `Forward`/`Respond`
+    /// from a tick (which has no message to pass on).
+    pub stray_actions: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,13 +167,30 @@ struct Item<M> {
 struct Entry<M> {
     request: M,
     answered: bool,
+    /// The server the request goes to.
+    server: usize,
 }
 
-/// Policies, their buffers and the pending-request map.
+/// How a chain is dimensioned.
+#[derive(Debug, Clone, Copy)]
+pub struct ChainLimits {
+    /// Slots in each policy's input buffer.
+    pub buffer_slots: usize,
+    /// The first server XID (should differ between runs).
+    pub first_xid: u32,
+    /// How long a request may stay pending.
+    pub timeout: Duration,
+    /// Most requests pending at once.
+    pub max_pending: usize,
+}
+
+/// Policies, their buffers, the scheduler and the pending-request map.
 pub struct Chain<M> {
     policies: Vec<Box<dyn Policy<M>>>,
     buffers: Vec<VecDeque<Item<M>>>,
     buffer_slots: usize,
+    scheduler: Box<dyn Scheduler>,
+    occupancy: Vec<usize>,
     pending: PendingMap<Entry<M>>,
     outputs: Vec<Output<M>>,
     stats: ChainStats,
@@ -96,6 +199,7 @@ pub struct Chain<M> {
 }
 
 impl<M: Clone> Chain<M> {
+    /// A chain with the round-robin scheduler.
     pub fn new(
         policies: Vec<Box<dyn Policy<M>>>,
         buffer_slots: usize,
@@ -103,20 +207,36 @@ impl<M: Clone> Chain<M> {
         timeout: Duration,
         max_pending: usize,
     ) -> Result<Self, ChainError> {
+        let limits = ChainLimits {
+            buffer_slots,
+            first_xid,
+            timeout,
+            max_pending,
+        };
+        Self::with_scheduler(policies, Box::new(RoundRobin::default()), limits)
+    }
+
+    pub fn with_scheduler(
+        policies: Vec<Box<dyn Policy<M>>>,
+        scheduler: Box<dyn Scheduler>,
+        limits: ChainLimits,
+    ) -> Result<Self, ChainError> {
         if policies.len() > MAX_POLICIES {
             return Err(ChainError::TooManyPolicies(policies.len()));
         }
-        if buffer_slots == 0 {
+        if limits.buffer_slots == 0 {
             return Err(ChainError::ZeroBuffer);
         }
         let n = policies.len();
         Ok(Self {
             policies,
             buffers: (0..n)
-                .map(|_| VecDeque::with_capacity(buffer_slots))
+                .map(|_| VecDeque::with_capacity(limits.buffer_slots.min(1024)))
                 .collect(),
-            buffer_slots,
-            pending: PendingMap::new(first_xid, timeout, max_pending),
+            buffer_slots: limits.buffer_slots,
+            scheduler,
+            occupancy: vec![0; n],
+            pending: PendingMap::new(limits.first_xid, limits.timeout, limits.max_pending),
             outputs: Vec::new(),
             stats: ChainStats {
                 overflow_drops: vec![0; n],
@@ -134,9 +254,19 @@ impl<M: Clone> Chain<M> {
         self.pending.len()
     }
 
+    /// The name of the scheduler.
+    pub fn scheduler_name(&self) -> &'static str {
+        self.scheduler.name()
+    }
+
     /// The request still pending under server XID `xid` (to decode its reply).
     pub fn request(&self, xid: u32) -> Option<&M> {
         self.pending.get(xid).map(|p| &p.payload.request)
+    }
+
+    /// The server the request pending under `xid` was sent to.
+    pub fn server_of(&self, xid: u32) -> Option<usize> {
+        self.pending.get(xid).map(|p| p.payload.server)
     }
 
     /// The forwarder: places `item` in policy `at`'s buffer, dropping it if full.
@@ -144,8 +274,10 @@ impl<M: Clone> Chain<M> {
     /// Returns false if the message was dropped.
     fn enqueue(&mut self, at: usize, item: Item<M>) -> bool {
         if at == self.policies.len() {
+            let server = self.server_of(item.xid).unwrap_or(PRIMARY);
             self.outputs.push(Output::ToServer {
                 xid: item.xid,
+                server,
                 request: item.msg,
             });
             return true;
@@ -155,6 +287,7 @@ impl<M: Clone> Chain<M> {
             return false;
         }
         self.buffers[at].push_back(item);
+        self.occupancy[at] += 1;
         true
     }
 
@@ -195,6 +328,7 @@ impl<M: Clone> Chain<M> {
         let entry = Entry {
             request: request.clone(),
             answered: false,
+            server: PRIMARY,
         };
         match self.pending.insert(Some(client), None, entry, now) {
             Ok(xid) => {
@@ -217,15 +351,12 @@ impl<M: Clone> Chain<M> {
 
     /// RECV for a server's response to the request sent as `xid`.
     pub fn recv_response(&mut self, xid: u32, response: M) {
-        match self.pending.get(xid) {
-            Some(p) if !p.payload.answered => {}
+        match self.pending.get_mut(xid) {
+            Some(p) if !p.payload.answered => p.payload.answered = true,
             _ => {
                 self.stats.unmatched_responses += 1;
                 return;
             }
-        }
-        if let Some(p) = self.pending.get_mut(xid) {
-            p.payload.answered = true;
         }
         self.respond_down(self.policies.len(), xid, response);
     }
@@ -235,22 +366,40 @@ impl<M: Clone> Chain<M> {
         self.stats.timed_out += self.pending.expire(now).len() as u64;
     }
 
-    /// The scheduler: round-robin RECV→SEND, each handler run to completion, until
-    /// every buffer is empty or `max_steps` handlers have run. Returns what leaves.
-    pub fn run(&mut self, now: Instant, max_steps: usize) -> Vec<Output<M>> {
+    /// Lets every policy act on the passage of time, then runs the chain.
+    pub fn tick(&mut self, now: Instant, max_steps: usize) -> Vec<Output<M>> {
         self.now = Some(now);
-        let mut steps = 0;
-        let mut scratch = Vec::new();
-        while steps < max_steps && self.buffers.iter().any(|b| !b.is_empty()) {
-            for i in 0..self.policies.len() {
-                if steps >= max_steps {
-                    break;
-                }
-                if let Some(item) = self.buffers[i].pop_front() {
-                    steps += 1;
-                    self.handle(i, item, &mut scratch);
+        let mut out = Vec::new();
+        for i in 0..self.policies.len() {
+            self.policies[i].on_tick(now, &mut out);
+            for action in out.drain(..) {
+                match action {
+                    Action::Forward(_) | Action::Respond(_) => self.stats.stray_actions += 1,
+                    other => {
+                        self.apply_detached(i, other);
+                    }
                 }
             }
+        }
+        self.run(now, max_steps)
+    }
+
+    /// The scheduler's loop: handlers run to completion, in the order the scheduler
+    /// picks, until every buffer is empty or `max_steps` handlers have run. Returns
+    /// what leaves.
+    pub fn run(&mut self, now: Instant, max_steps: usize) -> Vec<Output<M>> {
+        self.now = Some(now);
+        let mut scratch = Vec::new();
+        for _ in 0..max_steps {
+            let Some(i) = self.scheduler.pick(&self.occupancy) else {
+                break;
+            };
+            let Some(item) = self.buffers[i].pop_front() else {
+                debug_assert!(false, "the scheduler picked an empty buffer");
+                break;
+            };
+            self.occupancy[i] -= 1;
+            self.handle(i, item, &mut scratch);
         }
         std::mem::take(&mut self.outputs)
     }
@@ -272,7 +421,10 @@ impl<M: Clone> Chain<M> {
                 };
                 let request = p.payload.request.clone();
                 self.policies[i].on_response(xid, &request, item.msg, out);
-                if out.is_empty() {
+                let passed_on = out
+                    .iter()
+                    .any(|a| matches!(a, Action::Forward(_) | Action::Respond(_)));
+                if !passed_on {
                     self.pending.complete(xid); // consumed here
                 }
             }
@@ -293,20 +445,54 @@ impl<M: Clone> Chain<M> {
                     self.respond_down(i, xid, m);
                 }
                 (Action::Respond(m), Direction::Request) => {
-                    if let Some(p) = self.pending.get_mut(xid) {
-                        p.payload.answered = true;
-                    }
-                    self.respond_down(i, xid, m);
+                    self.complete(i, xid, m);
                 }
-                (Action::Generate(m), _) => self.generate(i, m),
+                (other, _) => self.apply_detached(i, other),
             }
         }
     }
 
-    fn generate(&mut self, i: usize, request: M) {
+    /// Actions that do not act on the message in hand.
+    fn apply_detached(&mut self, i: usize, action: Action<M>) {
+        match action {
+            Action::Generate(m) => self.generate(i, PRIMARY, m),
+            Action::GenerateTo { server, msg } => self.generate(i, server, msg),
+            Action::Resume { xid, request } => {
+                if self.pending.get(xid).is_some() {
+                    self.enqueue(
+                        i + 1,
+                        Item {
+                            xid,
+                            dir: Direction::Request,
+                            msg: request,
+                        },
+                    );
+                } else {
+                    self.stats.stray_actions += 1;
+                }
+            }
+            Action::Complete { xid, response } => self.complete(i, xid, response),
+            Action::Forward(_) | Action::Respond(_) => self.stats.stray_actions += 1,
+        }
+    }
+
+    /// Policy `i` answers request `xid`.
+    fn complete(&mut self, i: usize, xid: u32, response: M) {
+        match self.pending.get_mut(xid) {
+            Some(p) => p.payload.answered = true,
+            None => {
+                self.stats.stray_actions += 1;
+                return;
+            }
+        }
+        self.respond_down(i, xid, response);
+    }
+
+    fn generate(&mut self, i: usize, server: usize, request: M) {
         let entry = Entry {
             request: request.clone(),
             answered: false,
+            server,
         };
         // Generated requests time out like any other, from the time `run` was given.
         let Some(now) = self.now else { return };
@@ -418,6 +604,7 @@ mod tests {
             out,
             vec![Output::ToServer {
                 xid: 1000,
+                server: PRIMARY,
                 request: "getattr".into()
             }]
         );
@@ -546,6 +733,170 @@ mod tests {
         c.recv_response(xid, "late".into());
         assert!(c.run(now, 100).is_empty());
         assert_eq!(c.stats().unmatched_responses, 1);
+    }
+
+    /// Holds requests; on a tick resumes "resume" and completes the others;
+    /// fans "fan" out to servers 1 and 2 and completes the original from the
+    /// first copy's response.
+    struct Holder {
+        held: Vec<(u32, String)>,
+        fanned: Option<u32>,
+    }
+
+    impl Policy<String> for Holder {
+        fn name(&self) -> &str {
+            "holder"
+        }
+        fn on_request(&mut self, xid: u32, request: String, out: &mut Vec<Action<String>>) {
+            if request == "fan" {
+                self.fanned = Some(xid);
+                for server in [1, 2] {
+                    out.push(Action::GenerateTo {
+                        server,
+                        msg: format!("copy{server}"),
+                    });
+                }
+            } else {
+                self.held.push((xid, request));
+            }
+        }
+        fn on_response(
+            &mut self,
+            _xid: u32,
+            request: &String,
+            response: String,
+            out: &mut Vec<Action<String>>,
+        ) {
+            if request.starts_with("copy") {
+                if let Some(xid) = self.fanned.take() {
+                    out.push(Action::Complete { xid, response });
+                }
+                return; // a copy's response is consumed here
+            }
+            out.push(Action::Forward(response));
+        }
+        fn on_tick(&mut self, _now: Instant, out: &mut Vec<Action<String>>) {
+            for (xid, r) in self.held.drain(..) {
+                if r == "resume" {
+                    out.push(Action::Resume { xid, request: r });
+                } else {
+                    out.push(Action::Complete {
+                        xid,
+                        response: format!("{r}-done"),
+                    });
+                }
+            }
+            out.push(Action::Forward("stray".into()));
+        }
+    }
+
+    fn holder_chain() -> Chain<String> {
+        let policies: Vec<Box<dyn Policy<String>>> = vec![Box::new(Holder {
+            held: Vec::new(),
+            fanned: None,
+        })];
+        Chain::new(policies, 8, 1, Duration::from_secs(1), 100).unwrap()
+    }
+
+    #[test]
+    fn held_requests_are_resumed_or_completed_on_a_tick() {
+        let now = Instant::now();
+        let mut c = holder_chain();
+        c.recv_request(ClientKey { flow: 1, xid: 1 }, "resume".into(), now);
+        c.recv_request(ClientKey { flow: 1, xid: 2 }, "answer".into(), now);
+        assert!(c.run(now, 100).is_empty(), "held");
+        assert_eq!(c.pending(), 2);
+        let out = c.tick(now, 100);
+        assert_eq!(
+            out,
+            vec![
+                Output::ToServer {
+                    xid: 1,
+                    server: PRIMARY,
+                    request: "resume".into()
+                },
+                Output::ToClient {
+                    client: ClientKey { flow: 1, xid: 2 },
+                    response: "answer-done".into()
+                },
+            ]
+        );
+        assert_eq!(
+            c.stats().stray_actions,
+            1,
+            "a Forward from a tick has nothing to forward"
+        );
+        c.recv_response(1, "r".into());
+        assert_eq!(c.run(now, 100).len(), 1);
+        assert_eq!(c.pending(), 0);
+    }
+
+    #[test]
+    fn generated_copies_go_to_their_servers_and_complete_the_original() {
+        let now = Instant::now();
+        let mut c = holder_chain();
+        c.recv_request(C, "fan".into(), now);
+        let out = c.run(now, 100);
+        let sent: Vec<(u32, usize)> = out
+            .iter()
+            .map(|o| match o {
+                Output::ToServer { xid, server, .. } => (*xid, *server),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(sent.iter().map(|s| s.1).collect::<Vec<_>>(), vec![1, 2]);
+        assert_eq!(c.server_of(sent[0].0), Some(1));
+        c.recv_response(sent[1].0, "from2".into());
+        assert_eq!(
+            c.run(now, 100),
+            vec![Output::ToClient {
+                client: C,
+                response: "from2".into()
+            }]
+        );
+        c.recv_response(sent[0].0, "from1".into());
+        assert!(c.run(now, 100).is_empty());
+        assert_eq!(c.pending(), 0, "both copies and the original are done");
+    }
+
+    #[test]
+    fn schedulers_pick_non_empty_buffers() {
+        let mut rr = RoundRobin::default();
+        assert_eq!(rr.pick(&[0, 2, 1]), Some(1));
+        assert_eq!(rr.pick(&[0, 1, 1]), Some(2));
+        assert_eq!(rr.pick(&[3, 1, 1]), Some(0));
+        assert_eq!(rr.pick(&[0, 0, 0]), None);
+        let mut lq = LongestQueue;
+        assert_eq!(lq.pick(&[1, 3, 3]), Some(1));
+        assert_eq!(lq.pick(&[0, 0]), None);
+        for name in SCHEDULERS {
+            assert_eq!(scheduler(name).unwrap().name(), name);
+        }
+        // Either scheduler gives the same end result for a chain.
+        for name in SCHEDULERS {
+            let now = Instant::now();
+            let log: Log = Arc::default();
+            let policies: Vec<Box<dyn Policy<String>>> = (0..3)
+                .map(|i| {
+                    Box::new(Probe {
+                        name: format!("p{i}"),
+                        log: log.clone(),
+                        respond_to: None,
+                        generate_on: None,
+                    }) as Box<dyn Policy<String>>
+                })
+                .collect();
+            let limits = ChainLimits {
+                buffer_slots: 4,
+                first_xid: 10,
+                timeout: Duration::from_secs(1),
+                max_pending: 10,
+            };
+            let mut c = Chain::with_scheduler(policies, scheduler(name).unwrap(), limits).unwrap();
+            c.recv_request(C, "a".into(), now);
+            c.recv_request(ClientKey { flow: 2, xid: 1 }, "b".into(), now);
+            assert_eq!(server_xids(&c.run(now, 100)), vec![10, 11], "{name}");
+        }
     }
 
     #[test]

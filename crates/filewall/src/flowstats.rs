@@ -45,6 +45,24 @@ pub struct PolicyCounters {
     pub oversize_handles: u64,
     /// Calls answered NFS3ERR_ACCES by the temporal policy (never forwarded).
     pub temporal_denied: u64,
+    /// The replication policy's replicas, by index (0: the primary).
+    pub replicas: Vec<ReplicaCounters>,
+    /// Calls whose replicas answered with different statuses.
+    pub replica_divergences: u64,
+}
+
+/// What the policy counted about one replica.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ReplicaCounters {
+    pub alive: bool,
+    /// Copies sent to it.
+    pub sent: u64,
+    /// Replies from it.
+    pub replied: u64,
+    /// Copies it did not answer in time (the first one marks it dead).
+    pub timed_out: u64,
+    /// Calls it was not sent because a handle had no mapping for it.
+    pub unmapped: u64,
 }
 
 pub(crate) fn lock_counters(
@@ -78,7 +96,7 @@ impl Policy<Msg> for StatsPolicy {
     }
 
     fn on_request(&mut self, xid: u32, request: Msg, out: &mut Vec<Action<Msg>>) {
-        if let Msg::Call { flow, call } = &request {
+        if let Msg::Call { flow, call, .. } = &request {
             let name = procedure_name(call.args.procedure());
             let bytes = call.to_bytes().len() as u64;
             let now = Instant::now();

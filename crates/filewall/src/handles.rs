@@ -110,7 +110,7 @@ impl HandleKey {
 }
 
 /// Applies `f` to every handle in NFSv3 call arguments; false if `f` refused one.
-fn call_handles(args: &mut Nfs3Call, f: &mut dyn FnMut(&mut NfsFh3) -> bool) -> bool {
+pub(crate) fn call_handles(args: &mut Nfs3Call, f: &mut dyn FnMut(&mut NfsFh3) -> bool) -> bool {
     use Nfs3Call as C;
     match args {
         C::Null(()) => true,
@@ -133,7 +133,10 @@ fn call_handles(args: &mut Nfs3Call, f: &mut dyn FnMut(&mut NfsFh3) -> bool) -> 
 }
 
 /// Applies `f` to every handle in results; false if `f` refused one.
-fn reply_handles(res: &mut ReplyResults, f: &mut dyn FnMut(&mut NfsFh3) -> bool) -> bool {
+pub(crate) fn reply_handles(
+    res: &mut ReplyResults,
+    f: &mut dyn FnMut(&mut NfsFh3) -> bool,
+) -> bool {
     use Nfs3Reply as R;
     match res {
         ReplyResults::Mount3(MountReply::Mnt(MountRes3::Ok { fhandle, .. })) => f(fhandle),

@@ -7,7 +7,9 @@
 //! statistics (`flowstats`), file-handle security (`handles`) and temporal access
 //! control (`temporal`).
 
+pub mod backend;
 pub mod chain;
+pub mod engine;
 pub mod flowstats;
 pub mod handles;
 pub mod latency;
@@ -19,7 +21,9 @@ pub mod policy;
 pub mod portmap;
 pub mod proxy;
 pub mod record;
+pub mod replicate;
 pub mod rpc;
+pub mod synthetic;
 pub mod temporal;
 pub mod xdr;
 

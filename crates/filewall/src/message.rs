@@ -282,8 +282,14 @@ pub fn procedure_name(p: Procedure) -> String {
 /// A message in the chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {
-    /// A call from client flow `flow` (its XID is the client's).
-    Call { flow: FlowId, call: Call },
+    /// A call from client flow `flow`, whose peer is at `peer` (its XID is the
+    /// client's; in a request a policy generated, the XID is the policy's own
+    /// correlation token).
+    Call {
+        flow: FlowId,
+        peer: std::net::IpAddr,
+        call: Call,
+    },
     /// A reply (its XID is rewritten to the client's when it leaves).
     Reply(Reply),
     /// A server reply whose results did not decode, as received; the handle policy

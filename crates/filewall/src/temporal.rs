@@ -458,6 +458,7 @@ mod tests {
         );
         let msg = Msg::Call {
             flow: 1,
+            peer: std::net::Ipv4Addr::LOCALHOST.into(),
             call: call(getattr(), Some(1000)),
         };
         let mut out = Vec::new();

@@ -13,8 +13,9 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::Subcommand;
 use sidecore_filewall::handles::HandleKey;
-use sidecore_filewall::policy::{ChainSpec, PolicyKind, load_chain};
-use sidecore_filewall::proxy::{Proxy, ProxyConfig, ProxyStats};
+use sidecore_filewall::policy::load_chain;
+use sidecore_filewall::proxy::{Backend, Listen, Proxy, ProxyConfig, ProxyStats, StatsHandle};
+use sidecore_filewall::{mount, nfs3, portmap};
 
 /// Where `run` listens for `stats` when no `--control` is given.
 pub const DEFAULT_CONTROL: &str = "/run/sidecore/filewall.sock";
@@ -25,28 +26,10 @@ pub const DEFAULT_CONTROL: &str = "/run/sidecore/filewall.sock";
 pub enum FilewallCommand {
     /// Validate a policy chain file; errors say file:line (exit 2).
     Check { policy: PathBuf },
-    /// Run the NFS and MOUNT proxies in the foreground.
-    Run {
-        #[arg(long)]
-        nfs_listen: SocketAddr,
-        #[arg(long)]
-        mount_listen: SocketAddr,
-        #[arg(long)]
-        server_nfs: SocketAddr,
-        #[arg(long)]
-        server_mount: SocketAddr,
-        /// The chain file (none: pass-through).
-        #[arg(long)]
-        policy: Option<PathBuf>,
-        /// The handle policy's key file (at least 16 bytes).
-        #[arg(long)]
-        key: Option<PathBuf>,
-        #[arg(long, default_value = DEFAULT_CONTROL)]
-        control: PathBuf,
-        #[command(flatten)]
-        metrics: crate::args::MetricsArgs,
-    },
-    /// Print a running proxy pair's counters.
+    /// Run the proxy in the foreground: NFS and MOUNT listeners (TCP, and UDP
+    /// with --udp), an optional portmapper, in front of one server or replicas.
+    Run(RunArgs),
+    /// Print a running proxy's counters.
     Stats {
         #[arg(long, default_value = DEFAULT_CONTROL)]
         control: PathBuf,
@@ -56,39 +39,47 @@ pub enum FilewallCommand {
     },
 }
 
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// Where clients reach NFS.
+    #[arg(long)]
+    nfs_listen: SocketAddr,
+    /// Where clients reach MOUNT.
+    #[arg(long)]
+    mount_listen: SocketAddr,
+    /// Also listen for UDP on the NFS and MOUNT (and portmapper) addresses.
+    #[arg(long)]
+    udp: bool,
+    /// Answer portmapper calls here (TCP and UDP; 111 for unmodified clients):
+    /// GETPORT names the proxy's own NFS and MOUNT ports.
+    #[arg(long)]
+    portmap_listen: Option<SocketAddr>,
+    /// The server's NFS address (with --server-mount: one server).
+    #[arg(long, requires = "server_mount", conflicts_with = "server")]
+    server_nfs: Option<SocketAddr>,
+    /// The server's MOUNT address.
+    #[arg(long, requires = "server_nfs")]
+    server_mount: Option<SocketAddr>,
+    /// A server as `nfs=ADDR,mount=ADDR[,export=PATH]`; repeat for replicas (the
+    /// first is the primary).
+    #[arg(long)]
+    server: Vec<String>,
+    /// The chain file (none: pass-through).
+    #[arg(long)]
+    policy: Option<PathBuf>,
+    /// The handle policy's key file (at least 16 bytes).
+    #[arg(long)]
+    key: Option<PathBuf>,
+    #[arg(long, default_value = DEFAULT_CONTROL)]
+    control: PathBuf,
+    #[command(flatten)]
+    metrics: crate::args::MetricsArgs,
+}
+
 pub fn run(cmd: FilewallCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         FilewallCommand::Check { policy } => Ok(check(&policy)),
-        FilewallCommand::Run {
-            nfs_listen,
-            mount_listen,
-            server_nfs,
-            server_mount,
-            policy,
-            key,
-            control,
-            metrics,
-        } => {
-            let chain = match policy.as_deref().map(load_chain).transpose() {
-                Ok(c) => c.unwrap_or_default(),
-                Err(e) => {
-                    eprintln!("error: {e}");
-                    return Ok(ExitCode::from(2));
-                }
-            };
-            let key = key
-                .as_deref()
-                .map(HandleKey::load)
-                .transpose()
-                .map_err(anyhow::Error::msg)?;
-            serve(
-                [(nfs_listen, server_nfs), (mount_listen, server_mount)],
-                &chain,
-                key,
-                &control,
-                &metrics,
-            )
-        }
+        FilewallCommand::Run(args) => run_proxy(&args),
         FilewallCommand::Stats { control, json } => {
             let mut s = UnixStream::connect(&control).with_context(|| {
                 format!("connecting to a running filewall at {}", control.display())
@@ -113,23 +104,11 @@ pub fn run(cmd: FilewallCommand) -> anyhow::Result<ExitCode> {
 fn check(policy: &Path) -> ExitCode {
     match load_chain(policy) {
         Ok(spec) => {
-            let names: Vec<&str> = spec
-                .policies
-                .iter()
-                .map(|p| match p.kind {
-                    PolicyKind::Stats => "stats",
-                    PolicyKind::Handles => "handles",
-                    PolicyKind::Temporal => "temporal",
-                })
-                .collect();
             println!(
-                "{}: ok, chain (client side first): {}",
+                "{}: ok, chain (client side first): {} (scheduler {})",
                 policy.display(),
-                if names.is_empty() {
-                    "empty (pass-through)".to_string()
-                } else {
-                    names.join(" -> ")
-                }
+                spec.describe(),
+                spec.scheduler
             );
             ExitCode::SUCCESS
         }
@@ -140,22 +119,93 @@ fn check(policy: &Path) -> ExitCode {
     }
 }
 
-fn serve(
-    pairs: [(SocketAddr, SocketAddr); 2],
-    chain: &ChainSpec,
-    key: Option<HandleKey>,
+/// The proxy's configuration from the command line (`Err`: exit 2 with the message).
+fn config(args: &RunArgs) -> anyhow::Result<Result<ProxyConfig, String>> {
+    let chain = match args.policy.as_deref().map(load_chain).transpose() {
+        Ok(c) => c.unwrap_or_default(),
+        Err(e) => return Ok(Err(e.to_string())),
+    };
+    let mut servers = Vec::new();
+    if let (Some(n), Some(m)) = (args.server_nfs, args.server_mount) {
+        servers.push(Backend::nfs_mount(n, m));
+    }
+    for spec in &args.server {
+        match Backend::parse(spec) {
+            Ok(b) => servers.push(b),
+            Err(e) => return Ok(Err(e.to_string())),
+        }
+    }
+    if servers.is_empty() {
+        return Ok(Err(
+            "no server: give --server-nfs and --server-mount, or --server".into(),
+        ));
+    }
+    let mut listen = vec![
+        Listen::tcp(args.nfs_listen).serving(&[nfs3::PROGRAM]),
+        Listen::tcp(args.mount_listen).serving(&[mount::PROGRAM]),
+    ];
+    if let Some(p) = args.portmap_listen {
+        listen.push(Listen::tcp(p).serving(&[portmap::PROGRAM]));
+    }
+    if args.udp {
+        listen.push(Listen::udp(args.nfs_listen).serving(&[nfs3::PROGRAM]));
+        listen.push(Listen::udp(args.mount_listen).serving(&[mount::PROGRAM]));
+        if let Some(p) = args.portmap_listen {
+            listen.push(Listen::udp(p).serving(&[portmap::PROGRAM]));
+        }
+    }
+    let mut c = ProxyConfig::with(listen, servers);
+    c.chain = chain;
+    c.key = args
+        .key
+        .as_deref()
+        .map(HandleKey::load)
+        .transpose()
+        .map_err(anyhow::Error::msg)?;
+    Ok(Ok(c))
+}
+
+fn run_proxy(args: &RunArgs) -> anyhow::Result<ExitCode> {
+    let c = match config(args)? {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let servers: Vec<String> = c.servers.iter().map(ToString::to_string).collect();
+    let chain = c.chain.describe();
+    let p = Proxy::start(c).context("starting the filewall proxy")?;
+    for m in p.port_mappings() {
+        println!(
+            "filewall: program {} v{} {} on port {}",
+            m.prog,
+            m.vers,
+            if m.prot == portmap::IPPROTO_UDP {
+                "udp"
+            } else {
+                "tcp"
+            },
+            m.port
+        );
+    }
+    println!("filewall: chain {chain}; servers {}", servers.join(" | "));
+    serve(
+        vec![(LABEL, p.stats_handle())],
+        &args.control,
+        &args.metrics,
+    )
+}
+
+/// The label of the proxy's counters.
+pub const LABEL: &str = "filewall";
+
+/// Serves the counters on the control socket (and /metrics) until killed.
+pub fn serve(
+    proxies: Vec<(&'static str, StatsHandle)>,
     control: &Path,
     metrics: &crate::args::MetricsArgs,
 ) -> anyhow::Result<ExitCode> {
-    let mut proxies = Vec::new();
-    for (label, (listen, server)) in ["NFS", "MOUNT"].into_iter().zip(pairs) {
-        let mut c = ProxyConfig::new(listen, server);
-        c.chain = chain.clone();
-        c.key = key.clone();
-        let p = Proxy::start(c).with_context(|| format!("starting the {label} proxy"))?;
-        println!("filewall {label}: {} -> {server}", p.local_addr());
-        proxies.push((label, p));
-    }
     let proxies = std::sync::Arc::new(proxies);
     let watched = std::sync::Arc::clone(&proxies);
     let _metrics = metrics.start(std::sync::Arc::new(move || {
@@ -223,6 +273,12 @@ fn to_json(label: &str, s: &ProxyStats) -> serde_json::Value {
         "server_errors": s.server_errors, "buffer_drops": s.policy_buffer_drops,
         "bad_handles": s.policies.bad_handles, "oversize_handles": s.policies.oversize_handles,
         "temporal_denied": s.policies.temporal_denied,
+        "udp_datagrams": s.udp_datagrams,
+        "replicas": s.policies.replicas.iter().enumerate().map(|(i, r)| serde_json::json!({
+            "replica": i, "alive": r.alive, "sent": r.sent, "replied": r.replied,
+            "timed_out": r.timed_out, "unmapped": r.unmapped,
+        })).collect::<Vec<_>>(),
+        "replica_divergences": s.policies.replica_divergences,
         "ops": ops, "latency": latency, "flows": flows, "last_error": s.last_error,
     })
 }
@@ -273,6 +329,22 @@ fn render(v: &serde_json::Value) -> String {
             f["reply_bytes"],
             f["latency_mean_us"],
             f["latency_max_us"]
+        );
+    }
+    for r in v["replicas"].as_array().into_iter().flatten() {
+        let _ = writeln!(
+            t,
+            "[{label}] replica {} {} sent {} replied {} timed_out {} unmapped {}",
+            r["replica"],
+            if r["alive"].as_bool() == Some(true) {
+                "alive"
+            } else {
+                "DEAD"
+            },
+            r["sent"],
+            r["replied"],
+            r["timed_out"],
+            r["unmapped"]
         );
     }
     if let Some(e) = v["last_error"].as_str() {

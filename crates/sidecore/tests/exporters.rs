@@ -211,12 +211,12 @@ fn filewall_run_exports_operations_and_latency() {
     let m = http_get(&metrics, "/metrics");
     let reads = sample(
         &m,
-        "sidecore_filewall_operations_total{proxy=\"NFS\",op=\"NFSv3 Read\",kind=\"call\"}",
+        "sidecore_filewall_operations_total{proxy=\"filewall\",op=\"NFSv3 Read\",kind=\"call\"}",
     );
     assert!(reads.is_some_and(|v| v >= 1.0), "{m}");
     let lat = sample(
         &m,
-        "sidecore_filewall_operation_latency_seconds_count{proxy=\"NFS\",op=\"NFSv3 Read\"}",
+        "sidecore_filewall_operation_latency_seconds_count{proxy=\"filewall\",op=\"NFSv3 Read\"}",
     );
     assert!(lat.is_some_and(|v| v >= 1.0), "{m}");
     assert!(
@@ -226,7 +226,7 @@ fn filewall_run_exports_operations_and_latency() {
     assert_eq!(
         sample(
             &m,
-            "sidecore_filewall_denials_total{proxy=\"NFS\",reason=\"refused\"}"
+            "sidecore_filewall_denials_total{proxy=\"filewall\",reason=\"refused\"}"
         ),
         Some(0.0),
         "{m}"
@@ -243,7 +243,7 @@ fn filewall_run_exports_operations_and_latency() {
     ]);
     assert!(o.status.success(), "{:?}", common::text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(v[0]["proxy"], "NFS");
+    assert_eq!(v[0]["proxy"], "filewall");
     assert!(
         v[0]["ops"]["NFSv3 Read"]["calls"].as_u64().unwrap() >= 1,
         "{v}"
@@ -254,7 +254,7 @@ fn filewall_run_exports_operations_and_latency() {
     );
     let o = common::run(&["filewall", "stats", "--control", ctl.to_str().unwrap()]);
     assert!(
-        common::text(&o).0.contains("[NFS] op NFSv3 Read"),
+        common::text(&o).0.contains("[filewall] op NFSv3 Read"),
         "{:?}",
         common::text(&o)
     );

@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use sidecore_filewall::message::{Call, CallArgs, ReplyResults, decode_reply};
 use sidecore_filewall::mount::{DirPath, MountCall, MountReply, MountRes3};
-use sidecore_filewall::nfs3::{DirOpArgs3, Nfs3Call, Nfs3Reply, NfsFh3, NfsRes};
+use sidecore_filewall::nfs3::{
+    CreateArgs, CreateHow3, DirOpArgs3, Nfs3Call, Nfs3Reply, NfsFh3, NfsRes, NfsStat3, ReadArgs,
+    Sattr3, SetTime, StableHow, WriteArgs,
+};
 use sidecore_filewall::record::encode_record;
 use sidecore_filewall::rpc::{Auth, AuthSys};
 
@@ -84,6 +87,79 @@ impl Client {
         };
         match self.call(CallArgs::Nfs3(Nfs3Call::Lookup(args))) {
             ReplyResults::Nfs3(Nfs3Reply::Lookup(NfsRes::Ok(ok))) => ok.object,
+            other => panic!("LOOKUP {name}: {other:?}"),
+        }
+    }
+
+    /// CREATE (UNCHECKED, mode 0644) of `name` in `dir` as `uid`: the status and
+    /// the new handle.
+    pub fn create_file(
+        &mut self,
+        uid: u32,
+        dir: &NfsFh3,
+        name: &str,
+    ) -> (NfsStat3, Option<NfsFh3>) {
+        let args = CreateArgs {
+            place: DirOpArgs3 {
+                dir: dir.clone(),
+                name: name.as_bytes().to_vec(),
+            },
+            how: CreateHow3::Unchecked(Sattr3 {
+                mode: Some(0o644),
+                uid: None,
+                gid: None,
+                size: None,
+                atime: SetTime::DontChange,
+                mtime: SetTime::DontChange,
+            }),
+        };
+        match self.call_as(uid, CallArgs::Nfs3(Nfs3Call::Create(args))) {
+            ReplyResults::Nfs3(Nfs3Reply::Create(NfsRes::Ok(ok))) => (NfsStat3::Ok, ok.obj),
+            ReplyResults::Nfs3(Nfs3Reply::Create(r)) => (r.status(), None),
+            other => panic!("CREATE {name}: {other:?}"),
+        }
+    }
+
+    /// WRITE (FILE_SYNC) of `data` at `offset` as `uid`; the status.
+    pub fn write_at(&mut self, uid: u32, file: &NfsFh3, offset: u64, data: &[u8]) -> NfsStat3 {
+        let args = WriteArgs {
+            file: file.clone(),
+            offset,
+            count: data.len() as u32,
+            stable: StableHow::FileSync,
+            data: data.to_vec(),
+        };
+        match self.call_as(uid, CallArgs::Nfs3(Nfs3Call::Write(args))) {
+            ReplyResults::Nfs3(Nfs3Reply::Write(r)) => r.status(),
+            other => panic!("WRITE: {other:?}"),
+        }
+    }
+
+    /// READ of up to 64 KiB from the start as `uid`: the status and the data.
+    pub fn read_all(&mut self, uid: u32, file: &NfsFh3) -> (NfsStat3, Vec<u8>) {
+        let args = ReadArgs {
+            file: file.clone(),
+            offset: 0,
+            count: 65_536,
+        };
+        match self.call_as(uid, CallArgs::Nfs3(Nfs3Call::Read(args))) {
+            ReplyResults::Nfs3(Nfs3Reply::Read(NfsRes::Ok(ok))) => (NfsStat3::Ok, ok.data),
+            ReplyResults::Nfs3(Nfs3Reply::Read(r)) => (r.status(), Vec::new()),
+            other => panic!("READ: {other:?}"),
+        }
+    }
+
+    /// LOOKUP as `uid`: the status and the handle.
+    pub fn lookup_as(&mut self, uid: u32, dir: &NfsFh3, name: &str) -> (NfsStat3, Option<NfsFh3>) {
+        let args = DirOpArgs3 {
+            dir: dir.clone(),
+            name: name.as_bytes().to_vec(),
+        };
+        match self.call_as(uid, CallArgs::Nfs3(Nfs3Call::Lookup(args))) {
+            ReplyResults::Nfs3(Nfs3Reply::Lookup(NfsRes::Ok(ok))) => {
+                (NfsStat3::Ok, Some(ok.object))
+            }
+            ReplyResults::Nfs3(Nfs3Reply::Lookup(r)) => (r.status(), None),
             other => panic!("LOOKUP {name}: {other:?}"),
         }
     }

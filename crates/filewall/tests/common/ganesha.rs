@@ -34,6 +34,19 @@ const RPCBIND: &str = "/usr/sbin/rpcbind";
 /// One ganesha (and rpcbind) at a time per test binary.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// Removes every NFS and MOUNT registration from rpcbind (`rpcinfo -d`).
+fn unregister() {
+    for (prog, versions) in [("100003", &["3", "4"][..]), ("100005", &["1", "3"][..])] {
+        for v in versions {
+            let _ = Command::new("rpcinfo")
+                .args(["-d", prog, v])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+        }
+    }
+}
+
 /// A running ganesha; killed when dropped.
 pub struct Ganesha {
     /// The exported directory (the server's own view of the files).
@@ -44,7 +57,8 @@ pub struct Ganesha {
     child: Child,
     rpcbind: Option<Child>,
     _dir: tempfile::TempDir,
-    _serial: MutexGuard<'static, ()>,
+    /// Held by one server of a group (the last, which is dropped last).
+    _serial: Option<MutexGuard<'static, ()>>,
 }
 
 fn is_root() -> bool {
@@ -165,17 +179,23 @@ impl Ganesha {
     /// When it should run but does not come up within 30 s (the message holds the
     /// end of its log).
     pub fn start() -> Option<Ganesha> {
+        Self::start_many(1).map(|mut v| v.remove(0))
+    }
+
+    /// Starts `n` servers at once, each exporting its own temporary directory on
+    /// its own ports (replicas for the replication tests). The last one holds the
+    /// lock and rpcbind, and a `Vec` drops it last.
+    pub fn start_many(n: usize) -> Option<Vec<Ganesha>> {
         if !may_run() {
             return None;
         }
-        let serial = SERIAL
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let dir = tempfile::tempdir().expect("creating the ganesha temporary directory");
-        let export = dir.path().join("export");
-        std::fs::create_dir(&export).expect("creating the export directory");
+        let mut serial = Some(
+            SERIAL
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
         let rpcbind_addr = SocketAddr::from((Ipv4Addr::LOCALHOST, 111));
-        let rpcbind =
+        let mut rpcbind =
             if TcpStream::connect_timeout(&rpcbind_addr, Duration::from_millis(500)).is_ok() {
                 None
             } else {
@@ -191,6 +211,29 @@ impl Ganesha {
                 );
                 Some(child)
             };
+        let mut out: Vec<Ganesha> = Vec::new();
+        for i in 0..n {
+            let mut g = Self::spawn();
+            if i + 1 == n {
+                g.rpcbind = rpcbind.take();
+                g._serial = serial.take();
+            }
+            g.wait_ready(Duration::from_secs(30));
+            if n > 1 {
+                // Ganesha refuses to start if its programs are registered by
+                // another server: the registration is needed only at start, so
+                // it is removed before the next replica starts.
+                unregister();
+            }
+            out.push(g);
+        }
+        Some(out)
+    }
+
+    fn spawn() -> Ganesha {
+        let dir = tempfile::tempdir().expect("creating the ganesha temporary directory");
+        let export = dir.path().join("export");
+        std::fs::create_dir(&export).expect("creating the export directory");
         let (nfs_port, mount_port) = (free_port(), free_port());
         let conf = dir.path().join("ganesha.conf");
         let log = dir.path().join("ganesha.log");
@@ -208,18 +251,22 @@ impl Ganesha {
             .stderr(Stdio::null())
             .spawn()
             .expect("starting ganesha.nfsd");
-        let mut g = Ganesha {
+        Ganesha {
             export,
             nfs_port,
             mount_port,
             log,
             child,
-            rpcbind,
+            rpcbind: None,
             _dir: dir,
-            _serial: serial,
-        };
-        g.wait_ready(Duration::from_secs(30));
-        Some(g)
+            _serial: None,
+        }
+    }
+
+    /// Kills the server now (a server that disappears).
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 
     fn wait_ready(&mut self, limit: Duration) {
