@@ -59,6 +59,8 @@ pub struct Daemon {
     inventory: Mutex<Option<Inventory>>,
     /// What each running app holds: PE id → (cpu, memory).
     held: Mutex<BTreeMap<AppId, Vec<Hold>>>,
+    /// The manifest each app was deployed from by [`Daemon::up`] (for re-placement).
+    manifests: Mutex<BTreeMap<AppId, std::path::PathBuf>>,
     shutdown: (Mutex<bool>, Condvar),
 }
 
@@ -71,6 +73,7 @@ impl Daemon {
             opts,
             inventory: Mutex::new(None),
             held: Mutex::new(BTreeMap::new()),
+            manifests: Mutex::new(BTreeMap::new()),
             shutdown: (Mutex::new(false), Condvar::new()),
         })
     }
@@ -104,9 +107,11 @@ impl Daemon {
             .clone()
     }
 
-    /// The PEs with what running apps hold subtracted.
+    /// The PEs with what running apps hold subtracted, without those an Orion
+    /// monitor of this process declared dead.
     fn free_inventory(&self) -> Inventory {
         let mut inv = self.inventory();
+        inv.pes.retain(|p| !sidecore_orion::health::is_dead(&p.id));
         let held = self
             .held
             .lock()
@@ -125,7 +130,22 @@ impl Daemon {
         let manifest =
             sidecore_manifest::load(path).map_err(|e| DaemonError::Manifest(e.render(false)))?;
         let plan = self.plan(&manifest)?;
-        self.deploy(&manifest, &plan)
+        let r = self.deploy(&manifest, &plan)?;
+        self.manifests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(r.id, path.to_owned());
+        Ok(r)
+    }
+
+    /// The apps deployed from manifests, and their paths.
+    pub fn manifests(&self) -> Vec<(AppId, std::path::PathBuf)> {
+        self.manifests
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(id, p)| (*id, p.clone()))
+            .collect()
     }
 
     /// Plans a loaded manifest against the free PEs.
@@ -212,6 +232,10 @@ impl Daemon {
     pub fn stop(&self, id: AppId) -> Option<AppStatus> {
         let last = self.rt.stop_app_with_status(id).map(|(_, s)| s);
         self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
+        self.manifests
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .remove(&id);

@@ -5,7 +5,10 @@
 //! * [`server`] — the Unix control socket: one JSON request per line, one JSON
 //!   response per line ([`Request`], [`Response`]), and its client.
 //! * [`node`] — the TCP node listener: peers' hellos over the node protocol,
-//!   and their deploy requests, handed to the runtime's peer side.
+//!   their deploy requests, handed to the runtime's peer side, and Orion
+//!   monitors' requests for views of this node's sensors.
+//! * [`replace`] — HYDRA's reaction to a PE an Orion monitor declares dead: its
+//!   apps re-solved without it and started again.
 //!
 //! Control traffic is a handful of short requests, so the servers use a thread
 //! per connection rather than an async runtime: simpler, and the daemon's
@@ -14,6 +17,7 @@
 pub mod daemon;
 pub mod node;
 pub mod protocol;
+pub mod replace;
 pub mod server;
 
 pub use daemon::{Daemon, DaemonError, DaemonOptions, UpReport};

@@ -3,7 +3,9 @@
 //! hello, answered with this node's name, version and resources; a probe ends
 //! there. A deploy request instead hands the connection to the deploy handler
 //! (the runtime's peer side), which runs the part for as long as the
-//! connection, its lease, stays open.
+//! connection, its lease, stays open. A `sense` request instead makes the
+//! connection an Orion monitor's: each `sense` is answered with a view of this
+//! node's sensors from the sense handler, until the monitor closes.
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -11,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use sidecore_wire::orion_msg::{SenseRequest, SenseView};
 use sidecore_wire::session::PeerGrammar;
 use sidecore_wire::{Link, LinkError, Message, NodeInfo, Received, RemotePart};
 
@@ -24,6 +27,21 @@ const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 /// Serves a deploy request: the connection, the (validated) part, and a flag
 /// set when the listener stops. It runs for as long as the part it deploys.
 pub type DeployHandler = Arc<dyn Fn(&Link<PeerGrammar>, &RemotePart, &AtomicBool) + Send + Sync>;
+
+/// Answers an Orion monitor's `sense` with a view of this node's sensors.
+pub type SenseHandler = Arc<dyn Fn(&SenseRequest) -> SenseView + Send + Sync>;
+
+/// How long a monitoring connection may stay silent before it is closed.
+const MONITOR_IDLE: Duration = Duration::from_secs(10);
+
+/// What the listener does with requests beyond the hello.
+#[derive(Clone, Default)]
+pub struct Handlers {
+    /// Deploy requests (parts of apps); `None`: refused.
+    pub deploy: Option<DeployHandler>,
+    /// Monitors' `sense` requests; `None`: refused.
+    pub sense: Option<SenseHandler>,
+}
 
 /// Why the node listener could not start.
 #[derive(Debug, thiserror::Error)]
@@ -57,6 +75,22 @@ impl NodeListener {
         name: &str,
         deploy: Option<DeployHandler>,
     ) -> Result<NodeListener, ListenError> {
+        Self::start_with(
+            addr,
+            name,
+            Handlers {
+                deploy,
+                sense: None,
+            },
+        )
+    }
+
+    /// Listens on `addr` as node `name`, serving what `handlers` can.
+    pub fn start_with(
+        addr: &str,
+        name: &str,
+        handlers: Handlers,
+    ) -> Result<NodeListener, ListenError> {
         let setup = |source| ListenError::Setup {
             addr: addr.to_string(),
             source,
@@ -77,7 +111,7 @@ impl NodeListener {
         };
         let thread = std::thread::Builder::new()
             .name("sc-node".into())
-            .spawn(move || accept_loop(&l, &info, deploy.as_ref(), &st))
+            .spawn(move || accept_loop(&l, &info, &handlers, &st))
             .map_err(setup)?;
         Ok(NodeListener {
             addr: local,
@@ -101,23 +135,18 @@ impl Drop for NodeListener {
     }
 }
 
-fn accept_loop(
-    l: &TcpListener,
-    info: &NodeInfo,
-    deploy: Option<&DeployHandler>,
-    stop: &Arc<AtomicBool>,
-) {
+fn accept_loop(l: &TcpListener, info: &NodeInfo, handlers: &Handlers, stop: &Arc<AtomicBool>) {
     let conns: Mutex<Vec<JoinHandle<()>>> = Mutex::new(Vec::new());
     while !stop.load(Ordering::Acquire) {
         match l.accept() {
             Ok((s, _)) => {
-                let (info, deploy, st) = (info.clone(), deploy.cloned(), Arc::clone(stop));
+                let (info, handlers, st) = (info.clone(), handlers.clone(), Arc::clone(stop));
                 // One thread per connection: a deployed part keeps its
                 // connection for as long as it runs.
                 let spawned = std::thread::Builder::new()
                     .name("sc-node-conn".into())
                     .spawn(move || {
-                        if let Err(e) = serve(s, info, deploy.as_ref(), &st) {
+                        if let Err(e) = serve(s, info, &handlers, &st) {
                             tracing::debug!("node connection: {e}");
                         }
                     });
@@ -147,7 +176,7 @@ fn accept_loop(
 fn serve(
     s: TcpStream,
     info: NodeInfo,
-    deploy: Option<&DeployHandler>,
+    handlers: &Handlers,
     stop: &AtomicBool,
 ) -> Result<(), LinkError> {
     s.set_nonblocking(false).map_err(|source| LinkError::Io {
@@ -162,14 +191,41 @@ fn serve(
         Err(e) => return Err(e),
     }
     match link.recv(Some(REQUEST_TIMEOUT)) {
-        Ok(Received::Message(Message::Deploy(part))) => match deploy {
+        Ok(Received::Message(Message::Deploy(part))) => match &handlers.deploy {
             Some(d) => d(&link, &part, stop),
             None => answer("this node does not accept deployments".into())?,
+        },
+        Ok(Received::Message(Message::Sense(req))) => match &handlers.sense {
+            Some(h) => monitored(&link, h, req, stop)?,
+            None => answer("this node serves no sensor views".into())?,
         },
         // A probe's close, silence, or the origin's own error.
         Ok(_) => {}
         Err(LinkError::Wire(e)) => answer(e.kind.to_string())?,
         Err(e) => return Err(e),
+    }
+    Ok(())
+}
+
+/// An Orion monitor's connection: answers each `sense` with a view until the
+/// monitor closes, falls silent for [`MONITOR_IDLE`], or the listener stops.
+fn monitored(
+    link: &Link<PeerGrammar>,
+    h: &SenseHandler,
+    first: SenseRequest,
+    stop: &AtomicBool,
+) -> Result<(), LinkError> {
+    link.send(&Message::SenseView(h(&first)))?;
+    let mut last = std::time::Instant::now();
+    while !stop.load(Ordering::Acquire) && last.elapsed() < MONITOR_IDLE {
+        match link.recv(Some(ACCEPT_POLL * 5))? {
+            Received::Message(Message::Sense(req)) => {
+                link.send(&Message::SenseView(h(&req)))?;
+                last = std::time::Instant::now();
+            }
+            Received::Message(_) | Received::Closed => break,
+            Received::TimedOut => {}
+        }
     }
     Ok(())
 }

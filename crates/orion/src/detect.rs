@@ -106,6 +106,21 @@ impl SlopeDetector {
         }
     }
 
+    /// A detector for a target already declared dead (by this monitor or another),
+    /// whose counter last read `last`: the next view with a higher value (or the first
+    /// view at all, without `last`) is its recovery.
+    pub fn declared(cfg: LivenessConfig, last: Option<u64>) -> SlopeDetector {
+        SlopeDetector {
+            cfg,
+            last,
+            last_progress_ns: 0,
+            state: Liveness::Dead {
+                declared_ns: 0,
+                last_progress_ns: 0,
+            },
+        }
+    }
+
     /// The current standing.
     pub fn state(&self) -> Liveness {
         self.state
@@ -311,6 +326,23 @@ mod tests {
             Some(Transition::Recovered { at_ns: 150 * MS })
         );
         assert_eq!(d.state(), Liveness::Alive);
+    }
+
+    #[test]
+    fn a_target_declared_elsewhere_recovers_on_progress_only() {
+        let cfg = LivenessConfig::new(25 * MS, 3).unwrap();
+        let mut d = SlopeDetector::declared(cfg, Some(40));
+        assert_eq!(d.observe(MS, None), None);
+        assert_eq!(d.observe(2 * MS, Some(40)), None, "no progress");
+        assert_eq!(
+            d.observe(3 * MS, Some(41)),
+            Some(Transition::Recovered { at_ns: 3 * MS })
+        );
+        let mut d = SlopeDetector::declared(cfg, None);
+        assert_eq!(
+            d.observe(MS, Some(7)),
+            Some(Transition::Recovered { at_ns: MS })
+        );
     }
 
     #[test]

@@ -15,6 +15,12 @@
 //! - **Failure detection** ([`detect`], sans-IO): counter-slope liveness with a refresh
 //!   period and k-refresh hysteresis, and a monitoring ring where each node watches its
 //!   k+1 successors.
+//! - **Across nodes** ([`node_sensors`], [`ring`], [`health`], [`offcode`]): a node's
+//!   daemon serves views of its heartbeat and host counters over the node protocol;
+//!   the `orion-monitor` offcode (on a dedicated core, or any PE) watches its `k + 1`
+//!   ring successors through them and posts what it declares on the process's health
+//!   board, where the daemon hears it and has its runtime re-place the dead node's
+//!   offcodes.
 //! - **Remote OS lock** ([`lock`]): `cgroup.freeze` on the suspect subtree, with a
 //!   timeout, released on false positives.
 //! - **Repair** ([`tree`], [`procscan`], [`policy`], [`repair`], [`actions`]): the shadow
@@ -28,12 +34,16 @@ pub mod aggregate;
 pub mod client;
 pub mod detect;
 pub mod error;
+pub mod health;
 pub mod implicit;
 pub mod lock;
 pub mod monitor;
+pub mod node_sensors;
+pub mod offcode;
 pub mod policy;
 pub mod procscan;
 pub mod repair;
+pub mod ring;
 pub mod sbox;
 pub mod sensor;
 pub mod shm;

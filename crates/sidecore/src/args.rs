@@ -47,6 +47,7 @@ pub fn registry() -> Registry {
     sidecore_ext::offcode::register(&mut r);
     sidecore_packet_offcodes::register(&mut r);
     sidecore_total_order_net::offcodes::register(&mut r);
+    sidecore_orion::offcode::register(&mut r);
     r
 }
 

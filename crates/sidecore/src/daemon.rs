@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use sidecore_control::node::NodeListener;
+use sidecore_control::node::{Handlers, NodeListener};
 use sidecore_control::{ControlServer, Daemon, Request};
 use sidecore_observe::http::HttpServer;
 use sidecore_observe::hub::Hub;
@@ -101,11 +101,19 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<ExitCode> {
         .clone()
         .unwrap_or_else(sidecore_control::default_socket);
     let mut server = ControlServer::start(Arc::clone(&d), &socket)?;
+    let name = cfg.name.as_deref().unwrap_or("local");
+    // Orion: this node's heartbeat and counters for monitors elsewhere, and the
+    // declarations of monitors here re-place the dead PE's apps.
+    let sensors = Arc::new(sidecore_orion::node_sensors::NodeSensors::start(name)?);
+    d.follow_health();
     let node = match &cfg.listen {
-        Some(addr) => Some(NodeListener::start(
+        Some(addr) => Some(NodeListener::start_with(
             addr,
-            cfg.name.as_deref().unwrap_or("local"),
-            Some(d.deploy_handler()),
+            name,
+            Handlers {
+                deploy: Some(d.deploy_handler()),
+                sense: Some(Arc::new(move |req| sensors.view(req))),
+            },
         )?),
         None => None,
     };

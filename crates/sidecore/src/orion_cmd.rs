@@ -17,7 +17,7 @@ use sidecore_orion::detect::{Liveness, LivenessConfig, SlopeDetector, Transition
 use sidecore_orion::implicit::ImplicitSource;
 use sidecore_orion::monitor::{MonitorBox, View};
 use sidecore_orion::policy::{VictimScope, Whitelist};
-use sidecore_orion::repair::{Healer, HealerConfig};
+use sidecore_orion::repair::{Healer, HealerConfig, TreeSource};
 use sidecore_orion::sbox::ExportRecord;
 
 /// Where boxes are exported when no `--dir` is given.
@@ -256,7 +256,18 @@ fn healer(
         ..Whitelist::default()
     };
     hc.scope = scope.parse::<VictimScope>()?;
-    Healer::new(hc, ActionLog::new(log)).context("--heal")
+    let h = Healer::new(hc, ActionLog::new(log)).context("--heal")?;
+    match h.source() {
+        TreeSource::Kernel { attach } => {
+            eprintln!(
+                "orion: shadow process tree from the kernel's fork/exec/exit events ({attach})"
+            );
+        }
+        TreeSource::ProcScan { why } => {
+            eprintln!("orion: shadow process tree from /proc scans ({why})");
+        }
+    }
+    Ok(h)
 }
 
 /// Prints a liveness transition of `sensor`.

@@ -2,12 +2,15 @@
 //! peer node to that peer, connects the stream channels between the part and
 //! this machine, then follows the part (mirrors the peer's status reports into
 //! the origin's handles, marks the part failed if the peer goes away) until
-//! the app stops.
+//! the app stops. The peer is gone when its connection closes, when an Orion
+//! monitor of this process declares its node dead (`sidecore_orion::health`),
+//! or when its status reports stop for [`LEASE_DEADLINE`] (a frozen peer keeps
+//! its connection open).
 
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use sidecore_channel::stream::StreamListener;
 use sidecore_types::{AppState, AppStatus, OffcodeState, PeKind};
@@ -20,6 +23,11 @@ use crate::events::{EventKind, EventLog};
 use crate::handle::{OffcodeHandle, millis};
 use crate::plan::{Plan, PlannedChannel};
 use crate::transport::Attachment;
+
+/// How long a peer's status reports may stop before its part is failed. Far
+/// above [`STATUS_EVERY`]: a loaded machine delays reports, and the fast path
+/// to a declaration is an Orion monitor's ring, not this lease.
+pub const LEASE_DEADLINE: Duration = Duration::from_secs(5);
 
 /// The origin's side of one peer's part, once deployed.
 pub struct PartLink {
@@ -315,9 +323,14 @@ impl Mirror<'_> {
         // Polled, so that once stopping, a peer that never answers the stop
         // holds the teardown for at most STEP_TIMEOUT.
         let mut stop_seen: Option<Instant> = None;
+        let mut last_status = Instant::now();
+        let pe = self.node.to_string();
         let lost = loop {
             match link.recv(Some(STATUS_EVERY)) {
-                Ok(Received::Message(Message::Status(s))) => self.report(&s),
+                Ok(Received::Message(Message::Status(s))) => {
+                    last_status = Instant::now();
+                    self.report(&s);
+                }
                 Ok(Received::Message(Message::Error { error })) => {
                     break format!("node {} reported: {error}", self.node);
                 }
@@ -326,10 +339,27 @@ impl Mirror<'_> {
                 Ok(Received::TimedOut) => {}
                 Err(e) => break format!("connection to node {} lost: {e}", self.node),
             }
-            if stopping.load(Ordering::Acquire)
-                && stop_seen.get_or_insert_with(Instant::now).elapsed() > STEP_TIMEOUT
+            if stopping.load(Ordering::Acquire) {
+                if stop_seen.get_or_insert_with(Instant::now).elapsed() > STEP_TIMEOUT {
+                    break format!("node {} did not answer the stop", self.node);
+                }
+                continue;
+            }
+            if let Some(d) = sidecore_orion::health::dead()
+                .into_iter()
+                .find(|d| d.pe == pe)
             {
-                break format!("node {} did not answer the stop", self.node);
+                break format!(
+                    "{} declared dead by the Orion monitor of {}: {}",
+                    d.pe, d.by, d.evidence
+                );
+            }
+            if last_status.elapsed() > LEASE_DEADLINE {
+                break format!(
+                    "node {} sent no status for {} ms (lease deadline)",
+                    self.node,
+                    last_status.elapsed().as_millis()
+                );
             }
         };
         if !stopping.load(Ordering::Acquire) {
