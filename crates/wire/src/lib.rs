@@ -18,15 +18,19 @@
 //! * [`orion_msg`] — Orion's monitors asking a node for views of its sensors
 //!   (`sense`, `sense-view`) on an ordinary node connection.
 //!
-//! Later conversations (Metachory's sessions) add their
-//! messages to [`Message`] and their rules beside [`session`]'s; the framing,
-//! the handshake and the driver stay as they are.
+//! * [`mx_msg`] — Metachory's sessions (`mx-open`, then `mx` frames between
+//!   numbered endpoints) on an ordinary node connection.
+//!
+//! Later conversations add their messages to [`Message`] and their rules
+//! beside [`session`]'s; the framing, the handshake and the driver stay as
+//! they are.
 
 pub mod agent_msg;
 pub mod agents;
 pub mod frame;
 pub mod line;
 pub mod msg;
+pub mod mx_msg;
 pub mod orion_msg;
 pub mod part;
 pub mod session;

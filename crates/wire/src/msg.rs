@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 use sidecore_types::AppStatus;
 
 use crate::agent_msg::{AgentHello, AgentResult, AgentSend, RateExchange};
+use crate::mx_msg::{MxFrame, MxOpen};
 use crate::orion_msg::{SenseRequest, SenseView};
 use crate::part::RemotePart;
 
@@ -82,6 +83,11 @@ pub enum Message {
     Sense(SenseRequest),
     /// Node → Orion monitor: the view a `sense` asked for.
     SenseView(SenseView),
+    /// Metachory client → node, after the welcome: run a program here with
+    /// the client's files projected ([`crate::mx_msg`]).
+    MxOpen(MxOpen),
+    /// Metachory: one message between two endpoints of a session.
+    Mx(Box<MxFrame>),
 }
 
 impl Message {
@@ -104,6 +110,8 @@ impl Message {
             Message::AgentBeat => "agent-beat",
             Message::Sense(_) => "sense",
             Message::SenseView(_) => "sense-view",
+            Message::MxOpen(_) => "mx-open",
+            Message::Mx(_) => "mx",
         }
     }
 

@@ -27,6 +27,7 @@
 
 use crate::frame::{FrameDecoder, FrameEncoder, FrameError, preamble};
 use crate::msg::{Hello, Message, NodeInfo};
+use crate::mx_msg::{MxOpenError, MxPhase};
 use crate::part::PartError;
 
 /// Something wrong on a node connection, with the peer it concerns.
@@ -54,6 +55,8 @@ pub enum ErrorKind {
     Part(#[from] PartError),
     #[error("closed the connection while {0}")]
     Closed(&'static str),
+    #[error("bad mx-open: {0}")]
+    MxOpen(#[from] MxOpenError),
     #[error("this side may not send `{msg}` while {state}")]
     NotNow {
         msg: &'static str,
@@ -179,6 +182,20 @@ fn unexpected(got: &Message, state: &'static str) -> ErrorKind {
     }
 }
 
+fn unexpected_mx(body: &'static str, p: MxPhase) -> ErrorKind {
+    ErrorKind::Unexpected {
+        got: body,
+        state: p.describe(),
+    }
+}
+
+fn not_now_mx(body: &'static str, p: MxPhase) -> ErrorKind {
+    ErrorKind::NotNow {
+        msg: body,
+        state: p.describe(),
+    }
+}
+
 fn not_now(msg: &Message, state: &'static str) -> ErrorKind {
     ErrorKind::NotNow {
         msg: msg.kind(),
@@ -200,6 +217,8 @@ pub enum OriginState {
     Stopping,
     /// An Orion monitor asking for views (`sense`, `sense-view`) until it closes.
     Monitoring,
+    /// A Metachory client's session ([`crate::mx_msg`]).
+    Mx(MxPhase),
     /// An error was sent or received.
     Over,
 }
@@ -227,6 +246,10 @@ impl Grammar for OriginGrammar {
             (S::AwaitDeployed, Message::Deployed { .. }) => S::Running,
             (S::Running | S::Stopping, Message::Status(_)) => self.state,
             (S::Monitoring, Message::SenseView(_)) => S::Monitoring,
+            (S::Mx(p), Message::Mx(f)) => match p.next(&f.body, true) {
+                Some(p) => S::Mx(p),
+                None => return Err(unexpected_mx(f.body.kind(), p)),
+            },
             _ => return Err(unexpected(msg, self.state())),
         };
         Ok(None)
@@ -239,6 +262,11 @@ impl Grammar for OriginGrammar {
             (S::Ready, Message::Deploy(_)) => S::AwaitListening,
             (S::Running, Message::Stop) => S::Stopping,
             (S::Ready | S::Monitoring, Message::Sense(_)) => S::Monitoring,
+            (S::Ready, Message::MxOpen(_)) => S::Mx(MxPhase::Opening),
+            (S::Mx(p), Message::Mx(f)) => match p.next(&f.body, false) {
+                Some(p) => S::Mx(p),
+                None => return Err(not_now_mx(f.body.kind(), p)),
+            },
             _ => return Err(not_now(msg, self.state())),
         };
         Ok(())
@@ -248,7 +276,10 @@ impl Grammar for OriginGrammar {
         match self.state {
             OriginState::AwaitWelcome
             | OriginState::AwaitListening
-            | OriginState::AwaitDeployed => Err(ErrorKind::Closed(self.state())),
+            | OriginState::AwaitDeployed
+            | OriginState::Mx(MxPhase::Opening | MxPhase::Running | MxPhase::Exited) => {
+                Err(ErrorKind::Closed(self.state()))
+            }
             _ => Ok(()),
         }
     }
@@ -262,6 +293,7 @@ impl Grammar for OriginGrammar {
             OriginState::Running => "the part is running",
             OriginState::Stopping => "the part is stopping",
             OriginState::Monitoring => "monitoring the node",
+            OriginState::Mx(p) => p.describe(),
             OriginState::Over => "the conversation is over",
         }
     }
@@ -304,6 +336,8 @@ pub enum PeerState {
         /// A `sense` not yet answered.
         asked: bool,
     },
+    /// Serving a Metachory client's session ([`crate::mx_msg`]).
+    Mx(MxPhase),
     /// An error was sent or received.
     Over,
 }
@@ -338,6 +372,14 @@ impl Grammar for PeerGrammar {
             }
             (S::Running, Message::Stop) => S::Stopping,
             (S::Ready | S::Monitored { .. }, Message::Sense(_)) => S::Monitored { asked: true },
+            (S::Ready, Message::MxOpen(open)) => {
+                open.validate()?;
+                S::Mx(MxPhase::Opening)
+            }
+            (S::Mx(p), Message::Mx(f)) => match p.next(&f.body, false) {
+                Some(p) => S::Mx(p),
+                None => return Err(unexpected_mx(f.body.kind(), p)),
+            },
             _ => return Err(unexpected(msg, self.state())),
         };
         Ok(answer)
@@ -353,6 +395,10 @@ impl Grammar for PeerGrammar {
             (S::Deploying { listening: true }, Message::Deployed { .. }) => S::Running,
             (S::Running | S::Stopping, Message::Status(_)) => self.state,
             (S::Monitored { asked: true }, Message::SenseView(_)) => S::Monitored { asked: false },
+            (S::Mx(p), Message::Mx(f)) => match p.next(&f.body, true) {
+                Some(p) => S::Mx(p),
+                None => return Err(not_now_mx(f.body.kind(), p)),
+            },
             _ => return Err(not_now(msg, self.state())),
         };
         Ok(())
@@ -360,7 +406,9 @@ impl Grammar for PeerGrammar {
 
     fn on_close(&self) -> Result<(), ErrorKind> {
         match self.state {
-            PeerState::AwaitHello | PeerState::Deploying { .. } => {
+            PeerState::AwaitHello
+            | PeerState::Deploying { .. }
+            | PeerState::Mx(MxPhase::Opening | MxPhase::Running | MxPhase::Approving) => {
                 Err(ErrorKind::Closed(self.state()))
             }
             _ => Ok(()),
@@ -376,6 +424,7 @@ impl Grammar for PeerGrammar {
             PeerState::Running => "its part is running",
             PeerState::Stopping => "its part is stopping",
             PeerState::Monitored { .. } => "monitored by it",
+            PeerState::Mx(p) => p.describe(),
             PeerState::Over => "the conversation is over",
         }
     }
