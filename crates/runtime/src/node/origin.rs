@@ -339,12 +339,7 @@ impl Mirror<'_> {
                 Ok(Received::TimedOut) => {}
                 Err(e) => break format!("connection to node {} lost: {e}", self.node),
             }
-            if stopping.load(Ordering::Acquire) {
-                if stop_seen.get_or_insert_with(Instant::now).elapsed() > STEP_TIMEOUT {
-                    break format!("node {} did not answer the stop", self.node);
-                }
-                continue;
-            }
+            // A peer declared dead will not answer a stop either.
             if let Some(d) = sidecore_orion::health::dead()
                 .into_iter()
                 .find(|d| d.pe == pe)
@@ -353,6 +348,12 @@ impl Mirror<'_> {
                     "{} declared dead by the Orion monitor of {}: {}",
                     d.pe, d.by, d.evidence
                 );
+            }
+            if stopping.load(Ordering::Acquire) {
+                if stop_seen.get_or_insert_with(Instant::now).elapsed() > STEP_TIMEOUT {
+                    break format!("node {} did not answer the stop", self.node);
+                }
+                continue;
             }
             if last_status.elapsed() > LEASE_DEADLINE {
                 break format!(

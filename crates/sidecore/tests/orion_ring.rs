@@ -1,0 +1,341 @@
+//! Orion across real nodes and HYDRA's reaction to a dead one (as root): three
+//! `sidecore daemon` processes, each in its own network namespace of a triangle
+//! testbed, each running the `orion-monitor` offcode (refresh 25 ms, k = 3, each
+//! node watching its 2 successors: everyone). Daemon `a` is the origin of a pipeline
+//! record-source (here) → inet-checksum (on a peer node) → inet-checksum (here). The
+//! peer running the middle is frozen (SIGSTOP): the monitors declare it dead, the
+//! ring's membership shrinks on every live node, `a` re-solves the layout without that
+//! node and restarts the pipeline, whose middle lands on the other peer, and records
+//! flow again. Thawed, the frozen node is seen to recover and rejoins the ring. Every
+//! step is in `a`'s event log.
+#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
+
+mod common;
+
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::*;
+use sidecore_testbed::testing::root;
+use sidecore_testbed::topology::{HostSpec, LinkSpec, Testbed, Topology};
+
+const PREFIX: &str = "sc-orring";
+const PORT: u16 = 7431;
+
+struct Bed(Testbed);
+
+impl Drop for Bed {
+    fn drop(&mut self) {
+        let _ = self.0.down();
+    }
+}
+
+/// Node `name`'s address (its end of the link to the first other host).
+fn addr_of(bed: &Testbed, name: &str) -> String {
+    let h = bed.host(name).unwrap();
+    format!("{}:{PORT}", h.ifaces[0].addr)
+}
+
+fn start_daemon(dir: &Path, bed: &Testbed, name: &str, nodes: Option<&Path>) -> (Guard, PathBuf) {
+    let sock = dir.join(format!("{name}.sock"));
+    let ns = &bed.host(name).unwrap().netns;
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", ns, env!("CARGO_BIN_EXE_sidecore")])
+        .env_remove("SIDECORE_NODES")
+        .env_remove("SIDECORE_SOCKET")
+        .args(["daemon", "--name", name, "--http", "off", "--listen"])
+        .arg(format!("0.0.0.0:{PORT}"))
+        .arg("--socket")
+        .arg(&sock);
+    if let Some(n) = nodes {
+        cmd.arg("--nodes").arg(n);
+    }
+    cmd.stdout(Stdio::null())
+        .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap());
+    let g = Guard(cmd.spawn().unwrap());
+    let addr = addr_of(bed, name);
+    assert!(
+        wait_for(|| sock.exists() && TcpStream::connect(&addr).is_ok(), 20),
+        "daemon {name} never listened on {addr}"
+    );
+    (g, sock)
+}
+
+fn monitor_manifest(dir: &Path, me: &str, ring: &[String]) -> PathBuf {
+    let p = dir.join(format!("monitor-{me}.toml"));
+    let ring: Vec<String> = ring.iter().map(|m| format!("\"{m}\"")).collect();
+    std::fs::write(
+        &p,
+        format!(
+            r#"
+[app]
+name = "orion-{me}"
+
+[[offcode]]
+name = "monitor"
+id = "7a0c2e1b-4f3d-4b8e-9c6a-1d2e3f4a5b{n:02}"
+impl = "orion-monitor"
+params = {{ me = "{me}", ring = [{ring}], refresh_ms = 25, k = 3, ring_k = 1 }}
+  [[offcode.target]]
+  kind = "core"
+  [[offcode.target]]
+  kind = "host"
+"#,
+            n = me.as_bytes()[0],
+            ring = ring.join(", ")
+        ),
+    )
+    .unwrap();
+    p
+}
+
+fn pipeline_manifest(dir: &Path) -> PathBuf {
+    let p = dir.join("pipeline.toml");
+    std::fs::write(
+        &p,
+        r#"
+[app]
+name = "pipeline"
+
+[[offcode]]
+name = "source"
+id = "5b1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b01"
+impl = "record-source"
+outputs = ["out"]
+params = { record_size = 64, records = 0, rate = 2000 }
+  [[offcode.target]]
+  kind = "host"
+
+[[offcode]]
+name = "relay"
+id = "5b1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b02"
+impl = "inet-checksum"
+inputs = ["in"]
+outputs = ["out"]
+  [[offcode.target]]
+  kind = "node"
+
+[[offcode]]
+name = "back"
+id = "5b1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b03"
+impl = "inet-checksum"
+inputs = ["in"]
+  [[offcode.target]]
+  kind = "host"
+
+[[channel]]
+name = "records"
+from = "source.out"
+to = "relay.in"
+slot_size = 128
+
+[[channel]]
+name = "sums"
+from = "relay.out"
+to = "back.in"
+slot_size = 64
+"#,
+    )
+    .unwrap();
+    p
+}
+
+fn up(sock: &Path, manifest: &Path) {
+    let o = run(&[
+        "up",
+        "-d",
+        "--socket",
+        sock.to_str().unwrap(),
+        manifest.to_str().unwrap(),
+    ]);
+    let (out, err) = text(&o);
+    assert!(
+        o.status.success(),
+        "up {}: {err}\n{out}",
+        manifest.display()
+    );
+}
+
+fn app(sock: &Path, name: &str) -> Option<serde_json::Value> {
+    let o = run(&["ps", "--json", "--socket", sock.to_str().unwrap()]);
+    let v: Vec<serde_json::Value> = serde_json::from_slice(&o.stdout).ok()?;
+    v.into_iter()
+        .find(|a| a["name"] == name && a["state"] == "running")
+}
+
+/// Offcode `name` of an app as `ps --json` shows it.
+fn offcode<'a>(app: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    app["offcodes"]
+        .as_array()
+        .and_then(|a| a.iter().find(|o| o["name"] == name))
+        .unwrap_or(&serde_json::Value::Null)
+}
+
+fn metric(sock: &Path, app_name: &str, off: &str, m: &str) -> Option<u64> {
+    let a = app(sock, app_name)?;
+    offcode(&a, off)["metrics"][m].as_u64()
+}
+
+fn events(sock: &Path) -> Vec<String> {
+    let o = run(&["events", "--socket", sock.to_str().unwrap()]);
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// The records `back` has summed, sampled twice 1 s apart: (before, after).
+fn flowing(sock: &Path) -> bool {
+    let Some(a) = metric(sock, "pipeline", "back", "records") else {
+        return false;
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    metric(sock, "pipeline", "back", "records").is_some_and(|b| b > a)
+}
+
+fn signal(pid: u32, sig: &str) {
+    let o = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "kill {sig} {pid}");
+}
+
+#[test]
+fn a_frozen_peer_is_declared_dead_its_offcodes_move_and_the_pipeline_resumes() {
+    if !root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    let _s = serial();
+    let _ = sidecore_testbed::topology::down(PREFIX);
+    let host = |n: &str| HostSpec { name: n.into() };
+    let link = |a: &str, b: &str| LinkSpec {
+        hosts: [a.into(), b.into()],
+    };
+    let topo = Topology {
+        subnet: "10.233.0.0/16".into(),
+        hosts: vec![host("a"), host("b"), host("c")],
+        links: vec![link("a", "b"), link("b", "c"), link("a", "c")],
+    };
+    let bed = Bed(Testbed::up(&topo, PREFIX).unwrap());
+    let dir = tempfile::tempdir().unwrap();
+    let ring: Vec<String> = ["a", "b", "c"]
+        .iter()
+        .map(|n| format!("{n}={}", addr_of(&bed.0, n)))
+        .collect();
+    let nodes = dir.path().join("nodes.toml");
+    std::fs::write(
+        &nodes,
+        format!(
+            "[[node]]\nname = \"b\"\naddr = \"{}\"\n[[node]]\nname = \"c\"\naddr = \"{}\"\n",
+            addr_of(&bed.0, "b"),
+            addr_of(&bed.0, "c")
+        ),
+    )
+    .unwrap();
+    let (mut db, sb) = start_daemon(dir.path(), &bed.0, "b", None);
+    let (mut dc, sc) = start_daemon(dir.path(), &bed.0, "c", None);
+    let (_da, sa) = start_daemon(dir.path(), &bed.0, "a", Some(&nodes));
+    for (me, sock) in [("b", &sb), ("c", &sc), ("a", &sa)] {
+        up(sock, &monitor_manifest(dir.path(), me, &ring));
+    }
+    // Every monitor sees the whole ring, and a's runs on a dedicated core.
+    for (me, sock) in [("a", &sa), ("b", &sb), ("c", &sc)] {
+        let app_name = format!("orion-{me}");
+        assert!(
+            wait_for(
+                || metric(sock, &app_name, "monitor", "views").unwrap_or(0) > 20
+                    && metric(sock, &app_name, "monitor", "members") == Some(3),
+                20
+            ),
+            "monitor {me} never saw the ring: {:?}",
+            app(sock, &app_name)
+        );
+    }
+    let pe = offcode(&app(&sa, "orion-a").unwrap(), "monitor")["pe"].clone();
+    eprintln!("a's monitor runs on {pe}");
+    assert!(pe.as_str().unwrap().starts_with("core:"), "{pe}");
+    assert_eq!(metric(&sa, "orion-a", "monitor", "declared"), Some(0));
+
+    up(&sa, &pipeline_manifest(dir.path()));
+    assert!(wait_for(|| flowing(&sa), 20), "the pipeline never flowed");
+    let relay_pe = offcode(&app(&sa, "pipeline").unwrap(), "relay")["pe"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (victim, other, other_sock) = match relay_pe.as_str() {
+        "node:b" => (&mut db, "c", &sc),
+        "node:c" => (&mut dc, "b", &sb),
+        pe => panic!("relay on {pe}, not on a peer"),
+    };
+    let victim_name = relay_pe.trim_start_matches("node:").to_owned();
+    let pid = victim.0.id();
+
+    // Freeze the peer that runs the middle of the pipeline.
+    signal(pid, "-STOP");
+    let declared = format!("{relay_pe} declared dead by a");
+    assert!(
+        wait_for(|| events(&sa).iter().any(|l| l.contains(&declared)), 20),
+        "never declared: {:#?}",
+        events(&sa)
+    );
+    let ev = events(&sa);
+    let line = ev.iter().find(|l| l.contains(&declared)).unwrap();
+    eprintln!("{line}");
+    // The detector's own account: k = 3 refreshes of 25 ms without progress.
+    assert!(line.contains("(3 refreshes of 25.0 ms"), "{line}");
+    assert!(
+        wait_for(
+            || events(&sa)
+                .iter()
+                .any(|l| l.contains(&format!("re-placed without {relay_pe}"))),
+            20
+        ),
+        "never re-placed: {:#?}",
+        events(&sa)
+    );
+    assert!(
+        wait_for(
+            || app(&sa, "pipeline")
+                .is_some_and(|a| offcode(&a, "relay")["pe"] == format!("node:{other}")),
+            20
+        ),
+        "the relay did not move to node:{other}: {:?}",
+        app(&sa, "pipeline")
+    );
+    assert!(wait_for(|| flowing(&sa), 20), "records never flowed again");
+    // The ring shrank on both live nodes.
+    assert!(
+        wait_for(
+            || metric(&sa, "orion-a", "monitor", "members") == Some(2)
+                && metric(other_sock, &format!("orion-{other}"), "monitor", "members") == Some(2),
+            10
+        ),
+        "membership: a {:?}, {other} {:?}",
+        metric(&sa, "orion-a", "monitor", "members"),
+        metric(other_sock, &format!("orion-{other}"), "monitor", "members")
+    );
+    assert!(metric(&sa, "orion-a", "monitor", "declared").unwrap() >= 1);
+
+    // Thawed: a false positive after all; the node rejoins.
+    signal(pid, "-CONT");
+    assert!(
+        wait_for(
+            || metric(&sa, "orion-a", "monitor", "recovered").unwrap_or(0) >= 1
+                && metric(&sa, "orion-a", "monitor", "members") == Some(3),
+            20
+        ),
+        "{victim_name} never rejoined: {:?}",
+        app(&sa, "orion-a")
+    );
+    assert!(
+        events(&sa)
+            .iter()
+            .any(|l| l.contains(&format!("{relay_pe} recovered"))),
+        "{:#?}",
+        events(&sa)
+    );
+}
