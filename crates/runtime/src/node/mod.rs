@@ -9,9 +9,13 @@
 //! closes (the origin stopped the app, or died) the peer tears its part down;
 //! when the peer goes away the origin marks the part's offcodes failed.
 //!
-//! Not yet: channels between two different peers, and channels that fan out
-//! (multicast or parallel receivers) across machines; both are refused with an
-//! error naming the channel.
+//! A channel between two peers goes straight from one to the other: the
+//! origin asks the receiving peer for its part first, and gives the sending
+//! peer the address the receiver listens on ([`origin::delegate`]); channels
+//! running both ways between peers (a cycle) are refused.
+//!
+//! Not yet: channels that fan out (multicast or parallel receivers) across
+//! machines; refused with an error naming the channel.
 
 use std::time::Duration;
 

@@ -7,6 +7,7 @@
 //! or when its status reports stop for [`LEASE_DEADLINE`] (a frozen peer keeps
 //! its connection open).
 
+use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -88,22 +89,77 @@ pub fn delegate(plan: &Plan) -> Result<Delegation, DeployError> {
         return Ok(out);
     }
     check_crossings(plan)?;
+    let nodes = receivers_first(plan, nodes)?;
     let hello = sidecore_pe::node::hello();
-    for node in nodes {
-        let link = delegate_one(plan, node, &hello, &mut out.attachments).map_err(|e| match e {
+    let fail = |node: &str| {
+        let node = node.to_string();
+        move |e| match e {
             PartError::Link(e) => DeployError::Link(e),
             PartError::Channel(e) => DeployError::Node {
-                node: node.to_string(),
+                node: node.clone(),
                 error: e.to_string(),
             },
             PartError::Peer(error) => DeployError::Node {
-                node: node.to_string(),
+                node: node.clone(),
                 error,
             },
-        })?;
-        out.parts.push(link);
+        }
+    };
+    // Every part is asked for first, receivers of peer-to-peer channels before
+    // their senders (whose parts connect to the addresses the receivers listen
+    // on); then each part's deployment is awaited.
+    let mut p2p: BTreeMap<String, String> = BTreeMap::new();
+    let mut opened = Vec::new();
+    for node in nodes {
+        let o =
+            open_part(plan, node, &hello, &mut p2p, &mut out.attachments).map_err(fail(node))?;
+        opened.push(o);
+    }
+    for o in opened {
+        let node = o.link.node.clone();
+        out.parts
+            .push(finish_part(o, &mut out.attachments).map_err(fail(&node))?);
     }
     Ok(out)
+}
+
+/// The peer nodes ordered so that the receiving end of every channel between two
+/// peers is asked for before the sending end; refused when channels run both ways
+/// between peers (a cycle), which this order cannot serve.
+fn receivers_first<'p>(plan: &'p Plan, nodes: Vec<&'p str>) -> Result<Vec<&'p str>, DeployError> {
+    let edges: Vec<(&str, &str, &str)> = plan
+        .channels
+        .iter()
+        .filter_map(|ch| {
+            let from = location(plan, ch.from.0)?;
+            let to = location(plan, ch.to.first()?.0)?;
+            (from != to).then_some((from, to, ch.name.as_str()))
+        })
+        .collect();
+    let mut left = nodes;
+    let mut order = Vec::new();
+    while !left.is_empty() {
+        // A node none of whose peer-to-peer channels goes to a node still left.
+        let Some(i) = left
+            .iter()
+            .position(|n| !edges.iter().any(|(f, t, _)| f == n && left.contains(t)))
+        else {
+            let (f, t, ch) = edges
+                .iter()
+                .find(|(f, t, _)| left.contains(f) && left.contains(t))
+                .copied()
+                .unwrap_or(("?", "?", "?"));
+            return Err(DeployError::Channel {
+                channel: ch.to_string(),
+                error: format!(
+                    "it joins {f} to {t}, and channels between these peers run both ways \
+                     (a cycle); peer-to-peer channels must form no cycle between nodes"
+                ),
+            });
+        };
+        order.push(left.remove(i));
+    }
+    Ok(order)
 }
 
 /// Refuses, before contacting anyone, a channel that crosses machines in a way
@@ -134,11 +190,6 @@ fn check_crossings(plan: &Plan) -> Result<(), DeployError> {
                     .into(),
             ));
         }
-        if let (Some(a), Some(b)) = (from, tos[0]) {
-            return Err(fail(format!(
-                "it joins two peer nodes ({a} and {b}); channels between peers are not supported yet"
-            )));
-        }
     }
     Ok(())
 }
@@ -156,6 +207,7 @@ fn part_request<'p>(
     members: &[usize],
     here: IpAddr,
     origin: &str,
+    p2p: &BTreeMap<String, String>,
 ) -> Result<PartRequest<'p>, ChannelSetupError> {
     let idx = |i: usize| members.iter().position(|&m| m == i);
     let (mut channels, mut outbound, mut inbound) = (Vec::new(), Vec::new(), Vec::new());
@@ -170,12 +222,20 @@ fn part_request<'p>(
             continue;
         }
         let mut connect = None;
-        if from.is_some() && to.is_empty() {
+        let receiver_on_peer = ch.to.first().and_then(|t| location(plan, t.0)).is_some();
+        let sender_on_peer = location(plan, ch.from.0).is_some();
+        if from.is_some() && to.is_empty() && receiver_on_peer {
+            // Out of the part to another peer, asked for first: connect to it.
+            let addr = p2p
+                .get(&ch.name)
+                .ok_or_else(|| ChannelSetupError::NotListening(ch.name.clone()))?;
+            connect = Some(addr.clone());
+        } else if from.is_some() && to.is_empty() {
             // Out of the part to here: listen now, the peer connects.
             let (l, addr) = listen(here, &ch.name)?;
             connect = Some(addr);
             inbound.push((ch, l));
-        } else if from.is_none() {
+        } else if from.is_none() && !sender_on_peer {
             outbound.push(ch);
         }
         channels.push(RemoteChannel {
@@ -223,12 +283,22 @@ fn step(link: &Link<OriginGrammar>) -> Result<Message, PartError> {
     }
 }
 
-fn delegate_one(
-    plan: &Plan,
+/// A part asked for, not yet reported deployed.
+struct Opened<'p> {
+    link: PartLink,
+    inbound: Vec<(&'p PlannedChannel, StreamListener)>,
+}
+
+/// Connects to `node`, asks it to deploy its part and connects the origin's
+/// channels into it once it listens; records where it listens for channels from
+/// other peers in `p2p`.
+fn open_part<'p>(
+    plan: &'p Plan,
     node: &str,
     hello: &sidecore_wire::Hello,
+    p2p: &mut BTreeMap<String, String>,
     attachments: &mut Vec<Attachment>,
-) -> Result<PartLink, PartError> {
+) -> Result<Opened<'p>, PartError> {
     let addr = plan
         .nodes
         .get(node)
@@ -244,7 +314,7 @@ fn delegate_one(
     let members: Vec<usize> = (0..plan.offcodes.len())
         .filter(|&i| location(plan, i) == Some(node))
         .collect();
-    let req = part_request(plan, &members, here, &hello.origin)?;
+    let req = part_request(plan, &members, here, &hello.origin, p2p)?;
     link.send(&Message::Deploy(req.part))?;
     let Message::Listening {
         channels: listening,
@@ -258,15 +328,34 @@ fn delegate_one(
             .ok_or_else(|| ChannelSetupError::NotListening(ch.name.clone()))?;
         attachments.push(connect_end(a, &ch.name, ch.props.delivery, ch.from)?);
     }
-    step(&link)?; // deployed
-    for (ch, l) in req.inbound {
+    // Channels into this part from other peers: their senders connect here.
+    for ch in &plan.channels {
+        let into_here = ch.to.first().is_some_and(|t| members.contains(&t.0));
+        if into_here && location(plan, ch.from.0).is_some_and(|f| f != node) {
+            let a = listening
+                .get(&ch.name)
+                .ok_or_else(|| ChannelSetupError::NotListening(ch.name.clone()))?;
+            p2p.insert(ch.name.clone(), a.clone());
+        }
+    }
+    Ok(Opened {
+        link: PartLink {
+            node: node.to_string(),
+            link,
+            members,
+        },
+        inbound: req.inbound,
+    })
+}
+
+/// Waits for an opened part to report itself deployed, and accepts its channels
+/// to the origin.
+fn finish_part(o: Opened<'_>, attachments: &mut Vec<Attachment>) -> Result<PartLink, PartError> {
+    step(&o.link.link)?; // deployed
+    for (ch, l) in o.inbound {
         attachments.push(accept_end(&l, &ch.name, ch.to[0])?);
     }
-    Ok(PartLink {
-        node: node.to_string(),
-        link,
-        members,
-    })
+    Ok(o.link)
 }
 
 /// Follows a deployed part: mirrors the peer's status reports into the
