@@ -171,6 +171,11 @@ impl CallTable {
             .pop()
             .ok_or(CallError::TableFull(self.entries.len()))?;
         let e = &self.entries[idx as usize];
+        assert_eq!(
+            e.status.load(Ordering::Acquire),
+            STATUS_FREE,
+            "call table: entry {idx} on the free list is in use"
+        );
         let generation = e.generation.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
         e.code.store(0, Ordering::Relaxed);
         e.status.store(STATUS_PENDING, Ordering::Release);
@@ -230,12 +235,28 @@ impl CallTable {
         self.advance(id, CallStatus::Finished)
     }
 
-    /// Takes the result of a FINISHED call and frees its entry.
+    /// Takes the result of a FINISHED call and frees its entry. Exactly one
+    /// of two racing completions of one call frees it; the other is told the
+    /// call is gone.
     pub fn complete(&self, id: CallId) -> Result<(u16, Vec<u8>), CallError> {
         let e = self.entry(id)?;
         let status = self.status(id)?;
         if status != CallStatus::Finished {
             return Err(CallError::Timeout(status));
+        }
+        // Claim the entry: FINISHED → FREE once. It goes back on the free
+        // list only after its result is taken, so no `begin` can reuse it
+        // before then.
+        if e.status
+            .compare_exchange(
+                CallStatus::Finished.code(),
+                STATUS_FREE,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            )
+            .is_err()
+        {
+            return Err(CallError::UnknownCall(id.0));
         }
         let out = std::mem::take(
             &mut *e
@@ -244,8 +265,19 @@ impl CallTable {
                 .unwrap_or_else(std::sync::PoisonError::into_inner),
         );
         let code = e.code.load(Ordering::Acquire);
-        e.status.store(STATUS_FREE, Ordering::Release);
-        self.lock_free().push(id.index() as u32);
+        let mut free = self.lock_free();
+        debug_assert!(
+            !free.contains(&(id.index() as u32)),
+            "call table: entry {} freed twice",
+            id.index()
+        );
+        free.push(id.index() as u32);
+        assert!(
+            free.len() <= self.entries.len(),
+            "call table: {} free entries in a table of {}",
+            free.len(),
+            self.entries.len()
+        );
         Ok((code, out))
     }
 
@@ -704,6 +736,22 @@ mod tests {
             )
             .unwrap();
         assert!(call.wait(Duration::from_secs(1)).unwrap().is_empty());
+    }
+
+    #[test]
+    fn racing_completions_free_an_entry_once() {
+        let t = CallTable::new(4);
+        for _ in 0..200 {
+            let id = t.begin().unwrap();
+            t.finish(id, 0, b"r").unwrap();
+            let wins: usize = std::thread::scope(|s| {
+                let a = s.spawn(|| t.complete(id).is_ok());
+                let b = s.spawn(|| t.complete(id).is_ok());
+                usize::from(a.join().unwrap()) + usize::from(b.join().unwrap())
+            });
+            assert_eq!(wins, 1);
+            assert_eq!(t.in_flight(), 0);
+        }
     }
 
     #[test]

@@ -81,16 +81,26 @@ pub enum KernelError {
     TooManyShapes { shapes: usize, max: usize },
 }
 
+/// Where the kernel exposes its own BTF.
+const VMLINUX_BTF: &str = "/sys/kernel/btf/vmlinux";
+
 /// What to do about a refusal, from the error text.
 fn hint(detail: &str) -> String {
+    hint_for(detail, std::path::Path::new(VMLINUX_BTF).exists())
+}
+
+/// [`hint`] on a kernel that does (`btf`) or does not expose its BTF.
+fn hint_for(detail: &str, btf: bool) -> String {
     let mut h = String::new();
     if detail.contains("Operation not permitted") || detail.contains("EPERM") {
         h.push_str(
             " (needs root, or CAP_BPF with CAP_NET_ADMIN; check kernel.unprivileged_bpf_disabled)",
         );
     }
-    if detail.contains("BTF") && !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        h.push_str(" (this kernel exposes no BTF at /sys/kernel/btf/vmlinux)");
+    if detail.contains("BTF") && !btf {
+        h.push_str(" (this kernel exposes no BTF at ");
+        h.push_str(VMLINUX_BTF);
+        h.push(')');
     }
     h
 }
@@ -110,4 +120,30 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
 pub(crate) fn tail(log: &str, lines: usize) -> String {
     let v: Vec<&str> = log.lines().collect();
     v[v.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_say_what_to_do() {
+        let eperm = KernelError::Load {
+            object: "firewall.bpf.o".into(),
+            detail: "map `rules`: Operation not permitted (os error 1)".into(),
+        }
+        .to_string();
+        assert!(
+            eperm.contains("firewall.bpf.o") && eperm.contains("needs root, or CAP_BPF"),
+            "{eperm}"
+        );
+        let btf = "program `orion_fork`: BTF is required for tp_btf";
+        assert!(hint_for(btf, false).contains("exposes no BTF at /sys/kernel/btf/vmlinux"));
+        assert_eq!(
+            hint_for(btf, true),
+            "",
+            "a kernel with BTF gets no BTF hint"
+        );
+        assert_eq!(hint_for("Invalid argument (os error 22)", false), "");
+    }
 }

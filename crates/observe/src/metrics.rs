@@ -14,34 +14,36 @@ use prometheus_client::registry::Unit;
 use crate::exporters::{Exposition, Labels};
 use crate::snapshot::Snapshot;
 
-/// Every family the daemon exposes: (name as scraped, type).
-pub const FAMILIES: &[(&str, &str)] = &[
-    ("sidecore_app_uptime_seconds", "gauge"),
-    ("sidecore_app_running", "gauge"),
-    ("sidecore_offcode_running", "gauge"),
-    ("sidecore_offcode_uptime_seconds", "gauge"),
-    ("sidecore_offcode_messages_handled_total", "counter"),
-    ("sidecore_offcode_messages_sent_total", "counter"),
-    ("sidecore_offcode_messages_dropped_total", "counter"),
-    ("sidecore_offcode_turns_total", "counter"),
-    ("sidecore_offcode_records_total", "counter"),
-    ("sidecore_offcode_bytes_total", "counter"),
-    ("sidecore_offcode_overruns_total", "counter"),
-    ("sidecore_offcode_reported", "gauge"),
-    ("sidecore_channel_messages_total", "counter"),
-    ("sidecore_channel_dropped_total", "counter"),
-    ("sidecore_channel_backpressure_total", "counter"),
-    ("sidecore_channel_occupancy_messages", "gauge"),
-    ("sidecore_channel_capacity_messages", "gauge"),
-    ("sidecore_pe_cpu_capacity", "gauge"),
-    ("sidecore_pe_allocated_ratio", "gauge"),
-    ("sidecore_pe_busy_ratio", "gauge"),
-    ("sidecore_wasm_admissions_total", "counter"),
-    ("sidecore_wasm_violations_total", "counter"),
-    ("sidecore_wasm_unloads_total", "counter"),
-    ("sidecore_firewall_verdicts_total", "counter"),
-    ("sidecore_events_total", "counter"),
-    ("sidecore_service_up", "gauge"),
+/// Every family the daemon exposes: (name as scraped, type, unit). The unit
+/// is the one OpenMetrics declares (`# UNIT`) and the name's suffix; "" for
+/// none (counts, states).
+pub const FAMILIES: &[(&str, &str, &str)] = &[
+    ("sidecore_app_uptime_seconds", "gauge", "seconds"),
+    ("sidecore_app_running", "gauge", ""),
+    ("sidecore_offcode_running", "gauge", ""),
+    ("sidecore_offcode_uptime_seconds", "gauge", "seconds"),
+    ("sidecore_offcode_messages_handled_total", "counter", ""),
+    ("sidecore_offcode_messages_sent_total", "counter", ""),
+    ("sidecore_offcode_messages_dropped_total", "counter", ""),
+    ("sidecore_offcode_turns_total", "counter", ""),
+    ("sidecore_offcode_records_total", "counter", ""),
+    ("sidecore_offcode_bytes_total", "counter", ""),
+    ("sidecore_offcode_overruns_total", "counter", ""),
+    ("sidecore_offcode_reported", "gauge", ""),
+    ("sidecore_channel_messages_total", "counter", ""),
+    ("sidecore_channel_dropped_total", "counter", ""),
+    ("sidecore_channel_backpressure_total", "counter", ""),
+    ("sidecore_channel_occupancy_messages", "gauge", "messages"),
+    ("sidecore_channel_capacity_messages", "gauge", "messages"),
+    ("sidecore_pe_cpu_capacity", "gauge", ""),
+    ("sidecore_pe_allocated_ratio", "gauge", "ratio"),
+    ("sidecore_pe_busy_ratio", "gauge", "ratio"),
+    ("sidecore_wasm_admissions_total", "counter", ""),
+    ("sidecore_wasm_violations_total", "counter", ""),
+    ("sidecore_wasm_unloads_total", "counter", ""),
+    ("sidecore_firewall_verdicts_total", "counter", ""),
+    ("sidecore_events_total", "counter", ""),
+    ("sidecore_service_up", "gauge", ""),
 ];
 
 /// Offcode metrics with a family of their own; the rest go to

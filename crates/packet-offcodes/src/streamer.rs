@@ -183,27 +183,27 @@ impl Params {
     }
 }
 
-/// The absolute schedule (sans-IO): chunk `k` is due at `t0 + k / rate`.
+/// The absolute schedule (sans-IO): chunk `k` is due at `t0 + k / chunks_per_s`.
 #[derive(Debug, Clone, Copy)]
 pub struct Pacer {
     t0: Instant,
-    rate: u64,
+    chunks_per_s: u64,
     /// Chunks sent so far (the next one's index).
     pub sent: u64,
 }
 
 impl Pacer {
-    pub fn new(t0: Instant, rate: u64) -> Pacer {
+    pub fn new(t0: Instant, chunks_per_s: u64) -> Pacer {
         Pacer {
             t0,
-            rate: rate.max(1),
+            chunks_per_s: chunks_per_s.max(1),
             sent: 0,
         }
     }
 
     /// When chunk `k` is due.
     pub fn deadline(&self, k: u64) -> Instant {
-        let ns = u128::from(k) * 1_000_000_000 / u128::from(self.rate);
+        let ns = u128::from(k) * 1_000_000_000 / u128::from(self.chunks_per_s);
         self.t0 + Duration::from_nanos(u64::try_from(ns).unwrap_or(u64::MAX))
     }
 
@@ -217,7 +217,7 @@ impl Pacer {
         let Some(since) = t.checked_duration_since(self.t0) else {
             return 0;
         };
-        let due = since.as_nanos() * u128::from(self.rate) / 1_000_000_000 + 1;
+        let due = since.as_nanos() * u128::from(self.chunks_per_s) / 1_000_000_000 + 1;
         u64::try_from(due)
             .unwrap_or(u64::MAX)
             .saturating_sub(self.sent)

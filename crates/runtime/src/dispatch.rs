@@ -67,8 +67,8 @@ pub struct Dispatcher {
     last_run_ns: Vec<u64>,
 }
 
-/// The task set of `specs` (periodic ones released from `start_ns`).
-fn task_set(specs: &[TaskSpec], start_ns: u64) -> (TaskSet, Vec<TaskId>) {
+/// The task set of `specs`, periodic ones first released at `start_ns(name)`.
+fn task_set(specs: &[TaskSpec], start_ns: impl Fn(&str) -> u64) -> (TaskSet, Vec<TaskId>) {
     let mut periodic = Vec::new();
     let mut non_periodic = Vec::new();
     let mut slot_of_p = Vec::new();
@@ -78,7 +78,7 @@ fn task_set(specs: &[TaskSpec], start_ns: u64) -> (TaskSet, Vec<TaskId>) {
             Some((p, e)) => {
                 periodic.push(
                     PeriodicTask::new(s.name.clone(), e, p)
-                        .with_start(start_ns)
+                        .with_start(start_ns(&s.name))
                         .with_priority(s.priority),
                 );
                 slot_of_p.push(i);
@@ -108,7 +108,7 @@ impl Dispatcher {
         if policy == SchedPolicy::RoundRobin {
             return Ok(());
         }
-        let (tasks, _) = task_set(specs, 0);
+        let (tasks, _) = task_set(specs, |_| 0);
         let refused = |reason: String| AdmitError::Refused {
             policy,
             core: core.to_string(),
@@ -124,7 +124,62 @@ impl Dispatcher {
     /// A dispatcher for `specs`, started at `now_ns`; `None` under
     /// round-robin, which needs none.
     pub fn new(policy: SchedPolicy, specs: &[TaskSpec], now_ns: u64) -> Option<Self> {
-        let (tasks, ids) = task_set(specs, now_ns);
+        Self::rebuilt(policy, specs, now_ns, None)
+    }
+
+    /// The dispatcher for `specs` after an offcode joined or left the core
+    /// at `now_ns`, when `previous` ran the set before. A periodic task that
+    /// was in it keeps its schedule (first release, next release, pending
+    /// jobs): a neighbour coming or going releases no extra job of it. A
+    /// non-periodic one keeps its measured ticket and when it last ran.
+    pub fn rebuilt(
+        policy: SchedPolicy,
+        specs: &[TaskSpec],
+        now_ns: u64,
+        previous: Option<&Dispatcher>,
+    ) -> Option<Self> {
+        let before = |name: &str| previous.and_then(|d| d.position(name));
+        let start_ns = |name: &str| match before(name) {
+            Some(TaskId::Periodic(k)) => previous.map_or(now_ns, |d| d.tasks.periodic[k].start_ns),
+            _ => now_ns,
+        };
+        let mut d = Self::fresh(policy, specs, now_ns, start_ns)?;
+        let Some(old) = previous else {
+            return Some(d);
+        };
+        for (slot, id) in d.ids.clone().into_iter().enumerate() {
+            match (id, before(&specs[slot].name)) {
+                (TaskId::Periodic(k), Some(TaskId::Periodic(j))) => {
+                    d.periodic[k] = old.periodic[j];
+                }
+                (TaskId::NonPeriodic(k), Some(TaskId::NonPeriodic(j))) => {
+                    d.measured_ns[k] = old.measured_ns[j];
+                    d.last_run_ns[k] = old.last_run_ns[j];
+                }
+                _ => {}
+            }
+        }
+        Some(d)
+    }
+
+    /// The task `name` of this set.
+    fn position(&self, name: &str) -> Option<TaskId> {
+        let of = |id: &TaskId| match *id {
+            TaskId::Periodic(k) => self.tasks.periodic[k].name.as_str(),
+            TaskId::NonPeriodic(k) => self.tasks.non_periodic[k].name.as_str(),
+        };
+        self.ids.iter().find(|id| of(id) == name).copied()
+    }
+
+    /// A dispatcher with no history: non-periodic tasks ready at `now_ns`,
+    /// periodic ones first released at `start_ns(name)`.
+    fn fresh(
+        policy: SchedPolicy,
+        specs: &[TaskSpec],
+        now_ns: u64,
+        start_ns: impl Fn(&str) -> u64,
+    ) -> Option<Self> {
+        let (tasks, ids) = task_set(specs, start_ns);
         let sched: Box<dyn Scheduler + Send> = match policy {
             SchedPolicy::RoundRobin => return None,
             // Among offcodes that fit the slack, the higher priority, then the
@@ -148,10 +203,10 @@ impl Dispatcher {
         let periodic = tasks
             .periodic
             .iter()
-            .map(|_| PeriodicState {
+            .map(|t| PeriodicState {
                 oldest_pending: None,
                 pending_jobs: 0,
-                next_release_ns: now_ns,
+                next_release_ns: t.start_ns,
             })
             .collect();
         let n = tasks.non_periodic.len();
@@ -295,6 +350,26 @@ mod tests {
         d.ran(1, 995_000, 10_000, true);
         assert_eq!(d.next(995_000, |_| false, |_| Some(10_000)), Err(1_000_000));
         assert_eq!(d.next(1_000_000, |_| false, |_| Some(10_000)), Ok(0));
+    }
+
+    #[test]
+    fn a_neighbour_joining_releases_no_extra_job_of_a_periodic_offcode() {
+        let tick = spec("tick", Some((1_000_000, 100_000)));
+        let mut d = Dispatcher::new(SchedPolicy::EdfPlusPlus, &[tick.clone()], 0).unwrap();
+        assert_eq!(d.next(0, |_| false, |_| None), Ok(0));
+        d.ran(0, 100_000, 100_000, false);
+        // `work` starts at 0.2 ms, in a slot before the ticker's: the
+        // ticker's next job is still the one at 1 ms.
+        let specs = [spec("work", None), tick];
+        let mut d =
+            Dispatcher::rebuilt(SchedPolicy::EdfPlusPlus, &specs, 200_000, Some(&d)).unwrap();
+        assert_eq!(d.next(200_000, |_| false, |_| Some(10_000)), Ok(0));
+        d.ran(0, 210_000, 10_000, true);
+        assert_eq!(d.next(995_000, |_| false, |_| Some(10_000)), Err(1_000_000));
+        assert_eq!(d.next(1_000_000, |_| false, |_| Some(10_000)), Ok(1));
+        // Without its history the rebuilt set would run the ticker at once.
+        let mut fresh = Dispatcher::new(SchedPolicy::EdfPlusPlus, &specs, 200_000).unwrap();
+        assert_eq!(fresh.next(200_000, |_| false, |_| Some(10_000)), Ok(1));
     }
 
     #[test]

@@ -538,7 +538,8 @@ impl Executor {
             .map(|&i| self.slots[i].slot.task.clone())
             .collect();
         let now = self.now_ns();
-        self.dispatcher = Dispatcher::new(self.spec.policy, &specs, now);
+        self.dispatcher =
+            Dispatcher::rebuilt(self.spec.policy, &specs, now, self.dispatcher.as_ref());
     }
 
     /// One turn of slot `i`, if it has started.

@@ -55,8 +55,8 @@ pub struct RateArgs {
     #[arg(long)]
     pub no_1ms: bool,
     /// Cycles between traffic changes (40,000 = 25 kHz, Table 8.1).
-    #[arg(long, default_value_t = 40_000.0)]
-    pub interval: f64,
+    #[arg(long = "interval", default_value_t = 40_000.0)]
+    pub interval_cycles: f64,
     /// Packet creation: paced (default) or poisson.
     #[arg(long, default_value = "paced", value_parser = parse_arrivals)]
     pub arrivals: Arrivals,
@@ -274,7 +274,7 @@ fn print_check_targets(r: &SikkerSimRow) {
 fn run_rate(a: &RateArgs) -> anyhow::Result<()> {
     let o = RateRunOptions {
         base: RateSimConfig {
-            interval: a.interval,
+            interval: a.interval_cycles,
             arrivals: a.arrivals,
             ctrl_size: a.ctrl_phits,
             ..Default::default()

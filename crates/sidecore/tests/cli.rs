@@ -49,6 +49,42 @@ fn check_accepts_the_example_and_names_problems_in_bad_ones() {
     );
 }
 
+/// Run by an ordinary user (nobody, through setpriv), `devices` says the
+/// kernel PE is absent and why, with the kernel's refusal and what to do.
+#[test]
+fn devices_tells_an_unprivileged_user_why_the_kernel_refuses() {
+    if !sidecore_testbed::testing::root() {
+        return;
+    }
+    // The build's directory may be closed to other users: run a copy.
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join("sidecore");
+    std::fs::copy(env!("CARGO_BIN_EXE_sidecore"), &copy).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let o = std::process::Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+        .arg(&copy)
+        .args(["devices", "--json"])
+        .env_remove("SIDECORE_NODES")
+        .output()
+        .expect("setpriv (util-linux)");
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let kernel = v["absent"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["kind"] == "kernel")
+        .unwrap_or_else(|| panic!("the kernel PE is not absent for nobody: {v}"));
+    let reason = kernel["reason"].as_str().unwrap();
+    assert!(
+        reason.contains("Operation not permitted") && reason.contains("needs root or CAP_BPF"),
+        "{reason}"
+    );
+}
+
 #[test]
 fn devices_lists_every_kind_or_says_why_not() {
     let o = run(&["devices", "--json"]);

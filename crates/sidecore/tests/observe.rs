@@ -104,6 +104,42 @@ fn samples(text: &str, pat: &str) -> Vec<f64> {
         .collect()
 }
 
+/// OpenMetrics declares each family's unit, which is the one on the list
+/// and the name's suffix; families without one declare none.
+fn check_units(addr: SocketAddr) {
+    let (code, om) = http(
+        addr,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: application/openmetrics-text\r\nConnection: close\r\n\r\n",
+    );
+    assert_eq!(code, 200);
+    let declared: std::collections::BTreeMap<&str, &str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# UNIT "))
+        .filter_map(|l| l.split_once(' '))
+        .collect();
+    let families: Vec<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE "))
+        .filter_map(|l| l.split(' ').next())
+        .collect();
+    assert!(!families.is_empty(), "{om}");
+    for (name, _, unit) in sidecore_observe::metrics::FAMILIES {
+        // OpenMetrics names a counter's family without `_total`.
+        let family = name.strip_suffix("_total").unwrap_or(name);
+        if !families.contains(&family) {
+            continue;
+        }
+        assert_eq!(
+            declared.get(family).copied().unwrap_or(""),
+            *unit,
+            "unit of {family}"
+        );
+        if !unit.is_empty() {
+            assert!(family.ends_with(&format!("_{unit}")), "{family}");
+        }
+    }
+}
+
 #[test]
 fn metrics_families_types_units_and_promtool() {
     let _g = serial();
@@ -123,7 +159,7 @@ fn metrics_families_types_units_and_promtool() {
     types.sort();
     let mut want: Vec<(String, String)> = sidecore_observe::metrics::FAMILIES
         .iter()
-        .map(|(n, t)| ((*n).to_string(), (*t).to_string()))
+        .map(|(n, t, _)| ((*n).to_string(), (*t).to_string()))
         .collect();
     want.sort();
     // Families with no series are not written: the firewall's verdicts and
@@ -147,6 +183,7 @@ fn metrics_families_types_units_and_promtool() {
             "{name} is a {kind}"
         );
     }
+    check_units(d.http);
     // The real parser and linter.
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])

@@ -86,6 +86,7 @@ portal = "ForBill"
     .unwrap();
     let sock = dir.path().join("agent.sock");
     let s = sock.to_str().unwrap();
+    let agent_log = dir.path().join("agent.log");
     let metrics = format!("127.0.0.1:{}", common::free_port());
     let _agent = Guard(
         bin()
@@ -95,7 +96,7 @@ portal = "ForBill"
             .arg("--placement")
             .arg(&placement)
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(&agent_log).unwrap())
             .spawn()
             .unwrap(),
     );
@@ -163,6 +164,15 @@ portal = "ForBill"
             ],
         ),
         "service bill may not use domain Set of kvs",
+    );
+    // The agent logged it with the sender it derived and the reason.
+    let log = std::fs::read_to_string(&agent_log).unwrap();
+    assert!(
+        log.lines().any(|l| l.contains("denied pid")
+            && l.contains("(bill:101)")
+            && l.contains("(permission)")
+            && l.contains("service bill may not use domain Set of kvs")),
+        "no denial line in the agent's log:\n{log}"
     );
     // A name the policy does not know.
     expect_refused(

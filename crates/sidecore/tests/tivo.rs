@@ -53,6 +53,12 @@ fn the_streamer_keeps_its_pace_on_a_dedicated_core_under_load() {
     ]);
     let (out, err) = text(&o);
     assert!(o.status.success(), "{err}\n{out}");
+    // The demo removed the testbed it built (the guard above only covers a
+    // failure of this test).
+    assert!(
+        sidecore_testbed::topology::namespaces(&prefix).is_empty(),
+        "`demo tivo` left namespaces behind"
+    );
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     let rows = v["rows"].as_array().unwrap();
     assert_eq!(rows.len(), 2, "{v:#}");

@@ -117,6 +117,11 @@ pub struct AgentCore {
     outbox: Vec<(String, Message)>,
 }
 
+/// Denials logged in full before sampling starts.
+pub const LOG_FIRST_DENIALS: u64 = 100;
+/// After the first [`LOG_FIRST_DENIALS`], one denial in this many is logged.
+pub const LOG_EVERY_DENIAL: u64 = 1000;
+
 fn kind(d: &Denied) -> &'static str {
     match d {
         Denied::Permission(_) => "permission",
@@ -236,17 +241,49 @@ impl AgentCore {
         self.attached.get(&conn).map(|a| (a.pid, a.exe.as_path()))
     }
 
-    /// Counts a denial of request `id` and answers it.
+    /// Counts a denial of request `id`, logs it (see [`AgentCore::denial_line`])
+    /// and answers it.
     pub fn deny(&mut self, conn: ConnId, id: Option<u64>, why: Denied) -> Effect {
         *self
             .counters
             .denied
             .entry(kind(&why).to_string())
             .or_default() += 1;
+        if let Some(line) = self.denial_line(conn, id, &why) {
+            eprintln!("{line}");
+        }
         Effect {
             to: conn,
             msg: FromAgent::Denied { id, why },
         }
+    }
+
+    /// The log line of a denial just counted, with the sender and the reason
+    /// in the policy's names; `None` when it is not logged. The first
+    /// [`LOG_FIRST_DENIALS`] are logged, then one in [`LOG_EVERY_DENIAL`] with
+    /// the running total, so a process that floods the agent with refused
+    /// messages cannot flood its log (the counters keep every one).
+    pub fn denial_line(&self, conn: ConnId, id: Option<u64>, why: &Denied) -> Option<String> {
+        let total: u64 = self.counters.denied.values().sum();
+        let sampled = total > LOG_FIRST_DENIALS;
+        if sampled && !total.is_multiple_of(LOG_EVERY_DENIAL) {
+            return None;
+        }
+        let who = match self.attached.get(&conn) {
+            Some(a) => format!("pid {} ({}:{})", a.pid, self.svc_name(a.svc), a.proc),
+            None => format!("connection {conn} (not attached)"),
+        };
+        let request = id.map_or(String::new(), |i| format!(" request {i}"));
+        let tail = if sampled {
+            format!(" [{total} denials so far; 1 in {LOG_EVERY_DENIAL} logged]")
+        } else {
+            String::new()
+        };
+        Some(format!(
+            "sikker agent {}: denied {who}{request} ({}): {why}{tail}",
+            self.host,
+            kind(why)
+        ))
     }
 
     /// Handles request `id` from an attested connection at `now_ns`.

@@ -152,3 +152,38 @@ fn updates_reach_attached_connections_and_refusals_keep_the_last_good_policy() {
     assert_eq!(c.policy_refused("from the I/O layer"), "from the I/O layer");
     assert_eq!(c.counters().policy_refused, 3);
 }
+
+#[test]
+fn denials_are_logged_with_sender_and_reason_then_sampled() {
+    use sidecore_sikker_agent::core::{LOG_EVERY_DENIAL, LOG_FIRST_DENIALS};
+    let mut c = core();
+    let why = || Denied::Permission("service bill may not use domain Set of kvs".into());
+    c.deny(BILL, Some(7), why());
+    let line = c.denial_line(BILL, Some(7), &why()).unwrap();
+    assert!(
+        line.contains("denied pid 11 (bill:101) request 7 (permission)")
+            && line.ends_with("service bill may not use domain Set of kvs"),
+        "{line}"
+    );
+    // A connection that never attached is named as such.
+    let anon = c.denial_line(99, None, &why()).unwrap();
+    assert!(anon.contains("connection 99 (not attached)"), "{anon}");
+    // Past the first ones, one in LOG_EVERY_DENIAL is logged, with the total.
+    let mut logged = Vec::new();
+    for total in 2..=LOG_FIRST_DENIALS + 2 * LOG_EVERY_DENIAL {
+        c.deny(BILL, None, why());
+        if let Some(l) = c.denial_line(BILL, None, &why()) {
+            assert_eq!(
+                total > LOG_FIRST_DENIALS,
+                l.contains("denials so far"),
+                "{l}"
+            );
+            logged.push(total);
+        }
+    }
+    assert_eq!(logged.len() as u64, LOG_FIRST_DENIALS - 1 + 2);
+    assert_eq!(
+        logged[logged.len() - 2..],
+        [LOG_EVERY_DENIAL, 2 * LOG_EVERY_DENIAL]
+    );
+}
