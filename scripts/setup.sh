@@ -14,7 +14,7 @@
 # second run only checks.
 set -euo pipefail
 
-need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 nftables pkg-config cmake g++ make python3 etcd-server etcd-client nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils chromium prometheus)
+need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 nftables pkg-config cmake g++ make python3 etcd-server etcd-client nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils chromium prometheus earlyoom)
 # Node may come from elsewhere (nodesource) with its own npm; Debian's are used only when there is none.
 command -v node >/dev/null || need_pkgs+=(nodejs)
 command -v npm >/dev/null || need_pkgs+=(npm)

@@ -12,6 +12,15 @@
 //! the kernel made (`memory.oom_control` `oom_kill`), the peak memory use, and whether
 //! the bystander and the whitelisted process survived.
 //!
+//! Third, **earlyoom** (Debian's `earlyoom`, `scripts/setup.sh`): it acts on the host's
+//! available memory, not on a cgroup, so it is started with its threshold (`-M`, KiB,
+//! SIGTERM and SIGKILL alike) at the host's available memory before the hog minus 75 %
+//! of the cgroup's limit — it acts once the hog has taken what makes Orion act — and,
+//! so that it can only choose among the scenario's processes, inside a PID namespace
+//! (`unshare --pid --mount-proc`) with the hog, the bystander and the whitelisted
+//! `sleep` (which earlyoom cannot be told to spare: `--avoid '^sleep$'` is the nearest).
+//! Other load on the host moves its trigger; the row says what happened.
+//!
 //! Run (root): `cargo bench -p sidecore-orion --bench hog` (`ORION_HOG_TRIALS`, default 3).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)] // benchmark code: a failed unwrap is a failed run; scenarios read top to bottom
 
@@ -112,10 +121,98 @@ fn one(script: &str, orion: bool) -> Outcome {
     out
 }
 
+/// The host's available memory, KiB.
+fn mem_available_kib() -> u64 {
+    let t = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    t.lines()
+        .find_map(|l| l.strip_prefix("MemAvailable:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// The hog repaired by earlyoom in a PID namespace with the scenario's processes.
+fn one_earlyoom(script: &str) -> Outcome {
+    let cg = TestCgroup::new("hog", 64, LIMIT);
+    let threshold = mem_available_kib().saturating_sub(LIMIT * 3 / 4 / 1024);
+    let inner = format!(
+        "sleep 1000 & perl -e \"my \\$x = 'x' x (30 << 20); sleep 1000\" & \
+         earlyoom -M {threshold},{threshold} -r 0 --avoid '^sleep$' >/dev/null 2>&1 & \
+         sleep 0.5; exec perl -e \"$HOG\""
+    );
+    let mut ns = {
+        let mut c = std::process::Command::new("unshare");
+        c.args(["--pid", "--fork", "--mount-proc", "sh", "-c", &inner])
+            .env("HOG", script);
+        let procs = cg.v2.join("cgroup.procs");
+        let pids = cg.pids.join("cgroup.procs");
+        let mem = cg.mem.join("cgroup.procs");
+        use std::os::unix::process::CommandExt;
+        // SAFETY: only writes to three files between fork and exec.
+        unsafe {
+            c.pre_exec(move || {
+                for f in [&procs, &pids, &mem] {
+                    std::fs::write(f, "0")?;
+                }
+                Ok(())
+            });
+        }
+        c.spawn().expect("unshare")
+    };
+    let hogs = || -> Vec<u32> {
+        cg.procs()
+            .into_iter()
+            .filter(|p| cmdline(*p).contains("push @a"))
+            .collect()
+    };
+    // Wait for the hog to start (after earlyoom's 0.5 s head start).
+    let t0 = Instant::now();
+    while hogs().is_empty() && t0.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let start = Instant::now();
+    let recovery = loop {
+        std::thread::sleep(Duration::from_millis(25));
+        if hogs().is_empty() {
+            break start.elapsed();
+        }
+        if start.elapsed() > Duration::from_secs(30) {
+            break start.elapsed();
+        }
+    };
+    let procs = cg.procs();
+    let bystander = procs.iter().any(|p| cmdline(*p).contains("30 << 20"));
+    let keeper = procs.iter().any(|p| cmdline(*p).starts_with("sleep 1000"));
+    let out = Outcome {
+        recovery_ms: recovery.as_secs_f64() * 1e3,
+        oom_kills: v1_value(&cg, "memory.oom_control", Some("oom_kill ")),
+        orion_killed: 0,
+        peak_mib: v1_value(&cg, "memory.max_usage_in_bytes", None) as f64 / f64::from(1 << 20),
+        bystander,
+        keeper,
+    };
+    drop(cg);
+    let _ = ns.kill();
+    let _ = ns.wait();
+    out
+}
+
 fn main() {
     if let Some(why) = common::unavailable() {
         eprintln!("hog bench skipped: {why}");
         return;
+    }
+    let earlyoom = std::process::Command::new("earlyoom")
+        .arg("-v")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !earlyoom {
+        eprintln!("earlyoom is not installed (scripts/setup.sh): its rows are left out");
     }
     let trials: usize = std::env::var("ORION_HOG_TRIALS")
         .ok()
@@ -132,17 +229,25 @@ fn main() {
         ("single (4 MiB / 10 ms)", SINGLE),
         ("group of 4 (2 MiB / 20 ms each)", GROUP),
     ] {
-        let mut rows: [Vec<Outcome>; 2] = [Vec::new(), Vec::new()];
+        let mut rows: [Vec<Outcome>; 3] = [Vec::new(), Vec::new(), Vec::new()];
+        let methods = if earlyoom { 3 } else { 2 };
         for t in 0..trials {
-            for i in 0..2 {
-                let orion = (i + t) % 2 == 0;
-                rows[usize::from(orion)].push(one(script, orion));
+            for i in 0..methods {
+                match (i + t) % methods {
+                    0 => rows[0].push(one(script, false)),
+                    1 => rows[1].push(one(script, true)),
+                    _ => rows[2].push(one_earlyoom(script)),
+                }
             }
         }
         for (label, r) in [
             ("kernel OOM killer", &rows[0]),
             ("Orion healer (75 %, 25 ms)", &rows[1]),
+            ("earlyoom (host memory, same 75 %)", &rows[2]),
         ] {
+            if r.is_empty() {
+                continue;
+            }
             let list =
                 |f: &dyn Fn(&Outcome) -> String| r.iter().map(f).collect::<Vec<_>>().join(", ");
             println!(
