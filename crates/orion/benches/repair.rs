@@ -107,6 +107,23 @@ fn one(n: usize, method: Method, out: &mut Samples) {
                     .filter_map(|a| a.evidence["settled_ms"].as_f64())
                     .sum(),
             );
+            let sum = |kind: &str, key: &str| -> f64 {
+                healer
+                    .log()
+                    .entries()
+                    .iter()
+                    .filter(|a| a.kind == kind)
+                    .filter_map(|a| a.evidence[key].as_f64())
+                    .sum()
+            };
+            eprintln!(
+                "n={n} where the frozen time went (ms): freeze settle {:.1}, walk {:.1}, kill {:.1}, thaw {:.1}; frozen {:.1}",
+                sum("freeze", "settled_ms"),
+                sum("kill", "walk_ms"),
+                sum("kill", "kill_ms"),
+                sum("thaw", "thaw_ms"),
+                r.frozen_ms
+            );
             out.healer_total.push(r.total_ms);
             out.gone.push(ms(end + left - start));
             out.passes.push(r.passes);

@@ -283,28 +283,33 @@ impl Healer {
         );
         let (stats, _, scope) = self.scan()?;
         let picked = fork_bomb_victims(&self.tree, &scope, &self.cfg.whitelist);
+        let walk_ms = t.elapsed().as_secs_f64() * 1e3;
         let mut killed = Vec::new();
         if let Some((culprit, victims)) = picked {
             if report.culprit == 0 {
                 report.culprit = culprit;
             }
+            let k = Instant::now();
             let failed: Vec<String> = victims
                 .iter()
                 .filter_map(|p| kill(*p).err().map(|e| e.to_string()))
                 .collect();
+            let kill_ms = k.elapsed().as_secs_f64() * 1e3;
             self.log.record(
                 "kill",
                 self.target(),
-                serde_json::json!({ "culprit": culprit, "comm": self.tree.get(culprit).map(|p| p.comm.clone()), "pids": victims, "tree": stats, "tree_source": self.source, "failed": failed }),
+                serde_json::json!({ "culprit": culprit, "comm": self.tree.get(culprit).map(|p| p.comm.clone()), "pids": victims, "tree": stats, "tree_source": self.source, "failed": failed, "walk_ms": walk_ms, "kill_ms": kill_ms }),
             );
             killed = victims;
         }
+        let th = Instant::now();
         lock.release()?;
+        let thaw_ms = th.elapsed().as_secs_f64() * 1e3;
         report.frozen_ms += t.elapsed().as_secs_f64() * 1e3 + lock.took().as_secs_f64() * 1e3;
         self.log.record(
             "thaw",
             self.target(),
-            serde_json::json!({ "pass": report.passes }),
+            serde_json::json!({ "pass": report.passes, "thaw_ms": thaw_ms }),
         );
         report.killed.extend(killed.iter().copied());
         Ok(killed)
