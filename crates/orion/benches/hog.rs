@@ -19,7 +19,8 @@
 //! so that it can only choose among the scenario's processes, inside a PID namespace
 //! (`unshare --pid --mount-proc`) with the hog, the bystander and the whitelisted
 //! `sleep` (which earlyoom cannot be told to spare: `--avoid '^sleep$'` is the nearest).
-//! Other load on the host moves its trigger; the row says what happened.
+//! The namespace's init is the shell, not the hog (a namespace's processes die with
+//! its init). Other load on the host moves its trigger; the row says what happened.
 //!
 //! Run (root): `cargo bench -p sidecore-orion --bench hog` (`ORION_HOG_TRIALS`, default 3).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)] // benchmark code: a failed unwrap is a failed run; scenarios read top to bottom
@@ -143,7 +144,7 @@ fn one_earlyoom(script: &str) -> Outcome {
     let inner = format!(
         "sleep 1000 & perl -e \"my \\$x = 'x' x (30 << 20); sleep 1000\" & \
          earlyoom -M {threshold},{threshold} -r 0 --avoid '^sleep$' >/dev/null 2>&1 & \
-         sleep 0.5; exec perl -e \"$HOG\""
+         sleep 0.5; perl -e \"$HOG\" & wait"
     );
     let mut ns = {
         let mut c = std::process::Command::new("unshare");

@@ -114,6 +114,67 @@ pub struct Healer {
     source: TreeSource,
 }
 
+/// Signals every victim of a frozen cgroup with SIGKILL, plain kill(2): a victim not yet
+/// signalled is frozen, so it cannot exit and its pid cannot be reused before its turn
+/// (pidfds are for processes that may run meanwhile). The loop runs at real-time
+/// priority where it may: SIGKILL thaws each victim into its exit, and a thousand exits
+/// on a small machine would otherwise preempt the loop that is still signalling.
+fn kill_frozen(victims: &[u32]) -> Vec<String> {
+    use rustix::process::{Pid, Signal, kill_process};
+    let boosted = FifoBoost::new();
+    let failed = victims
+        .iter()
+        .filter_map(|&pid| {
+            let p = i32::try_from(pid).ok().and_then(Pid::from_raw)?;
+            kill_process(p, Signal::KILL)
+                .err()
+                .map(|e| format!("SIGKILL to {pid}: {e}"))
+        })
+        .collect();
+    drop(boosted);
+    failed
+}
+
+/// SCHED_FIFO for the calling thread while it lives, then its old policy back.
+struct FifoBoost {
+    old: Option<(libc::c_int, libc::sched_param)>,
+}
+
+impl FifoBoost {
+    fn new() -> FifoBoost {
+        // SAFETY: sched_getscheduler/sched_getparam/sched_setscheduler on the calling
+        // thread (pid 0) with a valid, initialised sched_param; failures are returned,
+        // not undefined.
+        unsafe {
+            let policy = libc::sched_getscheduler(0);
+            let mut old = libc::sched_param { sched_priority: 0 };
+            if policy < 0 || libc::sched_getparam(0, &mut old) != 0 {
+                return FifoBoost { old: None };
+            }
+            let fifo = libc::sched_param {
+                sched_priority: libc::sched_get_priority_min(libc::SCHED_FIFO).max(1),
+            };
+            if libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo) != 0 {
+                return FifoBoost { old: None };
+            }
+            FifoBoost {
+                old: Some((policy, old)),
+            }
+        }
+    }
+}
+
+impl Drop for FifoBoost {
+    fn drop(&mut self) {
+        if let Some((policy, param)) = self.old {
+            // SAFETY: restores the policy and parameters read in `new` on this thread.
+            unsafe {
+                libc::sched_setscheduler(0, policy, &param);
+            }
+        }
+    }
+}
+
 fn kill(pid: u32) -> Result<(), OrionError> {
     use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
     let p = i32::try_from(pid)
@@ -290,10 +351,7 @@ impl Healer {
                 report.culprit = culprit;
             }
             let k = Instant::now();
-            let failed: Vec<String> = victims
-                .iter()
-                .filter_map(|p| kill(*p).err().map(|e| e.to_string()))
-                .collect();
+            let failed = kill_frozen(&victims);
             let kill_ms = k.elapsed().as_secs_f64() * 1e3;
             self.log.record(
                 "kill",
