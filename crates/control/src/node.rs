@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use sidecore_wire::mx_msg::MxOpen;
 use sidecore_wire::orion_msg::{SenseRequest, SenseView};
 use sidecore_wire::session::PeerGrammar;
 use sidecore_wire::{Link, LinkError, Message, NodeInfo, Received, RemotePart};
@@ -34,6 +35,10 @@ pub type SenseHandler = Arc<dyn Fn(&SenseRequest) -> SenseView + Send + Sync>;
 /// How long a monitoring connection may stay silent before it is closed.
 const MONITOR_IDLE: Duration = Duration::from_secs(10);
 
+/// Serves a Metachory session (`mx-open`): runs the client's program here
+/// for as long as the connection, or until the flag is set.
+pub type MxHandler = Arc<dyn Fn(&Link<PeerGrammar>, &MxOpen, &AtomicBool) + Send + Sync>;
+
 /// What the listener does with requests beyond the hello.
 #[derive(Clone, Default)]
 pub struct Handlers {
@@ -41,6 +46,8 @@ pub struct Handlers {
     pub deploy: Option<DeployHandler>,
     /// Monitors' `sense` requests; `None`: refused.
     pub sense: Option<SenseHandler>,
+    /// Metachory sessions (`sidecore exec --on`); `None`: refused.
+    pub mx: Option<MxHandler>,
 }
 
 /// Why the node listener could not start.
@@ -81,6 +88,7 @@ impl NodeListener {
             Handlers {
                 deploy,
                 sense: None,
+                mx: None,
             },
         )
     }
@@ -194,6 +202,10 @@ fn serve(
         Ok(Received::Message(Message::Deploy(part))) => match &handlers.deploy {
             Some(d) => d(&link, &part, stop),
             None => answer("this node does not accept deployments".into())?,
+        },
+        Ok(Received::Message(Message::MxOpen(open))) => match &handlers.mx {
+            Some(h) => h(&link, &open, stop),
+            None => answer("this node does not run Metachory guests".into())?,
         },
         Ok(Received::Message(Message::Sense(req))) => match &handlers.sense {
             Some(h) => monitored(&link, h, req, stop)?,

@@ -204,6 +204,12 @@ impl Reader {
         (data, stat)
     }
 
+    /// Bytes buffered and not yet read.
+    #[must_use]
+    pub fn buffered(&self) -> usize {
+        self.buf.len()
+    }
+
     /// Whether the stream ended and the buffer is empty.
     #[must_use]
     pub fn at_eof(&self) -> bool {

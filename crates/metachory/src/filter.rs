@@ -95,6 +95,227 @@ pub fn program() -> Vec<sock_filter> {
     p
 }
 
+/// Which guest a filter is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Profile {
+    /// `sidecore exec` without a node: opens trapped, nothing else.
+    Local,
+    /// A remote guest in its container: opens trapped (and emulated by the
+    /// supervisor), ptrace, cross-process memory access and sockets trapped
+    /// (raw and packet sockets refused), calls that could leave the
+    /// container refused with EPERM, and calls that bypass interposition
+    /// (`io_uring`) or pass structs (`clone3`, `openat2`) refused with
+    /// ENOSYS so that libc falls back.
+    Container,
+}
+
+/// What the filter does with one call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Action {
+    Notify,
+    Errno(i32),
+    /// EPERM when `args[0]` has any of these bits (clone's namespace flags).
+    ErrnoIfArg0(i32, u32),
+}
+
+#[cfg(target_arch = "x86_64")]
+const CONTAINER_NOTIFY: &[i64] = &[
+    libc::SYS_openat,
+    libc::SYS_open,
+    libc::SYS_creat,
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_socket,
+];
+#[cfg(target_arch = "aarch64")]
+const CONTAINER_NOTIFY: &[i64] = &[
+    libc::SYS_openat,
+    libc::SYS_ptrace,
+    libc::SYS_process_vm_readv,
+    libc::SYS_process_vm_writev,
+    libc::SYS_socket,
+];
+
+/// Calls a contained guest may not make (EPERM).
+const CONTAINER_EPERM: &[i64] = &[
+    libc::SYS_mount,
+    libc::SYS_umount2,
+    libc::SYS_pivot_root,
+    libc::SYS_chroot,
+    libc::SYS_unshare,
+    libc::SYS_setns,
+    libc::SYS_bpf,
+    libc::SYS_perf_event_open,
+    libc::SYS_init_module,
+    libc::SYS_finit_module,
+    libc::SYS_delete_module,
+    libc::SYS_kexec_load,
+    libc::SYS_kexec_file_load,
+    libc::SYS_reboot,
+    libc::SYS_swapon,
+    libc::SYS_swapoff,
+    libc::SYS_open_by_handle_at,
+    libc::SYS_name_to_handle_at,
+    libc::SYS_keyctl,
+    libc::SYS_add_key,
+    libc::SYS_request_key,
+    libc::SYS_userfaultfd,
+    libc::SYS_fsopen,
+    libc::SYS_fsmount,
+    libc::SYS_move_mount,
+    libc::SYS_open_tree,
+    libc::SYS_fspick,
+    libc::SYS_mount_setattr,
+    libc::SYS_pidfd_getfd,
+    libc::SYS_kcmp,
+];
+
+/// Calls refused with ENOSYS in a container: libc falls back, or the guest
+/// does without.
+const CONTAINER_ENOSYS: &[i64] = &[
+    libc::SYS_openat2,
+    libc::SYS_clone3,
+    libc::SYS_io_uring_setup,
+    libc::SYS_io_uring_enter,
+    libc::SYS_io_uring_register,
+];
+
+/// Namespace flags a contained guest may not pass to `clone`.
+const CLONE_NS_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET
+    | libc::CLONE_NEWCGROUP) as u32;
+
+const BPF_JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+const OFF_ARG0_LO: u32 = 16;
+
+fn rules(profile: Profile) -> Vec<(i64, Action)> {
+    match profile {
+        Profile::Local => TRAPPED
+            .iter()
+            .map(|(n, _)| (*n, Action::Notify))
+            .chain(
+                ENOSYS_CALLS
+                    .iter()
+                    .map(|n| (*n, Action::Errno(libc::ENOSYS))),
+            )
+            .collect(),
+        Profile::Container => CONTAINER_NOTIFY
+            .iter()
+            .map(|n| (*n, Action::Notify))
+            .chain(
+                CONTAINER_EPERM
+                    .iter()
+                    .map(|n| (*n, Action::Errno(libc::EPERM))),
+            )
+            .chain(
+                CONTAINER_ENOSYS
+                    .iter()
+                    .map(|n| (*n, Action::Errno(libc::ENOSYS))),
+            )
+            .chain(std::iter::once((
+                libc::SYS_clone,
+                Action::ErrnoIfArg0(libc::EPERM, CLONE_NS_FLAGS),
+            )))
+            .collect(),
+    }
+}
+
+/// The filter for `profile`: architecture check, x32 refused, one
+/// comparison per rule, then each rule's block.
+#[must_use]
+pub fn program_for(profile: Profile) -> Vec<sock_filter> {
+    let rules = rules(profile);
+    let mut p = vec![
+        stmt(BPF_LD_W_ABS, OFF_ARCH),
+        jump(BPF_JEQ_K, AUDIT_ARCH, 1, 0),
+        stmt(BPF_RET_K, libc::SECCOMP_RET_KILL_PROCESS),
+        stmt(BPF_LD_W_ABS, OFF_NR),
+        // x32 numbers (bit 30) would dodge the comparisons.
+        jump(BPF_JGE_K, 0x4000_0000, 0, 1),
+        stmt(BPF_RET_K, libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32),
+    ];
+    let first_cmp = p.len();
+    for (nr, _) in &rules {
+        p.push(jump(BPF_JEQ_K, *nr as u32, 0, 0));
+    }
+    p.push(stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW));
+    for (i, (_, action)) in rules.iter().enumerate() {
+        let at = p.len();
+        let cmp = first_cmp + i;
+        let off = at - cmp - 1;
+        assert!(
+            off <= usize::from(u8::MAX),
+            "seccomp filter too long for a jump"
+        );
+        p[cmp].jt = off as u8;
+        match *action {
+            Action::Notify => p.push(stmt(BPF_RET_K, libc::SECCOMP_RET_USER_NOTIF)),
+            Action::Errno(e) => p.push(stmt(BPF_RET_K, libc::SECCOMP_RET_ERRNO | e as u32)),
+            Action::ErrnoIfArg0(e, mask) => {
+                p.push(stmt(BPF_LD_W_ABS, OFF_ARG0_LO));
+                p.push(jump(BPF_JSET_K, mask, 0, 1));
+                p.push(stmt(BPF_RET_K, libc::SECCOMP_RET_ERRNO | e as u32));
+                p.push(stmt(BPF_RET_K, libc::SECCOMP_RET_ALLOW));
+            }
+        }
+    }
+    p
+}
+
+/// In a freshly forked guest (single-threaded: it may allocate): sets
+/// no_new_privs, installs the filter for `profile` with a listener and
+/// sends the listener over `sock` tagged `seccomp`.
+pub fn install_and_send(profile: Profile, sock: std::os::fd::RawFd) -> std::io::Result<()> {
+    let prog = program_for(profile);
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(prog.len()).unwrap_or(u16::MAX),
+        filter: prog.as_ptr().cast_mut(),
+    };
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: `fprog` points at `prog`, alive for the call; the kernel copies it.
+    let fd = unsafe {
+        libc::syscall(
+            libc::SYS_seccomp,
+            libc::SECCOMP_SET_MODE_FILTER,
+            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
+            &raw const fprog,
+        )
+    };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let fd = fd as std::os::fd::RawFd;
+    let r = crate::fdpass::send_fd(sock, b"seccomp", fd);
+    // SAFETY: our copy of the listener; the server holds its own.
+    unsafe { libc::close(fd) };
+    r
+}
+
+/// The counters' name for a container's trapped call.
+#[must_use]
+pub fn container_name(nr: i64) -> &'static str {
+    match nr {
+        n if n == libc::SYS_openat => "openat",
+        #[cfg(target_arch = "x86_64")]
+        n if n == libc::SYS_open => "open",
+        #[cfg(target_arch = "x86_64")]
+        n if n == libc::SYS_creat => "creat",
+        n if n == libc::SYS_ptrace => "ptrace",
+        n if n == libc::SYS_process_vm_readv => "process_vm_readv",
+        n if n == libc::SYS_process_vm_writev => "process_vm_writev",
+        n if n == libc::SYS_socket => "socket",
+        _ => "other",
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,5 +339,69 @@ mod tests {
             libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32
         );
         assert_eq!(ret(3 + 1 + p[3].jt as usize), ret(i + 1 + p[i].jt as usize));
+    }
+
+    /// Runs a classic-BPF seccomp program on (nr, arg0) as the kernel would.
+    fn run(p: &[sock_filter], nr: i64, arg0: u64) -> u32 {
+        let mut data = [0u8; 64];
+        data[0..4].copy_from_slice(&(nr as u32).to_le_bytes());
+        data[4..8].copy_from_slice(&AUDIT_ARCH.to_le_bytes());
+        data[16..24].copy_from_slice(&arg0.to_le_bytes());
+        let (mut pc, mut a) = (0usize, 0u32);
+        loop {
+            let i = p[pc];
+            match i.code {
+                BPF_LD_W_ABS => {
+                    let k = i.k as usize;
+                    a = u32::from_le_bytes(data[k..k + 4].try_into().unwrap());
+                    pc += 1;
+                }
+                BPF_RET_K => return i.k,
+                BPF_JEQ_K | BPF_JGE_K | BPF_JSET_K => {
+                    let t = match i.code {
+                        BPF_JEQ_K => a == i.k,
+                        BPF_JGE_K => a >= i.k,
+                        _ => a & i.k != 0,
+                    };
+                    pc += 1 + usize::from(if t { i.jt } else { i.jf });
+                }
+                c => panic!("unknown instruction {c:#x}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_container_profile_decides_as_documented() {
+        let p = program_for(Profile::Container);
+        assert_eq!(run(&p, libc::SYS_openat, 0), libc::SECCOMP_RET_USER_NOTIF);
+        assert_eq!(run(&p, libc::SYS_ptrace, 0), libc::SECCOMP_RET_USER_NOTIF);
+        assert_eq!(
+            run(&p, libc::SYS_mount, 0),
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32
+        );
+        assert_eq!(
+            run(&p, libc::SYS_io_uring_setup, 0),
+            libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32
+        );
+        assert_eq!(run(&p, libc::SYS_getpid, 0), libc::SECCOMP_RET_ALLOW);
+        assert_eq!(
+            run(&p, libc::SYS_clone, libc::SIGCHLD as u64),
+            libc::SECCOMP_RET_ALLOW
+        );
+        assert_eq!(
+            run(
+                &p,
+                libc::SYS_clone,
+                (libc::CLONE_NEWUSER | libc::SIGCHLD) as u64
+            ),
+            libc::SECCOMP_RET_ERRNO | libc::EPERM as u32
+        );
+        assert_eq!(
+            run(&p, 0x4000_0000 | libc::SYS_mount, 0),
+            libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32
+        );
+        let l = program_for(Profile::Local);
+        assert_eq!(run(&l, libc::SYS_openat, 0), libc::SECCOMP_RET_USER_NOTIF);
+        assert_eq!(run(&l, libc::SYS_mount, 0), libc::SECCOMP_RET_ALLOW);
     }
 }

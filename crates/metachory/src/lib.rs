@@ -8,9 +8,17 @@
 //! * [`supervisor`] starts the guest with that filter, receives the listener
 //!   descriptor, answers every notification (`SECCOMP_USER_NOTIF_FLAG_CONTINUE`,
 //!   an errno, or `SECCOMP_IOCTL_NOTIF_ADDFD`) and counts what it trapped.
+//! * [`remote`] runs the guest on a peer node (`sidecore exec --on`): its
+//!   own namespaces, the client's files projected through FUSE and DisCo, a
+//!   write-back overlay the client approves; [`ptrace`] is the
+//!   PTRACE_SYSEMU fallback supervisor; [`fdpass`] passes descriptors
+//!   between the container and the server.
 
+pub mod fdpass;
 pub mod filter;
 pub mod policy;
+pub mod ptrace;
+pub mod remote;
 pub mod supervisor;
 
 pub use policy::{Decision, OpenRequest, Policy};

@@ -53,6 +53,9 @@ pub struct Counters {
     pub projected: u64,
     /// Notifications whose guest vanished before the answer.
     pub lost: u64,
+    /// Emulated calls that failed as the kernel would have failed them
+    /// (ENOENT and the like): not denials.
+    pub failed: u64,
     /// Trapped calls by syscall name.
     pub by_syscall: BTreeMap<&'static str, u64>,
 }
@@ -61,8 +64,8 @@ impl std::fmt::Display for Counters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "trapped={} continued={} denied={} projected={} lost={}",
-            self.trapped, self.continued, self.denied, self.projected, self.lost
+            "trapped={} continued={} denied={} projected={} failed={} lost={}",
+            self.trapped, self.continued, self.denied, self.projected, self.failed, self.lost
         )?;
         for (name, n) in &self.by_syscall {
             write!(f, " {name}={n}")?;
@@ -332,7 +335,7 @@ fn serve(listener: &OwnedFd, policy: &Policy, root: Option<&File>) -> Counters {
     counters
 }
 
-fn ioctl<T>(fd: &OwnedFd, req: libc::Ioctl, arg: *mut T) -> io::Result<()> {
+pub(crate) fn ioctl<T>(fd: &OwnedFd, req: libc::Ioctl, arg: *mut T) -> io::Result<()> {
     // SAFETY: callers pass the struct type that `req` encodes.
     if unsafe { libc::ioctl(fd.as_raw_fd(), req, arg) } < 0 {
         return Err(io::Error::last_os_error());
@@ -473,7 +476,7 @@ fn open_in_root(root: &File, rel: &Path, guest_flags: i32) -> io::Result<OwnedFd
 }
 
 /// The directory a relative path of the guest resolves against.
-fn guest_dir(pid: u32, dirfd: i32) -> Option<PathBuf> {
+pub(crate) fn guest_dir(pid: u32, dirfd: i32) -> Option<PathBuf> {
     let link = if dirfd == libc::AT_FDCWD {
         format!("/proc/{pid}/cwd")
     } else {
@@ -483,7 +486,7 @@ fn guest_dir(pid: u32, dirfd: i32) -> Option<PathBuf> {
 }
 
 /// Copy a NUL-terminated string (at most PATH_MAX bytes) out of the guest.
-fn read_cstr(pid: u32, addr: u64) -> io::Result<PathBuf> {
+pub(crate) fn read_cstr(pid: u32, addr: u64) -> io::Result<PathBuf> {
     const PATH_MAX: usize = 4096;
     const PAGE: u64 = 4096;
     let mem = File::open(format!("/proc/{pid}/mem"))?;

@@ -32,7 +32,11 @@ fn cat_works_and_opens_are_trapped() {
     assert!(o.counters.trapped >= 2, "{}", o.counters);
     assert_eq!(
         o.counters.trapped,
-        o.counters.continued + o.counters.denied + o.counters.projected + o.counters.lost
+        o.counters.continued
+            + o.counters.denied
+            + o.counters.projected
+            + o.counters.failed
+            + o.counters.lost
     );
     assert_eq!(o.counters.denied, 0);
 }

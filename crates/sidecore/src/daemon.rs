@@ -113,6 +113,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<ExitCode> {
             Handlers {
                 deploy: Some(d.deploy_handler()),
                 sense: Some(Arc::new(move |req| sensors.view(req))),
+                mx: Some(crate::exec_remote::handler(name)?),
             },
         )?),
         None => None,

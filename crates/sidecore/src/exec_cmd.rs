@@ -1,5 +1,7 @@
 //! `sidecore exec`: run an unmodified program under Metachory's supervisor
-//! (issue 16). This slice runs it in a local sandbox only (no `--on NODE`).
+//! (issue 16): in a local sandbox, or with `--on NODE` on a peer daemon with
+//! this machine's files projected (the write-back overlay approved with
+//! `--apply`, `--diff` or `--discard`).
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -22,12 +24,45 @@ pub struct ExecArgs {
     /// Do not print the supervision summary on stderr.
     #[arg(long, short)]
     pub quiet: bool,
+    /// Run on this peer node (a name in --nodes, or HOST:PORT of its daemon's
+    /// node listener) with this machine's files projected.
+    #[arg(long, value_name = "NODE")]
+    pub on: Option<String>,
+    /// The session's number [default: random].
+    #[arg(long, value_name = "S", requires = "on")]
+    pub session: Option<u64>,
+    /// Reach --on through these relays (names or HOST:PORT; repeatable, in order).
+    #[arg(long, value_name = "RELAY", requires = "on")]
+    pub via: Vec<String>,
+    /// Directories to project (at the same paths) [default: the working directory].
+    #[arg(long, value_name = "DIR", requires = "on")]
+    pub project: Vec<PathBuf>,
+    /// Apply the guest's changes to the projected directories at its end.
+    #[arg(long, requires = "on", conflicts_with_all = ["diff", "discard"])]
+    pub apply: bool,
+    /// Show the guest's changes as a diff at its end, and apply nothing.
+    #[arg(long, requires = "on", conflicts_with = "discard")]
+    pub diff: bool,
+    /// Drop the guest's changes at its end.
+    #[arg(long, requires = "on")]
+    pub discard: bool,
+    /// Run the guest in a user namespace (the unprivileged server mode).
+    #[arg(long, requires = "on")]
+    pub userns: bool,
+    /// Supervise with PTRACE_SYSEMU instead of seccomp user notification.
+    #[arg(long, requires = "on")]
+    pub ptrace: bool,
+    #[command(flatten)]
+    pub pe: crate::args::PeArgs,
     /// The program and its arguments.
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub cmd: Vec<OsString>,
 }
 
 pub fn run_exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
+    if args.on.is_some() {
+        return crate::exec_remote::run(&args);
+    }
     let mut policy = Policy::new();
     for d in &args.deny {
         policy = policy.deny(d);

@@ -21,6 +21,7 @@ mod demo_tivo;
 mod demo_total_order;
 mod devices;
 mod exec_cmd;
+mod exec_remote;
 mod ext_cmd;
 mod filewall_cmd;
 mod fw;
@@ -135,8 +136,11 @@ enum Command {
     /// FileWall: the NFS policy middlebox (check a chain file, run the proxies, read stats).
     #[command(subcommand)]
     Filewall(filewall_cmd::FilewallCommand),
-    /// Metachory: run a program with its file opens supervised (seccomp user notification; local sandbox).
+    /// Metachory: run a program supervised, locally or on a peer node (--on) with this machine's files projected.
     Exec(exec_cmd::ExecArgs),
+    /// Metachory's container for a remote guest (started by the daemon).
+    #[command(name = "__mx-init", hide = true)]
+    MxInit { spec: String },
     /// Print a shell completion script (`source <(sidecore completions bash)`).
     Completions { shell: clap_complete::Shell },
 }
@@ -175,6 +179,9 @@ fn main() -> ExitCode {
         Command::Orion(cmd) => orion_cmd::run(cmd),
         Command::Filewall(cmd) => filewall_cmd::run(cmd),
         Command::Exec(args) => exec_cmd::run_exec(args),
+        Command::MxInit { spec } => {
+            std::process::exit(sidecore_metachory::remote::shim::main(&spec));
+        }
         Command::Completions { shell } => {
             clap_complete::generate(
                 shell,
