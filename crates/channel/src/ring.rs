@@ -18,6 +18,11 @@
 //!   keeps a private cached copy of the other's index and reads the shared one
 //!   only when the cached copy says the ring is full (or empty).
 //!
+//! * **Pooled buffers** (optional). [`Ring::create_pooled`] takes the buffer
+//!   of a ring that went away from a [`BufferPool`] and resets only its
+//!   stamps, for owners that build and drop many rings (a server's rings per
+//!   connection).
+//!
 //! Back-pressure and drops are policies layered on top (see `crate::sender`):
 //! the ring itself only reports "full".
 //!
@@ -198,6 +203,9 @@ struct Shared {
     consumers_alive: CachePadded<AtomicUsize>,
     producer_closed: CachePadded<AtomicBool>,
     stats: CachePadded<RingStats>,
+    /// Where the buffer goes when the ring does (kept for the next ring of
+    /// the same shape instead of freed), if anywhere.
+    pool: Option<Arc<BufferPool>>,
 }
 
 // SAFETY: `Shared` owns its buffer; all cross-thread access to slot memory is
@@ -212,10 +220,113 @@ unsafe impl Sync for Shared {}
 
 impl Drop for Shared {
     fn drop(&mut self) {
+        if let Some(pool) = &self.pool
+            && pool.give_back(self.geo.buf, self.layout)
+        {
+            return;
+        }
         // SAFETY: `buf` was allocated in `Ring::create` with exactly `layout`,
         // and `Shared` is dropped once, when the last `Arc` goes away.
         unsafe { alloc::dealloc(self.geo.buf.as_ptr(), self.layout) }
     }
+}
+
+/// Buffers of rings that went away, kept for new rings of the same shape:
+/// a ring built with [`Ring::create_pooled`] takes one if there is one
+/// (resetting only its stamp words) and gives it back when both of its ends
+/// are gone, so a server that builds rings per connection neither zeroes
+/// nor faults in fresh pages, nor unmaps them (a TLB shootdown) on close.
+/// At most `max_buffers` are kept; the rest are freed as usual.
+pub struct BufferPool {
+    layout: Layout,
+    max_buffers: usize,
+    free: std::sync::Mutex<Vec<NonNull<u8>>>,
+    reused: AtomicU64,
+    fresh: AtomicU64,
+}
+
+// SAFETY: the pool owns the buffers in `free` exclusively (no ring refers to
+// them any more: a buffer enters the pool only when its ring's last endpoint
+// is gone, and leaves it into exactly one new ring); the list is behind a mutex.
+unsafe impl Send for BufferPool {}
+// SAFETY: as for `Send`; every access to `free` takes the mutex.
+unsafe impl Sync for BufferPool {}
+
+impl BufferPool {
+    /// A pool for rings shaped like `config`, keeping at most `max_buffers`.
+    pub fn new(config: &RingConfig, max_buffers: usize) -> Result<BufferPool, RingConfigError> {
+        config.validate()?;
+        Ok(BufferPool {
+            layout: ring_layout(config)?,
+            max_buffers,
+            free: std::sync::Mutex::new(Vec::new()),
+            reused: AtomicU64::new(0),
+            fresh: AtomicU64::new(0),
+        })
+    }
+
+    /// Buffers waiting for a ring now.
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// True when no buffer waits.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rings built from a kept buffer, and rings that needed a fresh one.
+    pub fn counts(&self) -> (u64, u64) {
+        (
+            self.reused.load(Ordering::Relaxed),
+            self.fresh.load(Ordering::Relaxed),
+        )
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<NonNull<u8>>> {
+        self.free
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn take(&self, layout: Layout) -> Option<NonNull<u8>> {
+        if layout != self.layout {
+            return None;
+        }
+        self.lock().pop()
+    }
+
+    /// Keeps `buf` if there is room and it has this pool's shape.
+    fn give_back(&self, buf: NonNull<u8>, layout: Layout) -> bool {
+        if layout != self.layout {
+            return false;
+        }
+        let mut free = self.lock();
+        if free.len() >= self.max_buffers {
+            return false;
+        }
+        free.push(buf);
+        true
+    }
+}
+
+impl Drop for BufferPool {
+    fn drop(&mut self) {
+        for buf in self.lock().drain(..) {
+            // SAFETY: every buffer in the pool was allocated with `layout` (checked
+            // on the way in) and is owned by the pool alone.
+            unsafe { alloc::dealloc(buf.as_ptr(), self.layout) }
+        }
+    }
+}
+
+fn ring_layout(config: &RingConfig) -> Result<Layout, RingConfigError> {
+    Layout::from_size_align(config.slots * config.slot_size, 128).map_err(|_| {
+        RingConfigError::TooLarge {
+            slots: config.slots,
+            slot_size: config.slot_size,
+        }
+    })
 }
 
 impl Shared {
@@ -284,17 +395,60 @@ impl Ring {
     /// Builds a ring and returns its producer and `config.consumers` consumers.
     pub fn create(config: RingConfig) -> Result<(Producer, Vec<Consumer>), RingConfigError> {
         config.validate()?;
-        let bytes = config.slots * config.slot_size;
-        let layout =
-            Layout::from_size_align(bytes, 128).map_err(|_| RingConfigError::TooLarge {
-                slots: config.slots,
-                slot_size: config.slot_size,
-            })?;
+        let layout = ring_layout(&config)?;
+        Ok(Ring::assemble(config, layout, Ring::fresh(layout), None))
+    }
+
+    /// Like [`Ring::create`], on a buffer from `pool` when it has one of this
+    /// shape (a ring of another shape gets a fresh buffer, not kept after).
+    /// The buffer goes back to the pool when the ring's last endpoint goes.
+    pub fn create_pooled(
+        config: RingConfig,
+        pool: &Arc<BufferPool>,
+    ) -> Result<(Producer, Vec<Consumer>), RingConfigError> {
+        config.validate()?;
+        let layout = ring_layout(&config)?;
+        let buf = match pool.take(layout) {
+            Some(buf) => {
+                // Only the stamps matter: no stamp may equal `position + 1` for
+                // a position the new ring has not published. Lengths and
+                // payloads are written before their stamps, as always.
+                for i in 0..config.slots {
+                    // SAFETY: slot `i` lies inside the buffer (i < slots), and
+                    // its first 8 bytes are an aligned stamp word; the buffer
+                    // is ours alone until the ring is assembled.
+                    unsafe {
+                        (buf.as_ptr().add(i * config.slot_size) as *mut u64).write(0);
+                    }
+                }
+                pool.reused.fetch_add(1, Ordering::Relaxed);
+                buf
+            }
+            None => {
+                pool.fresh.fetch_add(1, Ordering::Relaxed);
+                Ring::fresh(layout)
+            }
+        };
+        Ok(Ring::assemble(config, layout, buf, Some(Arc::clone(pool))))
+    }
+
+    /// A zeroed buffer for `layout`.
+    fn fresh(layout: Layout) -> NonNull<u8> {
         // SAFETY: layout has non-zero size (slots >= 2, slot_size >= 32).
         let raw = unsafe { alloc::alloc_zeroed(layout) };
         let Some(buf) = NonNull::new(raw) else {
             alloc::handle_alloc_error(layout)
         };
+        buf
+    }
+
+    /// The endpoints around `buf` (zeroed, or with every stamp reset).
+    fn assemble(
+        config: RingConfig,
+        layout: Layout,
+        buf: NonNull<u8>,
+        pool: Option<Arc<BufferPool>>,
+    ) -> (Producer, Vec<Consumer>) {
         let heads = (0..config.consumers)
             .map(|_| CachePadded::new(AtomicU64::new(0)))
             .collect::<Vec<_>>()
@@ -312,6 +466,7 @@ impl Ring {
             consumers_alive: CachePadded::new(AtomicUsize::new(config.consumers)),
             producer_closed: CachePadded::new(AtomicBool::new(false)),
             stats: CachePadded::new(RingStats::default()),
+            pool,
         });
         let producer = Producer {
             geo,
@@ -335,7 +490,7 @@ impl Ring {
                 _not_sync: PhantomData,
             })
             .collect();
-        Ok((producer, consumers))
+        (producer, consumers)
     }
 }
 
@@ -1018,5 +1173,58 @@ mod tests {
             let m = cs[0].try_recv().ok().unwrap();
             assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i);
         }
+    }
+
+    #[test]
+    fn pooled_buffer_comes_back_without_stale_messages() {
+        let cfg = RingConfig {
+            slots: 8,
+            slot_size: 64,
+            consumers: 1,
+            publish_batch: 1,
+            release_batch: 1,
+        };
+        let pool = Arc::new(BufferPool::new(&cfg, 2).unwrap());
+        // First life: 3 messages in the first lap (stamps 1, 2, 3: exactly what
+        // a new ring's consumer waits for at positions 0, 1, 2), one read.
+        let (mut p, mut cs) = Ring::create_pooled(cfg, &pool).unwrap();
+        for i in 0..3u32 {
+            assert!(p.try_push(&i.to_le_bytes()).unwrap());
+        }
+        assert!(cs[0].try_recv().is_ok());
+        drop(p);
+        assert!(pool.is_empty(), "a consumer still holds the ring");
+        drop(cs);
+        assert_eq!(pool.len(), 1);
+        // Second life on the same buffer: nothing readable until published.
+        let (mut p, mut cs) = Ring::create_pooled(cfg, &pool).unwrap();
+        assert_eq!(pool.counts(), (1, 1));
+        assert!(pool.is_empty());
+        for _ in 0..20 {
+            assert!(matches!(cs[0].try_recv(), Err(Recv::Empty)));
+            assert_eq!(cs[0].recv_batch(8, |_| true), Err(Recv::Empty));
+        }
+        for i in 100..120u32 {
+            assert!(p.try_push(&i.to_le_bytes()).unwrap());
+            let m = cs[0].try_recv().ok().unwrap();
+            assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i);
+        }
+    }
+
+    #[test]
+    fn pool_keeps_at_most_its_limit_and_only_its_shape() {
+        let cfg = RingConfig {
+            slots: 4,
+            slot_size: 32,
+            ..RingConfig::default()
+        };
+        let pool = Arc::new(BufferPool::new(&cfg, 1).unwrap());
+        let a = Ring::create_pooled(cfg, &pool).unwrap();
+        let b = Ring::create_pooled(cfg, &pool).unwrap();
+        let other = RingConfig { slots: 8, ..cfg };
+        let c = Ring::create_pooled(other, &pool).unwrap();
+        drop((a, b, c));
+        assert_eq!(pool.len(), 1, "one kept, one freed, the other shape freed");
+        assert_eq!(pool.counts(), (0, 3));
     }
 }

@@ -48,6 +48,7 @@ pub fn registry() -> Registry {
     sidecore_packet_offcodes::register(&mut r);
     sidecore_total_order_net::offcodes::register(&mut r);
     sidecore_orion::offcode::register(&mut r);
+    sidecore_tcps::offcode::register(&mut r);
     r
 }
 

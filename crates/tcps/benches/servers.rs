@@ -59,6 +59,15 @@ impl Kind {
     }
 }
 
+/// Connection counts of the stream benchmark (`TCPS_CONNS=64,256` to pick).
+fn conns_asked() -> Vec<usize> {
+    std::env::var("TCPS_CONNS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .filter(|v: &Vec<usize>| !v.is_empty())
+        .unwrap_or_else(|| CONNS.to_vec())
+}
+
 fn file() -> Vec<u8> {
     (0..FILE_BYTES).map(|i| (i % 251) as u8).collect()
 }
@@ -504,7 +513,7 @@ fn stream() {
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
     let mut verdict = None;
-    for n in CONNS {
+    for n in conns_asked() {
         let tokio = measure(Kind::Tokio, n, 0);
         let tcps = measure(Kind::Tcps, n, 0);
         let spin = measure(Kind::TcpsSpin, n, 0);

@@ -19,24 +19,55 @@ pub struct Site {
     files: HashMap<String, (BlobId, u64)>,
 }
 
+/// Files read into memory, by path ("/name"), not yet registered with a server.
+pub type Pages = Vec<(String, Arc<[u8]>)>;
+
+/// Reads every regular file directly in `root` into memory; an error names
+/// the directory or file.
+pub fn read_pages(root: &Path) -> std::io::Result<Pages> {
+    let named = |e: std::io::Error, what: &Path| {
+        std::io::Error::new(e.kind(), format!("reading {}: {e}", what.display()))
+    };
+    let mut pages = Vec::new();
+    let dir = std::fs::read_dir(root).map_err(|e| named(e, root))?;
+    for entry in dir {
+        let entry = entry.map_err(|e| named(e, root))?;
+        let path = entry.path();
+        if !entry.file_type().map_err(|e| named(e, &path))?.is_file() {
+            continue;
+        }
+        let bytes: Arc<[u8]> = std::fs::read(&path).map_err(|e| named(e, &path))?.into();
+        pages.push((format!("/{}", entry.file_name().to_string_lossy()), bytes));
+    }
+    Ok(pages)
+}
+
 impl Site {
     /// Reads every regular file directly in `root` into memory.
     pub fn load(server: &TcpServers, root: &Path) -> std::io::Result<Site> {
-        let mut files = HashMap::new();
-        let dir = std::fs::read_dir(root).map_err(|e| {
-            std::io::Error::new(e.kind(), format!("reading {}: {e}", root.display()))
-        })?;
-        for entry in dir {
-            let entry = entry?;
-            if !entry.file_type()?.is_file() {
-                continue;
-            }
-            let bytes: Arc<[u8]> = std::fs::read(entry.path())?.into();
-            let len = bytes.len() as u64;
-            let name = format!("/{}", entry.file_name().to_string_lossy());
-            files.insert(name, (server.register_blob(bytes), len));
-        }
-        Ok(Site { files })
+        Ok(Site::register(server, read_pages(root)?))
+    }
+
+    /// Registers pages read before (see [`read_pages`]) as `server`'s blobs.
+    pub fn register(server: &TcpServers, pages: Pages) -> Site {
+        let files = pages
+            .into_iter()
+            .map(|(path, bytes)| {
+                let len = bytes.len() as u64;
+                (path, (server.register_blob(bytes), len))
+            })
+            .collect();
+        Site { files }
+    }
+
+    /// Files served.
+    pub fn len(&self) -> usize {
+        self.files.len()
+    }
+
+    /// True when it serves nothing.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
     }
 
     /// A site of in-memory pages.
@@ -83,6 +114,14 @@ struct HttpConn {
     close_after: bool,
 }
 
+/// How long an application's loop waits for an event before it looks at
+/// its connections' timers again.
+const EVENT_WAIT: Duration = Duration::from_millis(20);
+/// How often the file server looks at every connection (head timeouts).
+const SWEEP_EVERY: Duration = Duration::from_millis(100);
+/// Events one [`HttpApp::step`] or [`StreamApp::step`] takes at most.
+pub const STEP_EVENTS: usize = 256;
+
 /// Serves `site` on `app` until `stop` is set. Counts responses by status
 /// (`http_200`, `http_400`, …) and closes (`http_closed_*`) in `counters`.
 pub fn serve_http(
@@ -92,46 +131,96 @@ pub fn serve_http(
     counters: &Counters,
     stop: &AtomicBool,
 ) {
-    let mut conns: HashMap<u64, HttpConn> = HashMap::new();
-    let mut last_sweep = Instant::now();
+    let mut h = HttpApp::new(limits, counters.clone());
     while !stop.load(Ordering::Acquire) {
-        match app.next_event(Duration::from_millis(20)) {
-            Some(AppEvent::Accepted(conn)) => {
-                let id = conn.id();
-                let c = HttpConn {
-                    conn,
-                    buf: Vec::new(),
-                    since: Instant::now(),
-                    pending: Vec::new(),
-                    close_after: false,
-                };
-                conns.insert(id, c);
-                http_step(&mut conns, id, site, limits, counters);
-            }
-            Some(AppEvent::Ready(id)) => http_step(&mut conns, id, site, limits, counters),
-            None => {}
+        h.step(app, site, Some(EVENT_WAIT));
+    }
+}
+
+/// The file server's state, driven one step at a time: by [`serve_http`]'s
+/// loop on a thread of its own, or by an offcode's turns.
+pub struct HttpApp {
+    conns: HashMap<u64, HttpConn>,
+    /// Responses queued so far (every status).
+    pub responses: u64,
+    limits: HttpLimits,
+    counters: Counters,
+    last_sweep: Instant,
+}
+
+impl HttpApp {
+    pub fn new(limits: HttpLimits, counters: Counters) -> HttpApp {
+        HttpApp {
+            conns: HashMap::new(),
+            responses: 0,
+            limits,
+            counters,
+            last_sweep: Instant::now(),
         }
-        if last_sweep.elapsed() >= Duration::from_millis(100) {
-            last_sweep = Instant::now();
-            let ids: Vec<u64> = conns.keys().copied().collect();
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Handles up to [`STEP_EVENTS`] events (waiting up to `wait` for the
+    /// first, not at all with `None`) and the periodic sweep; true when it
+    /// did anything.
+    pub fn step(&mut self, app: &App, site: &Site, wait: Option<Duration>) -> bool {
+        let mut did = false;
+        let mut ev = match wait {
+            Some(d) => app.next_event(d),
+            None => app.try_event(),
+        };
+        for _ in 0..STEP_EVENTS {
+            let Some(e) = ev else { break };
+            did = true;
+            match e {
+                AppEvent::Accepted(conn) => {
+                    let id = conn.id();
+                    let c = HttpConn {
+                        conn,
+                        buf: Vec::new(),
+                        since: Instant::now(),
+                        pending: Vec::new(),
+                        close_after: false,
+                    };
+                    self.conns.insert(id, c);
+                    self.one(id, site);
+                }
+                AppEvent::Ready(id) => self.one(id, site),
+            }
+            ev = app.try_event();
+        }
+        if self.last_sweep.elapsed() >= SWEEP_EVERY {
+            self.last_sweep = Instant::now();
+            let ids: Vec<u64> = self.conns.keys().copied().collect();
             for id in ids {
-                http_step(&mut conns, id, site, limits, counters);
+                self.one(id, site);
             }
         }
+        did
+    }
+
+    fn one(&mut self, id: u64, site: &Site) {
+        self.responses += http_step(&mut self.conns, id, site, self.limits, &self.counters);
     }
 }
 
 /// Reads, answers and flushes one connection; drops it when it is done.
+/// Returns the responses it queued.
 fn http_step(
     conns: &mut HashMap<u64, HttpConn>,
     id: u64,
     site: &Site,
     limits: HttpLimits,
     counters: &Counters,
-) {
+) -> u64 {
     let Some(c) = conns.get_mut(&id) else {
-        return;
+        return 0;
     };
+    let mut answered = 0;
     let mut gone = false;
     loop {
         match c.conn.try_recv(&mut c.buf, 64 * 1024) {
@@ -150,9 +239,10 @@ fn http_step(
     }
     if gone {
         conns.remove(&id);
-        return;
+        return 0;
     }
     while !c.close_after || !c.buf.is_empty() {
+        let before = c.pending.len();
         match http::parse(&c.buf, limits.max_head) {
             Ok(Some(req)) => {
                 c.buf.drain(..req.head_len);
@@ -177,6 +267,7 @@ fn http_step(
                 }
             }
         }
+        answered += (c.pending.len() - before) as u64;
         if c.close_after {
             break;
         }
@@ -188,6 +279,7 @@ fn http_step(
     {
         c.conn.close();
     }
+    answered
 }
 
 fn refuse(c: &mut HttpConn, code: u16, reason: &str, counters: &Counters) {
@@ -256,38 +348,85 @@ fn flush(c: &mut HttpConn) {
 /// `file` (a registered blob), round the file; one block on accept and one
 /// per acknowledgement byte the client sends.
 pub fn serve_stream(app: &App, file: BlobId, file_len: u64, block: u64, stop: &AtomicBool) {
-    struct S {
-        conn: Conn,
-        offset: u64,
-        owed: u64,
-    }
-    let mut conns: HashMap<u64, S> = HashMap::new();
-    let mut buf = Vec::new();
-    let block = block.clamp(1, file_len.max(1));
+    let mut s = StreamApp::new(file, file_len, block);
     while !stop.load(Ordering::Acquire) {
-        let id = match app.next_event(Duration::from_millis(20)) {
-            Some(AppEvent::Accepted(conn)) => {
-                let id = conn.id();
-                conns.insert(
-                    id,
-                    S {
+        s.step(app, Some(EVENT_WAIT));
+    }
+}
+
+struct Streamed {
+    conn: Conn,
+    offset: u64,
+    owed: u64,
+}
+
+/// The block streamer's state, driven one step at a time.
+pub struct StreamApp {
+    conns: HashMap<u64, Streamed>,
+    /// Blocks queued so far.
+    pub blocks: u64,
+    file: BlobId,
+    file_len: u64,
+    block: u64,
+    buf: Vec<u8>,
+}
+
+impl StreamApp {
+    pub fn new(file: BlobId, file_len: u64, block: u64) -> StreamApp {
+        StreamApp {
+            conns: HashMap::new(),
+            blocks: 0,
+            file,
+            file_len,
+            block: block.clamp(1, file_len.max(1)),
+            buf: Vec::new(),
+        }
+    }
+
+    /// Connections open now.
+    pub fn open(&self) -> usize {
+        self.conns.len()
+    }
+
+    /// Handles up to [`STEP_EVENTS`] events (waiting up to `wait` for the
+    /// first, not at all with `None`); true when it did anything.
+    pub fn step(&mut self, app: &App, wait: Option<Duration>) -> bool {
+        let mut ev = match wait {
+            Some(d) => app.next_event(d),
+            None => app.try_event(),
+        };
+        let mut did = false;
+        for _ in 0..STEP_EVENTS {
+            let id = match ev {
+                Some(AppEvent::Accepted(conn)) => {
+                    let id = conn.id();
+                    let s = Streamed {
                         conn,
                         offset: 0,
                         owed: 1,
-                    },
-                );
-                id
-            }
-            Some(AppEvent::Ready(id)) => id,
-            None => continue,
+                    };
+                    self.conns.insert(id, s);
+                    id
+                }
+                Some(AppEvent::Ready(id)) => id,
+                None => break,
+            };
+            did = true;
+            self.one(id);
+            ev = app.try_event();
+        }
+        did
+    }
+
+    /// Reads one connection's acknowledgements and sends what it is owed.
+    fn one(&mut self, id: u64) {
+        let Some(s) = self.conns.get_mut(&id) else {
+            return;
         };
-        let Some(s) = conns.get_mut(&id) else {
-            continue;
-        };
-        buf.clear();
+        self.buf.clear();
         let mut gone = false;
         loop {
-            match s.conn.try_recv(&mut buf, 64 * 1024) {
+            match s.conn.try_recv(&mut self.buf, 64 * 1024) {
                 RecvStatus::Data(_) => {}
                 RecvStatus::Empty => break,
                 RecvStatus::Eof | RecvStatus::Closed(_) => {
@@ -296,19 +435,20 @@ pub fn serve_stream(app: &App, file: BlobId, file_len: u64, block: u64, stop: &A
                 }
             }
         }
-        s.owed += buf.len() as u64;
+        s.owed += self.buf.len() as u64;
         while s.owed > 0 {
-            if s.offset + block > file_len {
+            if s.offset + self.block > self.file_len {
                 s.offset = 0;
             }
-            if !s.conn.send_blob(file, s.offset, block) {
+            if !s.conn.send_blob(self.file, s.offset, self.block) {
                 break;
             }
-            s.offset += block;
+            s.offset += self.block;
             s.owed -= 1;
+            self.blocks += 1;
         }
         if gone {
-            conns.remove(&id);
+            self.conns.remove(&id);
         }
     }
 }

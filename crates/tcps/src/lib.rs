@@ -5,11 +5,14 @@
 //!
 //! | module | what |
 //! |---|---|
+//! | [`autoscale`] | when to grow or shrink ActivePPE from the PPEs' load (sans-IO, with hysteresis) |
 //! | [`gr3`] | the connection scheduler (Eqs. 2.1–2.8, Alg. 1 with E1), sans-IO |
 //! | [`poller`] | the PPE's event source: io_uring multishot poll, or epoll |
 //! | [`conn`] | the application's side: `Conn` (recv/send rings), `App` (events) |
+//! | [`offcode`] | the servers as offcodes: `tcps-ppe`, `tcps-http`, `tcps-stream`, `tcps-autoscale` |
 //! | [`pconn`] | the PPE's side of a connection: early demux, sends, closes |
 //! | [`ppe`] | the PPE loop on a dedicated core |
+//! | [`pool`] | connections' rings, their buffers pooled |
 //! | [`shared`] | configuration, AllowedPPE/ActivePPE, mailboxes |
 //! | [`server`] | start, add/remove PPEs, stats |
 //! | [`stats`] | counters |
@@ -23,12 +26,15 @@
 //! slots, and the kernel's window is the back-pressure).
 
 pub mod apps;
+pub mod autoscale;
 pub mod conn;
 pub mod ctl;
 pub mod gr3;
 pub mod http;
+pub mod offcode;
 pub mod pconn;
 pub mod poller;
+pub mod pool;
 pub mod ppe;
 pub mod server;
 pub mod shared;

@@ -21,8 +21,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use sidecore_channel::ring::{Ring, RingConfig};
-
 use crate::conn::{AppEvent, CloseReason, Conn, ConnShared};
 use crate::gr3::{Limits, Pending, Pick, Role, Scheduler};
 use crate::pconn::{PConn, mss};
@@ -31,6 +29,18 @@ use crate::shared::{Bell, PpeMsg, PpeSlot, Shared};
 use crate::stats::PpeStats;
 
 const TIMER_EVERY: Duration = Duration::from_millis(20);
+
+/// What one [`Ppe::turn`] came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turn {
+    /// It did work.
+    Busy,
+    /// It found nothing (and may have parked for a while).
+    Idle,
+    /// It stopped: removed from ActivePPE (its connections handed to the
+    /// master), or the server is shutting down (its connections closed).
+    Stopped,
+}
 
 /// One PPE's state; lives on its thread.
 pub struct Ppe {
@@ -123,52 +133,79 @@ impl Ppe {
             .unwrap_or_else(|| &self.shared.slots[0])
     }
 
-    /// The loop; returns when the server stops or this PPE is removed.
+    /// The loop on a thread of its own; returns when the server stops or
+    /// this PPE is removed.
     pub fn run(mut self) {
         if self.shared.config.pin
             && let Err(e) = pin_to(self.cpu)
         {
             eprintln!("sidecore-tcps: PPE on CPU {}: cannot pin: {e}", self.cpu);
         }
-        loop {
-            if self.shared.stopping.load(Ordering::Acquire) {
-                self.close_all(CloseReason::Shutdown);
-                return;
-            }
-            let now = Instant::now();
-            let mut work = self.poll_events(false);
-            match self.mailbox() {
-                None => return,
-                Some(w) => work |= w,
-            }
-            work |= self.resume_paused();
-            if now.duration_since(self.last_timer) >= TIMER_EVERY {
-                self.timers(now);
-                self.last_timer = now;
-            }
-            self.refile_touched();
-            work |= self.serve_round(now);
-            self.adapt(work);
+        while self.turn() != Turn::Stopped {}
+    }
+
+    /// One round of the loop: poll, mailbox, resumed queues, timers, up to
+    /// `round_budget` scheduler decisions; then, when it found nothing, the
+    /// adaptive parking (which may wait in the event source). A resident
+    /// driver (an offcode's executor) calls this on every turn; [`Ppe::run`]
+    /// calls it in a loop. The time of rounds that found work is added to the
+    /// PPE's `busy_ns`, which is what an autoscaler reads as its load.
+    pub fn turn(&mut self) -> Turn {
+        if self.shared.stopping.load(Ordering::Acquire) {
+            self.close_all(CloseReason::Shutdown);
+            return Turn::Stopped;
+        }
+        let now = Instant::now();
+        let mut work = self.poll_events(false);
+        match self.mailbox() {
+            None => return Turn::Stopped,
+            Some(w) => work |= w,
+        }
+        work |= self.resume_paused();
+        if now.duration_since(self.last_timer) >= TIMER_EVERY {
+            self.timers(now);
+            self.last_timer = now;
+        }
+        self.refile_touched();
+        work |= self.serve_round(now);
+        if work {
+            let busy_ns = u64::try_from(now.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            PpeStats::add(&self.slot().stats.busy_ns, busy_ns);
+        }
+        // Events found while parked are served on the next turn: say so, so
+        // a driver does not take the time to back off first.
+        if self.adapt(work) || work {
+            Turn::Busy
+        } else {
+            Turn::Idle
         }
     }
 
-    /// Adaptive polling: after `spin_polls` empty rounds, park until an event.
-    fn adapt(&mut self, work: bool) {
+    /// The CPU this PPE serves.
+    pub fn cpu(&self) -> usize {
+        self.cpu
+    }
+
+    /// Adaptive polling: after `spin_polls` empty rounds, park until an
+    /// event; true when parking found events.
+    fn adapt(&mut self, work: bool) -> bool {
         if work {
             self.idle_polls = 0;
-            return;
+            return false;
         }
         self.idle_polls = self.idle_polls.saturating_add(1);
         if self.shared.config.spin || self.idle_polls < self.shared.config.spin_polls {
-            return;
+            return false;
         }
         let slot = self.slot();
         slot.parked.store(true, Ordering::SeqCst);
+        let mut found = false;
         if slot.rx.is_empty() && !self.shared.stopping.load(Ordering::Acquire) {
             PpeStats::add(&slot.stats.parks, 1);
-            self.poll_events(true);
+            found = self.poll_events(true);
         }
         self.slot().parked.store(false, Ordering::SeqCst);
+        found
     }
 
     /// Reads the event source; true when something happened.
@@ -243,24 +280,47 @@ impl Ppe {
                     }
                 }
                 PpeMsg::Stop => {
-                    // Not running first: senders redirect new adoptions to
-                    // the master from now on.
-                    self.slot().running.store(false, Ordering::SeqCst);
-                    let to = self.shared.config.master;
-                    let ids: Vec<u64> = self.conns.keys().copied().collect();
-                    for id in ids {
-                        self.hand_off(id, to);
-                    }
-                    // Adoptions sent just before the flag changed are passed on.
-                    for _ in 0..3 {
-                        self.shared.forward_adoptions(self.cpu);
-                        std::thread::sleep(Duration::from_millis(2));
-                    }
+                    self.retire();
                     return None;
                 }
             }
         }
         Some(work)
+    }
+
+    /// Leaves ActivePPE's work: every connection goes to the master, and
+    /// the PPE stops running (a thread returns; a resident driver dozes).
+    pub fn retire(&mut self) {
+        // Not running first: senders redirect new adoptions to the master
+        // from now on.
+        self.slot().running.store(false, Ordering::SeqCst);
+        let to = self.shared.config.master;
+        let ids: Vec<u64> = self.conns.keys().copied().collect();
+        for id in ids {
+            self.hand_off(id, to);
+        }
+        // Adoptions sent just before the flag changed are passed on.
+        for _ in 0..3 {
+            self.shared.forward_adoptions(self.cpu);
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// A dormant resident PPE (not running) waits in its event source for
+    /// an activation (its waker) or for a timer period at most.
+    pub fn doze(&mut self) {
+        let slot = self.slot();
+        slot.parked.store(true, Ordering::SeqCst);
+        if !slot.running.load(Ordering::SeqCst) && !self.shared.stopping.load(Ordering::Acquire) {
+            self.poll_events(true);
+        }
+        self.slot().parked.store(false, Ordering::SeqCst);
+        self.idle_polls = 0;
+    }
+
+    /// Connections this PPE owns.
+    pub fn conns(&self) -> usize {
+        self.conns.len()
     }
 
     fn adopt(&mut self, mut c: PConn) {
@@ -519,25 +579,11 @@ impl Ppe {
         if cfg.nodelay {
             let _ = stream.set_nodelay(true);
         }
-        let ring = |slots: usize, slot_size: usize| {
-            Ring::create(RingConfig {
-                slots,
-                slot_size,
-                consumers: 1,
-                publish_batch: slots,
-                release_batch: 1,
-            })
-        };
-        let (Ok((rq_p, mut rq_c)), Ok((tx_p, mut tx_c))) = (
-            ring(cfg.rq_slots, cfg.rq_slot_size),
-            ring(cfg.tx_slots, cfg.tx_slot_size),
-        ) else {
+        let Ok(rings) = self.shared.pool.rings() else {
             PpeStats::add(&self.slot().stats.accept_errors, 1);
             return;
         };
-        let (Some(rq_c), Some(tx_c)) = (rq_c.pop(), tx_c.pop()) else {
-            return;
-        };
+        let ((rq_p, rq_c), (tx_p, tx_c)) = (rings.rq, rings.tx);
         let id = self.shared.next_id.fetch_add(1, Ordering::Relaxed);
         let owner = self.shared.least_loaded();
         let cs = Arc::new(ConnShared::new(id, peer, owner));

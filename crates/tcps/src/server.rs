@@ -40,6 +40,10 @@ pub enum Error {
     AllCpus { allowed: CoreSet, usable: CoreSet },
     #[error("starting the PPE on CPU {cpu}: {source}")]
     Start { cpu: usize, source: std::io::Error },
+    #[error("connection rings: {0}")]
+    Rings(sidecore_channel::ring::RingConfigError),
+    #[error("CPU {cpu} has no PPE slot in this server (not a CPU this process may use)")]
+    NoSlot { cpu: usize },
     #[error("the PPE on CPU {cpu} did not hand its connections over within {secs} s")]
     Timeout { cpu: usize, secs: u64 },
 }
@@ -48,11 +52,120 @@ pub enum Error {
 pub struct TcpServers {
     shared: Arc<Shared>,
     threads: Mutex<HashMap<usize, JoinHandle<()>>>,
+    reconfig: Mutex<()>,
 }
 
 impl TcpServers {
-    /// Binds `config.listen` and starts the master PPE and `config.extra`.
+    /// Binds `config.listen` and starts the master PPE and `config.extra`,
+    /// each on a thread of its own pinned to its CPU.
     pub fn start(config: Config) -> Result<TcpServers, Error> {
+        let extra = config.extra.clone();
+        let master = config.master;
+        let slot_cpus = config.allowed.cpus();
+        let (server, listener) = TcpServers::build(config, &slot_cpus)?;
+        server.spawn(master, Some(listener))?;
+        for cpu in extra {
+            if cpu != master {
+                server.add_ppe(cpu)?;
+            }
+        }
+        Ok(server)
+    }
+
+    /// Binds `config.listen` and returns the server with its master PPE
+    /// unstarted, for a resident driver (an offcode's executor on the
+    /// master's core) to run with [`Ppe::turn`]. Slots exist for every CPU
+    /// this process may use, so resident helper PPEs can [`join`] later
+    /// wherever a layout placed them.
+    ///
+    /// [`join`]: TcpServers::join
+    pub fn hosted(config: Config) -> Result<(TcpServers, Ppe), Error> {
+        let master = config.master;
+        // Every CPU the machine has, not this thread's affinity: a resident
+        // driver runs pinned to its own core.
+        let mut slot_cpus: Vec<usize> = (0..configured_cpus().min(CoreSet::MAX_CPU + 1))
+            .filter(|&c| c <= CoreSet::MAX_CPU)
+            .collect();
+        slot_cpus.extend(config.allowed.cpus());
+        slot_cpus.push(master);
+        slot_cpus.sort_unstable();
+        slot_cpus.dedup();
+        let (server, listener) = TcpServers::build(config, &slot_cpus)?;
+        let ppe =
+            Ppe::new(Arc::clone(&server.shared), master, Some(listener)).map_err(|source| {
+                Error::Start {
+                    cpu: master,
+                    source,
+                }
+            })?;
+        server.mark_running(master, true);
+        Ok((server, ppe))
+    }
+
+    /// A resident PPE on `cpu` joins AllowedPPE. It stays dormant (not in
+    /// ActivePPE) until [`TcpServers::add_ppe`] activates it; its driver
+    /// runs [`Ppe::turn`] while [`TcpServers::is_running`] says so.
+    pub fn join(&self, cpu: usize) -> Result<Ppe, Error> {
+        let Some(slot) = self.shared.slot(cpu) else {
+            return Err(Error::NoSlot { cpu });
+        };
+        if slot.hosted.swap(true, Ordering::AcqRel) || self.shared.running(cpu) {
+            return Err(Error::AlreadyActive { cpu });
+        }
+        let ppe = Ppe::new(Arc::clone(&self.shared), cpu, None).map_err(|source| {
+            slot.hosted.store(false, Ordering::Release);
+            Error::Start { cpu, source }
+        })?;
+        self.shared.allowed.fetch_or(1 << cpu, Ordering::AcqRel);
+        Ok(ppe)
+    }
+
+    /// A resident PPE's driver is going away: its connections go to the
+    /// master (or are closed, when the server is shutting down) and its CPU
+    /// leaves ActivePPE and AllowedPPE. Called on the driver's own thread.
+    pub fn leave(&self, ppe: &mut Ppe) {
+        let cpu = ppe.cpu();
+        let _one_at_a_time = self.lock_reconfig();
+        if self.is_stopping() {
+            ppe.turn();
+        } else if self.shared.running(cpu) && cpu != self.shared.config.master {
+            self.shared.active.fetch_and(!(1 << cpu), Ordering::AcqRel);
+            ppe.retire();
+        }
+        self.shared.allowed.fetch_and(!(1 << cpu), Ordering::AcqRel);
+        if let Some(slot) = self.shared.slot(cpu) {
+            slot.hosted.store(false, Ordering::Release);
+        }
+    }
+
+    /// The server is shutting down (or has).
+    pub fn is_stopping(&self) -> bool {
+        self.shared.stopping.load(Ordering::Acquire)
+    }
+
+    /// Whether the PPE on `cpu` should be turning now (a resident driver
+    /// polls this between turns; it becomes true on `add_ppe`).
+    pub fn is_running(&self, cpu: usize) -> bool {
+        self.shared.running(cpu)
+    }
+
+    /// The wake-up descriptor of `cpu`'s PPE: a dormant resident driver
+    /// waits on it ([`crate::poller::wait_readable`]).
+    pub fn waker_fd(&self, cpu: usize) -> Option<std::os::fd::RawFd> {
+        self.shared.slot(cpu).map(|s| s.waker.raw())
+    }
+
+    fn mark_running(&self, cpu: usize, on: bool) {
+        if let Some(slot) = self.shared.slot(cpu) {
+            slot.running.store(on, Ordering::Release);
+        }
+        if on {
+            self.shared.active.fetch_or(1 << cpu, Ordering::AcqRel);
+        }
+    }
+
+    /// The shared state and the bound listener, with a slot for each of `slot_cpus`.
+    fn build(config: Config, slot_cpus: &[usize]) -> Result<(TcpServers, TcpListener), Error> {
         if config.allowed.is_empty() {
             return Err(Error::NoCpus);
         }
@@ -71,11 +184,12 @@ impl TcpServers {
             source,
         })?;
         let mut slots = Vec::new();
-        for cpu in config.allowed.cpus() {
+        for &cpu in slot_cpus {
             let (tx, rx) = crossbeam_channel::unbounded();
             let waker = Waker::new().map_err(|source| Error::Start { cpu, source })?;
             slots.push(PpeSlot {
                 cpu,
+                hosted: AtomicBool::new(false),
                 tx,
                 rx,
                 waker,
@@ -84,12 +198,18 @@ impl TcpServers {
                 stats: PpeStats::default(),
             });
         }
-        let extra = config.extra.clone();
-        let master = config.master;
+        let allowed = AtomicU64::new(config.allowed.0);
+        let pool = crate::pool::RingPool::new(
+            (config.rq_slots, config.rq_slot_size),
+            (config.tx_slots, config.tx_slot_size),
+            config.ring_pool,
+        )
+        .map_err(Error::Rings)?;
         let shared = Arc::new(Shared {
             config,
             listen,
             slots,
+            allowed,
             active: AtomicU64::new(0),
             apps: Mutex::new(Vec::new()),
             next_app: AtomicUsize::new(0),
@@ -98,24 +218,20 @@ impl TcpServers {
             backend_used: Mutex::new(String::new()),
             stopping: AtomicBool::new(false),
             app_counters: Mutex::new(Default::default()),
+            pool,
         });
         let server = TcpServers {
             shared,
             threads: Mutex::new(HashMap::new()),
+            reconfig: Mutex::new(()),
         };
-        server.spawn(master, Some(listener))?;
-        for cpu in extra {
-            if cpu != master {
-                server.add_ppe(cpu)?;
-            }
-        }
-        Ok(server)
+        Ok((server, listener))
     }
 
     fn spawn(&self, cpu: usize, listener: Option<TcpListener>) -> Result<(), Error> {
         let slot = self.shared.slot(cpu).ok_or(Error::NotAllowed {
             cpu,
-            allowed: self.shared.config.allowed,
+            allowed: self.shared.allowed(),
         })?;
         // Connections left in the mailbox since this PPE last stopped go to
         // the master (which is never stopped).
@@ -168,7 +284,7 @@ impl TcpServers {
 
     /// AllowedPPE.
     pub fn allowed(&self) -> CoreSet {
-        self.shared.config.allowed
+        self.shared.allowed()
     }
 
     /// ActivePPE.
@@ -193,7 +309,8 @@ impl TcpServers {
     /// Makes `cpu` a PPE: starts its loop, then has every running PPE hand it
     /// an equal share of its connections.
     pub fn add_ppe(&self, cpu: usize) -> Result<(), Error> {
-        let allowed = self.shared.config.allowed;
+        let _one_at_a_time = self.lock_reconfig();
+        let allowed = self.shared.allowed();
         if !allowed.contains(cpu) {
             return Err(Error::NotAllowed { cpu, allowed });
         }
@@ -201,8 +318,22 @@ impl TcpServers {
         if active.contains(cpu) {
             return Err(Error::AlreadyActive { cpu });
         }
-        self.reap(cpu);
-        self.spawn(cpu, None)?;
+        if self
+            .shared
+            .slot(cpu)
+            .is_some_and(|s| s.hosted.load(Ordering::Acquire))
+        {
+            // A resident driver: connections left in its mailbox since it
+            // last stopped go to the master, then it turns again.
+            self.shared.forward_adoptions(cpu);
+            self.mark_running(cpu, true);
+            if let Some(slot) = self.shared.slot(cpu) {
+                slot.waker.wake();
+            }
+        } else {
+            self.reap(cpu);
+            self.spawn(cpu, None)?;
+        }
         let n = active.len();
         for other in active.cpus() {
             let have = self
@@ -219,6 +350,7 @@ impl TcpServers {
 
     /// Stops the PPE on `cpu`, after it hands every connection to the master.
     pub fn remove_ppe(&self, cpu: usize) -> Result<(), Error> {
+        let _one_at_a_time = self.lock_reconfig();
         let active = self.active();
         if !active.contains(cpu) {
             return Err(Error::NotActive { cpu, active });
@@ -243,6 +375,14 @@ impl TcpServers {
         self.reap(cpu);
         self.shared.forward_adoptions(cpu);
         Ok(())
+    }
+
+    /// Serialises PPE additions and removals (the control socket and an
+    /// autoscaler may ask at once).
+    fn lock_reconfig(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.reconfig
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn reap(&self, cpu: usize) {
@@ -278,7 +418,7 @@ impl TcpServers {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone(),
-            allowed_ppe: self.shared.config.allowed.cpus(),
+            allowed_ppe: self.shared.allowed().cpus(),
             active_ppe: active.cpus(),
             master,
             ppes: self
@@ -296,6 +436,8 @@ impl TcpServers {
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .clone(),
+            rings_reused: self.shared.pool.counts().0,
+            rings_fresh: self.shared.pool.counts().1,
         }
     }
 
@@ -348,6 +490,13 @@ pub fn usable_cpus() -> Vec<usize> {
             .filter(|&c| libc::CPU_ISSET(c, &set))
             .collect()
     }
+}
+
+/// CPUs the machine has (configured, online or not).
+fn configured_cpus() -> usize {
+    // SAFETY: sysconf has no pointer arguments.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_CONF) };
+    usize::try_from(n).unwrap_or(1).max(1)
 }
 
 /// A non-blocking listening socket with SO_REUSEADDR and the given backlog.

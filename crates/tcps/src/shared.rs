@@ -123,6 +123,9 @@ pub struct Config {
     pub nodelay: bool,
     /// listen(2) backlog.
     pub backlog: i32,
+    /// Ring buffers of closed connections kept for new ones, per kind
+    /// (receive, send): see [`crate::pool`].
+    pub ring_pool: usize,
 }
 
 impl Config {
@@ -151,6 +154,7 @@ impl Config {
             round_budget: 256,
             nodelay: true,
             backlog: 4096,
+            ring_pool: 256,
         }
     }
 }
@@ -170,6 +174,9 @@ pub enum PpeMsg {
 /// One allowed CPU's slot.
 pub struct PpeSlot {
     pub cpu: usize,
+    /// A resident driver runs this CPU's PPE (an offcode's executor on that
+    /// core): adding the PPE activates it there instead of spawning a thread.
+    pub hosted: AtomicBool,
     pub tx: Sender<PpeMsg>,
     pub rx: Receiver<PpeMsg>,
     pub waker: Waker,
@@ -184,6 +191,9 @@ pub struct Shared {
     pub config: Config,
     pub listen: SocketAddr,
     pub slots: Vec<PpeSlot>,
+    /// AllowedPPE, as a bitmap: `config.allowed` at start, plus the CPUs of
+    /// resident PPEs that joined since (offcodes placed by a layout).
+    pub allowed: AtomicU64,
     /// ActivePPE, as a bitmap.
     pub active: AtomicU64,
     pub apps: Mutex<Vec<AppSender>>,
@@ -194,12 +204,25 @@ pub struct Shared {
     pub stopping: AtomicBool,
     /// Application-level counters (name → value), for `stats`.
     pub app_counters: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Connections' rings, pooled.
+    pub pool: crate::pool::RingPool,
 }
 
 impl Shared {
     /// The slot of `cpu`.
     pub fn slot(&self, cpu: usize) -> Option<&PpeSlot> {
         self.slots.iter().find(|s| s.cpu == cpu)
+    }
+
+    /// Whether the PPE on `cpu` runs (or, resident, should be turning).
+    pub fn running(&self, cpu: usize) -> bool {
+        self.slot(cpu)
+            .is_some_and(|s| s.running.load(Ordering::Acquire))
+    }
+
+    /// AllowedPPE now.
+    pub fn allowed(&self) -> CoreSet {
+        CoreSet(self.allowed.load(Ordering::Acquire))
     }
 
     /// ActivePPE now.

@@ -31,6 +31,8 @@ pub struct PpeStats {
     pub handed_off: AtomicU64,
     /// Connections this PPE owns now.
     pub conns: AtomicU64,
+    /// Time spent in rounds that found work (its load), ns.
+    pub busy_ns: AtomicU64,
 }
 
 impl PpeStats {
@@ -67,6 +69,7 @@ impl PpeStats {
             adopted: l(&self.adopted),
             handed_off: l(&self.handed_off),
             conns: l(&self.conns),
+            busy_ns: l(&self.busy_ns),
         }
     }
 }
@@ -97,6 +100,9 @@ pub struct PpeSnapshot {
     pub adopted: u64,
     pub handed_off: u64,
     pub conns: u64,
+    /// Time spent in rounds that found work, ns.
+    #[serde(default)]
+    pub busy_ns: u64,
 }
 
 /// A whole server at one moment.
@@ -110,6 +116,11 @@ pub struct Snapshot {
     pub ppes: Vec<PpeSnapshot>,
     /// Application-level counters (HTTP responses by status, …), by name.
     pub app: std::collections::BTreeMap<String, u64>,
+    /// Connection rings built on a pooled buffer, and on fresh memory.
+    #[serde(default)]
+    pub rings_reused: u64,
+    #[serde(default)]
+    pub rings_fresh: u64,
 }
 
 impl Snapshot {

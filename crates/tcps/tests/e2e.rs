@@ -454,3 +454,35 @@ fn the_epoll_backend_serves_too() {
     stop.store(true, Ordering::Release);
     app.join().expect("app");
 }
+
+#[test]
+fn connections_one_after_another_reuse_pooled_rings_and_stay_byte_exact() {
+    let mut cfg = one_ppe();
+    cfg.ring_pool = 4;
+    let server = TcpServers::start(cfg).expect("start");
+    let stop = Arc::new(AtomicBool::new(false));
+    let app = echo(server.app(), Arc::clone(&stop));
+    let addr = server.local_addr();
+    // Each connection echoes a different pattern on rings another one used:
+    // a stale message from a former life would show as a wrong byte.
+    for i in 0..40u64 {
+        echo_client(addr, 1000 + i, 3000 + i as usize * 131)
+            .unwrap_or_else(|e| panic!("connection {i}: {e}"));
+        // Let the PPE close it (and give its rings back) before the next.
+        let t0 = Instant::now();
+        while server.stats().total(|p| p.conns) > 0 && t0.elapsed() < Duration::from_secs(5) {
+            thread::sleep(Duration::from_millis(1));
+        }
+    }
+    let st = server.stats();
+    assert_eq!(st.total(|p| p.accepted), 40);
+    assert!(
+        st.rings_reused >= 2 * 30,
+        "rings reused {} (fresh {}): the pool should serve most connections",
+        st.rings_reused,
+        st.rings_fresh
+    );
+    assert!(st.rings_fresh <= 2 * 8, "fresh rings {}", st.rings_fresh);
+    stop.store(true, Ordering::Release);
+    app.join().expect("app");
+}
