@@ -22,7 +22,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -1220,6 +1220,3 @@ fn reply_name(results: Option<&ReplyResults>) -> String {
         None => "(RPC error reply)".to_string(),
     }
 }
-
-/// The peer address a flow's calls carry when none is known (generated requests).
-pub const NO_PEER: IpAddr = IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);

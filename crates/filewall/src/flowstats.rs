@@ -49,6 +49,8 @@ pub struct PolicyCounters {
     pub replicas: Vec<ReplicaCounters>,
     /// Calls whose replicas answered with different statuses.
     pub replica_divergences: u64,
+    /// What the RBAC policy counted.
+    pub rbac: RbacCounters,
 }
 
 /// What the policy counted about one replica.
@@ -128,4 +130,28 @@ impl Policy<Msg> for StatsPolicy {
         }
         out.push(Action::Forward(response));
     }
+}
+
+/// What the RBAC policy counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct RbacCounters {
+    /// Calls on real objects Algorithm 2 allowed (forwarded) and denied (answered
+    /// NFS3ERR_ACCES here).
+    pub allowed: u64,
+    pub denied: u64,
+    /// LOG and ALARM events (also in the audit log).
+    pub logged: u64,
+    pub alarms: u64,
+    /// Sessions turned into threat sessions.
+    pub threats: u64,
+    /// Requests the policy made itself (GETATTR, LOOKUP, listings).
+    pub injected: u64,
+    /// Calls on VCN objects, writes among them, and writes refused.
+    pub vcn_calls: u64,
+    pub vcn_writes: u64,
+    pub vcn_refused: u64,
+    /// Why the last VCN write was refused.
+    pub last_vcn_error: Option<String>,
+    pub store_errors: u64,
+    pub last_store_error: Option<String>,
 }

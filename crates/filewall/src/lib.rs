@@ -9,6 +9,7 @@
 
 pub mod backend;
 pub mod chain;
+pub mod config;
 pub mod engine;
 pub mod flowstats;
 pub mod handles;
@@ -20,11 +21,18 @@ pub mod pending;
 pub mod policy;
 pub mod portmap;
 pub mod proxy;
+pub mod rbac;
+pub mod rbac_file;
+pub mod rbac_policy;
 pub mod record;
 pub mod replicate;
 pub mod rpc;
+pub mod store;
 pub mod synthetic;
 pub mod temporal;
+pub mod vcn;
+pub mod vcn_handler;
+pub mod vcn_text;
 pub mod xdr;
 
 #[cfg(test)]

@@ -279,6 +279,9 @@ pub fn procedure_name(p: Procedure) -> String {
     }
 }
 
+/// The peer address a call carries when none is known.
+pub const NO_PEER: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED);
+
 /// A message in the chain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Msg {

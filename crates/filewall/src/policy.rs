@@ -22,6 +22,12 @@
 //! timeout_ms = 1000              # a replica silent this long is dead
 //!
 //! [[policy]]
+//! kind = "rbac"                  # §4.5: Algorithm 2 and the VCN
+//! policy = "rbac.toml"           # users, roles, permissions (see rbac_file)
+//! store = "rbac.redb"            # persistent state; paths relative to this file
+//! rewrite_uid = true             # forward as the object's owner; default true
+//!
+//! [[policy]]
 //! kind = "synthetic"             # Fig. 4.12's extension; may repeat
 //! keys = 20                      # default 20
 //! key_bytes = 50                 # default 50
@@ -39,7 +45,11 @@ use crate::flowstats::{PolicyCounters, StatsPolicy};
 use crate::handles::{HandleKey, HandlePolicy};
 pub use crate::message::Msg;
 use crate::pending::MAX_POLICIES;
+use crate::rbac::RbacModel;
+use crate::rbac_file::load_rbac;
+use crate::rbac_policy::{RbacPolicy, RbacSettings};
 use crate::replicate::{ReplicatePolicy, ReplicateSettings, ReplyWhen};
+use crate::store::Store;
 use crate::synthetic::{MAX_KEY_BYTES, MAX_KEYS, SyntheticPolicy, SyntheticSettings};
 use crate::temporal::{
     Clock, DAYS, ProcSet, TemporalPolicy, TemporalRule, TemporalRules, When, Window, parse_offset,
@@ -63,10 +73,19 @@ pub enum PolicyKind {
     Replicate,
     /// The synthetic extension of the scalability experiment (§4.7.2).
     Synthetic,
+    /// Role-based access control with the Virtual Control Namespace (§4.5).
+    Rbac,
 }
 
 impl PolicyKind {
-    pub const NAMES: [&'static str; 5] = ["stats", "handles", "temporal", "replicate", "synthetic"];
+    pub const NAMES: [&'static str; 6] = [
+        "stats",
+        "handles",
+        "temporal",
+        "replicate",
+        "synthetic",
+        "rbac",
+    ];
 
     fn parse(s: &str) -> Option<Self> {
         match s {
@@ -75,6 +94,7 @@ impl PolicyKind {
             "temporal" => Some(PolicyKind::Temporal),
             "replicate" => Some(PolicyKind::Replicate),
             "synthetic" => Some(PolicyKind::Synthetic),
+            "rbac" => Some(PolicyKind::Rbac),
             _ => None,
         }
     }
@@ -86,6 +106,7 @@ impl PolicyKind {
             PolicyKind::Temporal => "temporal",
             PolicyKind::Replicate => "replicate",
             PolicyKind::Synthetic => "synthetic",
+            PolicyKind::Rbac => "rbac",
         }
     }
 
@@ -96,6 +117,7 @@ impl PolicyKind {
             PolicyKind::Temporal => &["utc_offset", "rule"],
             PolicyKind::Replicate => &["reply", "timeout_ms"],
             PolicyKind::Synthetic => &["keys", "key_bytes"],
+            PolicyKind::Rbac => &["policy", "store", "rewrite_uid"],
         }
     }
 }
@@ -111,6 +133,8 @@ pub struct PolicyEntry {
     pub replicate: Option<ReplicateSettings>,
     /// A synthetic policy's settings.
     pub synthetic: Option<SyntheticSettings>,
+    /// An RBAC policy's settings, and its policy once read (by `load_chain`).
+    pub rbac: Option<(RbacSettings, Option<RbacModel>)>,
 }
 
 impl PolicyEntry {
@@ -121,6 +145,7 @@ impl PolicyEntry {
             temporal: None,
             replicate: None,
             synthetic: None,
+            rbac: None,
         }
     }
 }
@@ -163,14 +188,7 @@ impl ChainSpec {
     }
 }
 
-/// A policy file error: `file:line: message` (line 0: the file as a whole).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{file}{}: {message}", if *line == 0 { String::new() } else { format!(":{line}") })]
-pub struct ConfigError {
-    pub file: String,
-    pub line: usize,
-    pub message: String,
-}
+pub use crate::config::ConfigError;
 
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -191,6 +209,9 @@ struct EntryToml {
     timeout_ms: Option<toml::Spanned<i64>>,
     keys: Option<toml::Spanned<i64>>,
     key_bytes: Option<toml::Spanned<i64>>,
+    policy: Option<toml::Spanned<String>>,
+    store: Option<toml::Spanned<String>>,
+    rewrite_uid: Option<toml::Spanned<bool>>,
 }
 
 impl EntryToml {
@@ -215,6 +236,15 @@ impl EntryToml {
         }
         if let Some(x) = &self.key_bytes {
             v.push(("key_bytes", at(x.span())));
+        }
+        if let Some(x) = &self.policy {
+            v.push(("policy", at(x.span())));
+        }
+        if let Some(x) = &self.store {
+            v.push(("store", at(x.span())));
+        }
+        if let Some(x) = &self.rewrite_uid {
+            v.push(("rewrite_uid", at(x.span())));
         }
         v
     }
@@ -366,6 +396,27 @@ fn synthetic_settings(
     Ok(s)
 }
 
+/// An RBAC entry's settings; paths are relative to the chain file's directory.
+fn rbac_settings(
+    file: &str,
+    entry: &EntryToml,
+    line: usize,
+    err: ErrFn<'_>,
+) -> Result<RbacSettings, ConfigError> {
+    let dir = Path::new(file).parent().unwrap_or(Path::new(""));
+    let (Some(policy), Some(store)) = (&entry.policy, &entry.store) else {
+        return Err(err(
+            line,
+            "policy \"rbac\" needs policy = \"FILE\" and store = \"FILE\"".into(),
+        ));
+    };
+    Ok(RbacSettings {
+        policy: dir.join(policy.get_ref()),
+        store: dir.join(store.get_ref()),
+        rewrite_uid: entry.rewrite_uid.as_ref().is_none_or(|b| *b.get_ref()),
+    })
+}
+
 fn line_of(text: &str, offset: usize) -> usize {
     text.get(..offset.min(text.len()))
         .map_or(1, |t| t.bytes().filter(|&b| b == b'\n').count() + 1)
@@ -374,6 +425,7 @@ fn line_of(text: &str, offset: usize) -> usize {
 /// One `[[policy]]` entry.
 fn parse_entry(
     text: &str,
+    file: &str,
     entry: &EntryToml,
     spec: &ChainSpec,
     err: ErrFn<'_>,
@@ -426,6 +478,7 @@ fn parse_entry(
         PolicyKind::Temporal => p.temporal = Some(temporal_rules(text, entry, line, err)?),
         PolicyKind::Replicate => p.replicate = Some(replicate_settings(text, entry, err)?),
         PolicyKind::Synthetic => p.synthetic = Some(synthetic_settings(text, entry, err)?),
+        PolicyKind::Rbac => p.rbac = Some((rbac_settings(file, entry, line, err)?, None)),
         PolicyKind::Stats | PolicyKind::Handles => {}
     }
     Ok(p)
@@ -463,7 +516,7 @@ pub fn parse_chain(text: &str, file: &str) -> Result<ChainSpec, ConfigError> {
         spec.buffer_slots = bounded(text, b, "buffer_slots", 1, MAX_BUFFER_SLOTS as i64, &err)?;
     }
     for entry in &parsed.policy {
-        let p = parse_entry(text, entry, &spec, &err)?;
+        let p = parse_entry(text, file, entry, &spec, &err)?;
         spec.policies.push(p);
     }
     Ok(spec)
@@ -477,7 +530,13 @@ pub fn load_chain(path: &Path) -> Result<ChainSpec, ConfigError> {
         line: 0,
         message: format!("reading: {e}"),
     })?;
-    parse_chain(&text, &file)
+    let mut spec = parse_chain(&text, &file)?;
+    for p in &mut spec.policies {
+        if let Some((settings, model)) = &mut p.rbac {
+            *model = Some(load_rbac(&settings.policy)?);
+        }
+    }
+    Ok(spec)
 }
 
 /// What building a chain needs beyond its file.
@@ -544,9 +603,37 @@ pub fn build_policies(
             PolicyKind::Synthetic => out.push(Box::new(SyntheticPolicy::new(
                 p.synthetic.unwrap_or_default(),
             ))),
+            PolicyKind::Rbac => out.push(Box::new(build_rbac(p, env, &err)?)),
         }
     }
     Ok(out)
+}
+
+fn build_rbac(
+    p: &PolicyEntry,
+    env: &BuildEnv<'_>,
+    err: ErrFn<'_>,
+) -> Result<RbacPolicy, ConfigError> {
+    let Some((settings, model)) = &p.rbac else {
+        return Err(err(p.line, "policy \"rbac\" without its settings".into()));
+    };
+    let model = match model {
+        Some(m) => m.clone(),
+        None => load_rbac(&settings.policy)?,
+    };
+    let store = Store::open(&settings.store).map_err(|e| err(p.line, e.to_string()))?;
+    let clock = env
+        .clock
+        .clone()
+        .unwrap_or_else(|| Arc::new(std::time::SystemTime::now));
+    RbacPolicy::new(
+        model,
+        store,
+        clock,
+        settings.rewrite_uid,
+        env.counters.clone(),
+    )
+    .map_err(|e| err(p.line, e.to_string()))
 }
 
 /// A built chain: its policies in order, its scheduler and its buffer size.
@@ -781,6 +868,30 @@ mod tests {
             (policies.len(), sched.name(), slots),
             (3, "longest-queue", 8)
         );
+    }
+
+    #[test]
+    fn rbac_entries_resolve_their_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let chain = dir.path().join("chain.toml");
+        std::fs::write(&chain, "[[policy]]\nkind = \"rbac\"\npolicy = \"r.toml\"\nstore = \"s.redb\"\n").unwrap();
+        // The policy file's own error, with its own file and line.
+        std::fs::write(dir.path().join("r.toml"), "[[role]]\nname = \"user\"\n\n[session]\ninitial = [\"usr\"]\n").unwrap();
+        let e = load_chain(&chain).unwrap_err();
+        assert_eq!(e.file, dir.path().join("r.toml").display().to_string(), "{e}");
+        assert_eq!(e.line, 5, "{e}");
+        std::fs::write(dir.path().join("r.toml"), "[[role]]\nname = \"user\"\n").unwrap();
+        let spec = load_chain(&chain).unwrap();
+        let (settings, model) = spec.policies[0].rbac.as_ref().unwrap();
+        assert_eq!(settings.store, dir.path().join("s.redb"));
+        assert!(settings.rewrite_uid);
+        assert_eq!(model.as_ref().unwrap().roles.len(), 1);
+        let counters = Arc::default();
+        assert_eq!(build_policies(&spec, &env(&counters)).unwrap().len(), 1);
+        assert!(dir.path().join("s.redb").exists(), "the store was created");
+        let e = parse_chain("[[policy]]\nkind = \"rbac\"\npolicy = \"r.toml\"\n", "c.toml").unwrap_err();
+        assert_eq!(e.line, 2);
+        assert!(e.message.contains("needs policy = \"FILE\" and store = \"FILE\""), "{e}");
     }
 
     #[test]

@@ -279,6 +279,15 @@ fn to_json(label: &str, s: &ProxyStats) -> serde_json::Value {
             "timed_out": r.timed_out, "unmapped": r.unmapped,
         })).collect::<Vec<_>>(),
         "replica_divergences": s.policies.replica_divergences,
+        "rbac": {
+            "allowed": s.policies.rbac.allowed, "denied": s.policies.rbac.denied,
+            "logged": s.policies.rbac.logged, "alarms": s.policies.rbac.alarms,
+            "threats": s.policies.rbac.threats, "injected": s.policies.rbac.injected,
+            "vcn_calls": s.policies.rbac.vcn_calls, "vcn_writes": s.policies.rbac.vcn_writes,
+            "vcn_refused": s.policies.rbac.vcn_refused, "store_errors": s.policies.rbac.store_errors,
+            "last_vcn_error": s.policies.rbac.last_vcn_error,
+            "last_store_error": s.policies.rbac.last_store_error,
+        },
         "ops": ops, "latency": latency, "flows": flows, "last_error": s.last_error,
     })
 }
@@ -345,6 +354,27 @@ fn render(v: &serde_json::Value) -> String {
             r["replied"],
             r["timed_out"],
             r["unmapped"]
+        );
+    }
+    let r = &v["rbac"];
+    if r["allowed"].as_u64().unwrap_or(0)
+        + r["denied"].as_u64().unwrap_or(0)
+        + r["vcn_calls"].as_u64().unwrap_or(0)
+        > 0
+    {
+        let _ = writeln!(
+            t,
+            "[{label}] rbac allowed {} denied {} logged {} alarms {} threats {} injected {} vcn calls {} writes {} refused {} store_errors {}",
+            r["allowed"],
+            r["denied"],
+            r["logged"],
+            r["alarms"],
+            r["threats"],
+            r["injected"],
+            r["vcn_calls"],
+            r["vcn_writes"],
+            r["vcn_refused"],
+            r["store_errors"]
         );
     }
     if let Some(e) = v["last_error"].as_str() {

@@ -10,7 +10,7 @@ use sidecore_filewall::message::{Call, CallArgs, ReplyResults, decode_reply};
 use sidecore_filewall::mount::{DirPath, MountCall, MountReply, MountRes3};
 use sidecore_filewall::nfs3::{
     CreateArgs, CreateHow3, DirOpArgs3, Nfs3Call, Nfs3Reply, NfsFh3, NfsRes, NfsStat3, ReadArgs,
-    Sattr3, SetTime, StableHow, WriteArgs,
+    ReaddirplusArgs, Sattr3, SetTime, StableHow, WriteArgs,
 };
 use sidecore_filewall::record::encode_record;
 use sidecore_filewall::rpc::{Auth, AuthSys};
@@ -162,5 +162,49 @@ impl Client {
             ReplyResults::Nfs3(Nfs3Reply::Lookup(r)) => (r.status(), None),
             other => panic!("LOOKUP {name}: {other:?}"),
         }
+    }
+
+    /// READDIRPLUS of a whole (small) directory as `uid`: the status and each
+    /// entry's name and handle.
+    pub fn list(&mut self, uid: u32, dir: &NfsFh3) -> (NfsStat3, Vec<(String, Option<NfsFh3>)>) {
+        let (mut cookie, mut verf, mut out) = (0, [0u8; 8], Vec::new());
+        loop {
+            let args = ReaddirplusArgs {
+                dir: dir.clone(),
+                cookie,
+                cookieverf: verf,
+                dircount: 4096,
+                maxcount: 32_768,
+            };
+            match self.call_as(uid, CallArgs::Nfs3(Nfs3Call::Readdirplus(args))) {
+                ReplyResults::Nfs3(Nfs3Reply::Readdirplus(NfsRes::Ok(ok))) => {
+                    for e in &ok.reply.entries {
+                        out.push((
+                            String::from_utf8_lossy(&e.name).into_owned(),
+                            e.name_handle.clone(),
+                        ));
+                        cookie = e.cookie;
+                    }
+                    verf = ok.cookieverf;
+                    if ok.reply.eof || ok.reply.entries.is_empty() {
+                        return (NfsStat3::Ok, out);
+                    }
+                }
+                ReplyResults::Nfs3(Nfs3Reply::Readdirplus(r)) => return (r.status(), out),
+                other => panic!("READDIRPLUS: {other:?}"),
+            }
+        }
+    }
+
+    /// Follows `path` (`a/b/c`) from `dir` as `uid`.
+    pub fn walk(&mut self, uid: u32, dir: &NfsFh3, path: &str) -> NfsFh3 {
+        let mut at = dir.clone();
+        for name in path.split('/').filter(|n| !n.is_empty()) {
+            match self.lookup_as(uid, &at, name) {
+                (NfsStat3::Ok, Some(h)) => at = h,
+                (st, _) => panic!("LOOKUP {name} in {path} as {uid}: {st:?}"),
+            }
+        }
+        at
     }
 }
