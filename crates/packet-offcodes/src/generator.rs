@@ -13,8 +13,17 @@
 //! (the Ethernet frame without FCS; 64 to 1514), `rate_pps` (0: flat out),
 //! `count` (0: until stopped), `batch`, `netns`, and for packet mode `iface`
 //! and `dst_mac` (default: from the route to `dst` and its neighbour entry).
-//! Metrics: `sent`, `bytes`, `cpu_ns` (the sending thread's CPU time),
-//! `elapsed_ms`, `send_errors`.
+//! Metrics (issue 11 item 4), cumulative since start so that a reader can
+//! take differences over any window: `sent`, `bytes` (whole frames),
+//! `cpu_ns` (the sending thread's CPU time), `elapsed_ms`, `send_errors`;
+//! and the report: `rate_pps`, `rate_bps` (frame bits, without preamble and
+//! FCS), `cpu_busy_ppm` (the thread's CPU time per elapsed time, parts per
+//! million of one CPU), the departures' inter-arrival times `iat_mean_ns` and
+//! `iat_std_ns` (each frame leaves when its batch's send returns, so frames of
+//! one batch are 0 ns apart: burstiness shows in the deviation) with their
+//! sums `iat_n`, `iat_sum_ns`, `iat_sumsq_ns2` for windows ([`Departures`]);
+//! `io_socket`, `io_af_packet`, `io_af_xdp` or `io_af_xdp_zerocopy` is 1 for
+//! the path the frames take.
 
 use std::net::{Ipv4Addr, SocketAddrV4, UdpSocket};
 use std::time::Instant;
@@ -29,6 +38,7 @@ use sidecore_packetio::frame::{self, FrameSpec, MAX_FRAME_BYTES, STAMP_BYTES};
 use sidecore_packetio::{RawOptions, RawSocket};
 use sidecore_types::PeKind;
 
+use crate::report::Departures;
 use crate::util::{bad, ipv4, mac, next_hop_mac, realtime_ns, thread_cpu_ns};
 
 /// Ethernet, IPv4 and UDP headers: what a socket does not send itself.
@@ -128,6 +138,16 @@ enum Out {
     },
 }
 
+impl Out {
+    /// How frames leave, as the `io_*` metric names it.
+    fn path(&self) -> &'static str {
+        match self {
+            Out::Packet { .. } => "af_packet",
+            Out::Socket { .. } => "socket",
+        }
+    }
+}
+
 /// The generator.
 pub struct Generator {
     p: Params,
@@ -135,11 +155,41 @@ pub struct Generator {
     out: Option<Out>,
     next: u64,
     started: Option<(Instant, u64)>,
+    departures: Departures,
     sent: Metric,
     bytes: Metric,
     cpu_ns: Metric,
     elapsed_ms: Metric,
     errors: Metric,
+    report: Report,
+}
+
+/// The report's metrics (see the module's documentation).
+#[derive(Default)]
+struct Report {
+    rate_pps: Metric,
+    rate_bps: Metric,
+    cpu_busy_ppm: Metric,
+    iat_mean_ns: Metric,
+    iat_std_ns: Metric,
+    iat_n: Metric,
+    iat_sum_ns: Metric,
+    iat_sumsq_ns2: Metric,
+}
+
+impl Report {
+    fn new(cx: &InitCx<'_>) -> Report {
+        Report {
+            rate_pps: cx.metric("rate_pps"),
+            rate_bps: cx.metric("rate_bps"),
+            cpu_busy_ppm: cx.metric("cpu_busy_ppm"),
+            iat_mean_ns: cx.metric("iat_mean_ns"),
+            iat_std_ns: cx.metric("iat_std_ns"),
+            iat_n: cx.metric("iat_n"),
+            iat_sum_ns: cx.metric("iat_sum_ns"),
+            iat_sumsq_ns2: cx.metric("iat_sumsq_ns2"),
+        }
+    }
 }
 
 /// Builds a generator for the PE it landed on.
@@ -155,11 +205,13 @@ pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
         out: None,
         next: 0,
         started: None,
+        departures: Departures::default(),
         sent: Metric::default(),
         bytes: Metric::default(),
         cpu_ns: Metric::default(),
         elapsed_ms: Metric::default(),
         errors: Metric::default(),
+        report: Report::default(),
     }))
 }
 
@@ -281,6 +333,39 @@ impl Generator {
     }
 }
 
+impl Generator {
+    /// Publishes the cumulative counters and the report since the start.
+    fn publish(&self, now: Instant) {
+        let Some((t0, cpu0)) = self.started else {
+            return;
+        };
+        let elapsed_ns = u64::try_from(now.duration_since(t0).as_nanos()).unwrap_or(u64::MAX);
+        let cpu_ns = thread_cpu_ns().saturating_sub(cpu0);
+        self.cpu_ns.set(cpu_ns);
+        self.elapsed_ms.set(elapsed_ns / 1_000_000);
+        let per_s = |x: u64| {
+            u64::try_from(u128::from(x) * 1_000_000_000 / u128::from(elapsed_ns.max(1)))
+                .unwrap_or(u64::MAX)
+        };
+        let r = &self.report;
+        r.rate_pps.set(per_s(self.next));
+        r.rate_bps
+            .set(per_s(self.next * self.p.frame_bytes as u64 * 8));
+        r.cpu_busy_ppm.set(
+            u64::try_from(u128::from(cpu_ns) * 1_000_000 / u128::from(elapsed_ns.max(1)))
+                .unwrap_or(u64::MAX),
+        );
+        let (mean, std) = self.departures.mean_std_ns();
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // ns, non-negative
+        let ns = |x: f64| x.round() as u64;
+        r.iat_mean_ns.set(ns(mean));
+        r.iat_std_ns.set(ns(std));
+        r.iat_n.set(self.departures.n());
+        r.iat_sum_ns.set(self.departures.sum_ns());
+        r.iat_sumsq_ns2.set(self.departures.sumsq_ns2());
+    }
+}
+
 impl Offcode for Generator {
     fn initialize(&mut self, cx: &mut InitCx<'_>) -> Result<(), OffcodeError> {
         self.sent = cx.metric("sent");
@@ -288,7 +373,10 @@ impl Offcode for Generator {
         self.cpu_ns = cx.metric("cpu_ns");
         self.elapsed_ms = cx.metric("elapsed_ms");
         self.errors = cx.metric("send_errors");
-        self.out = Some(self.open()?);
+        self.report = Report::new(cx);
+        let out = self.open()?;
+        cx.metric(&format!("io_{}", out.path())).set(1);
+        self.out = Some(out);
         Ok(())
     }
 
@@ -303,15 +391,16 @@ impl Offcode for Generator {
         }
         let n = usize::try_from(self.budget(cx.now())).unwrap_or(0);
         let k = if n > 0 { self.send(n)? } else { 0 };
+        let now = Instant::now();
+        if let Some((t0, _)) = self.started {
+            let t_ns = u64::try_from(now.duration_since(t0).as_nanos()).unwrap_or(u64::MAX);
+            self.departures.record(t_ns, k as u64);
+        }
         self.next += k as u64;
         self.sent.add(k as u64);
         self.bytes.add((k * self.p.frame_bytes) as u64);
-        if let Some((t0, cpu0)) = self.started
-            && (self.next % 4096 < k as u64 || k == 0)
-        {
-            self.cpu_ns.set(thread_cpu_ns().saturating_sub(cpu0));
-            self.elapsed_ms
-                .set(u64::try_from(cx.now().duration_since(t0).as_millis()).unwrap_or(u64::MAX));
+        if self.next % 4096 < k as u64 || k == 0 {
+            self.publish(now);
         }
         Ok(if k > 0 {
             Progress::Busy
@@ -320,12 +409,8 @@ impl Offcode for Generator {
         })
     }
 
-    fn stop(&mut self, cx: &mut RunCx<'_>) -> Result<(), OffcodeError> {
-        if let Some((t0, cpu0)) = self.started {
-            self.cpu_ns.set(thread_cpu_ns().saturating_sub(cpu0));
-            self.elapsed_ms
-                .set(u64::try_from(cx.now().duration_since(t0).as_millis()).unwrap_or(u64::MAX));
-        }
+    fn stop(&mut self, _cx: &mut RunCx<'_>) -> Result<(), OffcodeError> {
+        self.publish(Instant::now());
         self.out = None;
         Ok(())
     }

@@ -19,6 +19,7 @@ pub mod file_source;
 pub mod firewall;
 pub mod generator;
 pub mod receiver;
+pub mod report;
 pub mod streamer;
 mod util;
 

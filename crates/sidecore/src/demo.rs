@@ -27,6 +27,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use serde::Serialize;
+use sidecore_packet_offcodes::report::{Reading, window};
 use sidecore_runtime::{AppStatus, Runtime, RuntimeConfig};
 use sidecore_testbed::{Testbed, Topology, topology};
 
@@ -128,6 +129,20 @@ pub struct Row {
     pub cpu_ns_per_packet: f64,
     /// The generator thread's CPU time per packet sent, in nanoseconds.
     pub generator_ns_per_packet: f64,
+    /// How the generator's frames left: `af_xdp`, `af_xdp_zerocopy`,
+    /// `af_packet` or `socket` (its `io_*` metrics).
+    pub generator_path: String,
+    /// The generator's report over the window (issue 11 item 4): frame bits
+    /// per second / 10^6, its thread's CPU % of one CPU, and the mean and
+    /// standard deviation of its departures' inter-arrival times.
+    pub offered_mbps: f64,
+    pub generator_cpu_pct: f64,
+    pub generator_iat_mean_ns: f64,
+    pub generator_iat_std_ns: f64,
+    /// Inter-arrival mean and deviation at the analyser (kernel stamps),
+    /// since it started; 0 when nothing arrived.
+    pub arrival_iat_mean_ns: f64,
+    pub arrival_iat_std_ns: f64,
 }
 
 pub fn run(cmd: DemoCommand) -> anyhow::Result<ExitCode> {
@@ -230,9 +245,8 @@ fn metric(s: &AppStatus, offcode: &str, name: &str) -> u64 {
 /// Counters at one moment of a run.
 struct Sample {
     at: Instant,
-    sent: u64,
+    generator: Reading,
     received: u64,
-    gen_cpu_ns: u64,
     busy: u64,
     total: u64,
 }
@@ -242,12 +256,20 @@ fn sample(rt: &Runtime, id: sidecore_runtime::AppId) -> anyhow::Result<Sample> {
     let (busy, total) = cpu_ticks()?;
     Ok(Sample {
         at: Instant::now(),
-        sent: metric(&s, "generator", "sent"),
+        generator: Reading::from_metrics(|m| metric(&s, "generator", m)),
         received: metric(&s, "analyser", "received"),
-        gen_cpu_ns: metric(&s, "generator", "cpu_ns"),
         busy,
         total,
     })
+}
+
+/// How the generator's frames left, from its `io_*` metrics.
+fn generator_path(s: &AppStatus) -> String {
+    ["af_xdp_zerocopy", "af_xdp", "af_packet", "socket"]
+        .into_iter()
+        .find(|p| metric(s, "generator", &format!("io_{p}")) == 1)
+        .unwrap_or("-")
+        .to_string()
 }
 
 /// What one deployment is measured as.
@@ -295,7 +317,8 @@ fn measure(spec: &RunSpec<'_>) -> anyhow::Result<Row> {
         anyhow::bail!("offcode `{}` failed: {:?}", o.name, o.stop_reason);
     }
     let secs = b.at.duration_since(a.at).as_secs_f64();
-    let sent = b.sent.saturating_sub(a.sent);
+    let sent = b.generator.sent.saturating_sub(a.generator.sent);
+    let w = window(&a.generator, &b.generator, secs);
     let busy_ns = (b.busy - a.busy) as f64 * 1e9 / USER_HZ;
     let ncpu = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) as f64;
     let cpus_busy = ncpu * (b.busy - a.busy) as f64 / ((b.total - a.total).max(1)) as f64;
@@ -309,8 +332,15 @@ fn measure(spec: &RunSpec<'_>) -> anyhow::Result<Row> {
         delivered_pps: b.received.saturating_sub(a.received) as f64 / secs,
         cpus_busy,
         cpu_ns_per_packet: busy_ns / sent.max(1) as f64,
-        generator_ns_per_packet: b.gen_cpu_ns.saturating_sub(a.gen_cpu_ns) as f64
+        generator_ns_per_packet: b.generator.cpu_ns.saturating_sub(a.generator.cpu_ns) as f64
             / sent.max(1) as f64,
+        generator_path: generator_path(&status),
+        offered_mbps: w.mbps,
+        generator_cpu_pct: w.cpu_pct,
+        generator_iat_mean_ns: w.iat_mean_ns,
+        generator_iat_std_ns: w.iat_std_ns,
+        arrival_iat_mean_ns: metric(&status, "analyser", "iat_mean_ns") as f64,
+        arrival_iat_std_ns: metric(&status, "analyser", "iat_std_ns") as f64,
     })
 }
 
@@ -480,7 +510,7 @@ fn generator(a: &GeneratorArgs) -> anyhow::Result<ExitCode> {
 fn print_row(r: &Row, header: bool) {
     if header {
         println!(
-            "{:<15} {:<9} {:>6} {:>8} {:>6} {:>12} {:>12} {:>10} {:>12} {:>12}",
+            "{:<15} {:<9} {:>6} {:>8} {:>6} {:>12} {:>12} {:>10} {:>12} {:>12}  {:<10} {:>8} {:>7} {:>17}",
             "what",
             "PE",
             "rules",
@@ -490,11 +520,15 @@ fn print_row(r: &Row, header: bool) {
             "delivered/s",
             "CPUs busy",
             "CPU ns/pkt",
-            "gen ns/pkt"
+            "gen ns/pkt",
+            "gen path",
+            "Mb/s",
+            "gen CPU",
+            "gen IAT mean/sd"
         );
     }
     println!(
-        "{:<15} {:<9} {:>6} {:>7}% {:>6} {:>12.0} {:>12.0} {:>10.2} {:>12.0} {:>12.0}",
+        "{:<15} {:<9} {:>6} {:>7}% {:>6} {:>12.0} {:>12.0} {:>10.2} {:>12.0} {:>12.0}  {:<10} {:>8.1} {:>6.1}% {:>17}",
         r.firewall,
         r.pe,
         r.rules,
@@ -504,6 +538,14 @@ fn print_row(r: &Row, header: bool) {
         r.delivered_pps,
         r.cpus_busy,
         r.cpu_ns_per_packet,
-        r.generator_ns_per_packet
+        r.generator_ns_per_packet,
+        r.generator_path,
+        r.offered_mbps,
+        r.generator_cpu_pct,
+        format!(
+            "{:.2}/{:.2} us",
+            r.generator_iat_mean_ns / 1e3,
+            r.generator_iat_std_ns / 1e3
+        )
     );
 }
