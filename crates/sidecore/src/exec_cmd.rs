@@ -60,9 +60,6 @@ pub struct ExecArgs {
 }
 
 pub fn run_exec(args: ExecArgs) -> anyhow::Result<ExitCode> {
-    if args.on.is_some() {
-        return crate::exec_remote::run(&args);
-    }
     let mut policy = Policy::new();
     for d in &args.deny {
         policy = policy.deny(d);

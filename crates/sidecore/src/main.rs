@@ -178,6 +178,7 @@ fn main() -> ExitCode {
         Command::Tcps(cmd) => tcps_cmd::run(cmd),
         Command::Orion(cmd) => orion_cmd::run(cmd),
         Command::Filewall(cmd) => filewall_cmd::run(cmd),
+        Command::Exec(args) if args.on.is_some() => exec_remote::run(&args),
         Command::Exec(args) => exec_cmd::run_exec(args),
         Command::MxInit { spec } => {
             std::process::exit(sidecore_metachory::remote::shim::main(&spec));

@@ -275,7 +275,14 @@ impl<'a> Session<'a> {
 
     fn run(&mut self) -> Result<RemoteOutcome, RemoteError> {
         loop {
-            let f = match self.state.link.recv(None)? {
+            let got = self.state.link.recv(None).map_err(|e| {
+                if self.exited {
+                    RemoteError::Link(e)
+                } else {
+                    self.node_err(format!("lost the session before the guest's end: {e}"))
+                }
+            })?;
+            let f = match got {
                 Received::Message(Message::Mx(f)) => f,
                 Received::Message(Message::Error { error }) => return Err(self.node_err(error)),
                 Received::Message(other) => {

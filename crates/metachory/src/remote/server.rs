@@ -238,6 +238,10 @@ fn run(
     let work = tempfile::Builder::new()
         .prefix(&format!("mx-{}-", open.session))
         .tempdir_in(&opts.state_dir)?;
+    if open.userns {
+        // The container's processes run as nobody: they build in here.
+        std::os::unix::fs::chown(work.path(), Some(NOBODY), Some(NOBODY))?;
+    }
     let io = stdio(open.tty)?;
     let (ours, theirs) = fdpass::seqpacket_pair()?;
     fdpass::pass_credentials(ours.as_raw_fd())?;

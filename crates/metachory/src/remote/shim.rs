@@ -117,11 +117,25 @@ fn write_file(path: &str, text: &str) -> io::Result<()> {
 
 fn enter_namespaces(spec: &ShimSpec) -> io::Result<()> {
     if spec.userns {
+        // Become the unprivileged user first: a process may map only its
+        // own user into a namespace it makes.
+        // SAFETY: setgroups/setresgid/setresuid with plain integers.
+        unsafe {
+            check(libc::setgroups(0, std::ptr::null()), "drop groups")?;
+            check(
+                libc::setresgid(spec.map_gid, spec.map_gid, spec.map_gid),
+                "setresgid",
+            )?;
+            check(
+                libc::setresuid(spec.map_uid, spec.map_uid, spec.map_uid),
+                "setresuid",
+            )?;
+            // Changing user made /proc/self root's: make it ours again.
+            libc::prctl(libc::PR_SET_DUMPABLE, 1);
+        }
         // SAFETY: unshare with flag bits only; this process is single-threaded.
-        check(
-            unsafe { libc::unshare(libc::CLONE_NEWUSER) },
-            "unshare a user namespace",
-        )?;
+        let r = unsafe { libc::unshare(libc::CLONE_NEWUSER) };
+        check(r, "unshare a user namespace")?;
         write_file("/proc/self/setgroups", "deny")?;
         write_file("/proc/self/uid_map", &format!("0 {} 1", spec.map_uid))?;
         write_file("/proc/self/gid_map", &format!("0 {} 1", spec.map_gid))?;
@@ -132,10 +146,8 @@ fn enter_namespaces(spec: &ShimSpec) -> io::Result<()> {
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
     // SAFETY: unshare with flag bits only.
-    check(
-        unsafe { libc::unshare(flags) },
-        "unshare mount, network, PID, IPC and UTS namespaces",
-    )?;
+    let r = unsafe { libc::unshare(flags) };
+    check(r, "unshare mount, network, PID, IPC and UTS namespaces")?;
     mount("", Path::new("/"), "", libc::MS_REC | libc::MS_PRIVATE, "")?;
     let name = b"metachory";
     // SAFETY: a valid buffer and its length.
@@ -244,12 +256,16 @@ fn build_root(root: &Path) -> io::Result<()> {
 
 /// The FUSE projection: mounted here, served by the server through the
 /// descriptor sent over the control socket.
-fn mount_projection(lower: &Path) -> io::Result<()> {
-    std::fs::create_dir_all(lower)?;
+fn open_fuse() -> io::Result<RawFd> {
     let dev = cstr("/dev/fuse")?;
     // SAFETY: a NUL-terminated path.
     let fd = unsafe { libc::open(dev.as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
     check(fd, "open /dev/fuse")?;
+    Ok(fd)
+}
+
+fn mount_projection(lower: &Path, fd: RawFd) -> io::Result<()> {
+    std::fs::create_dir_all(lower)?;
     let opts =
         format!("fd={fd},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions");
     mount(
@@ -303,7 +319,8 @@ fn mount_overlays(spec: &ShimSpec, root: &Path) -> io::Result<()> {
 fn like_lower(lower: &Path, upper: &Path) -> io::Result<()> {
     use std::os::unix::fs::MetadataExt;
     let m = std::fs::metadata(lower)?;
-    std::os::unix::fs::chown(upper, Some(m.uid()), Some(m.gid()))?;
+    // In the unprivileged mode the client's owner is not mapped: keep ours.
+    let _ = std::os::unix::fs::chown(upper, Some(m.uid()), Some(m.gid()));
     std::fs::set_permissions(
         upper,
         std::os::unix::fs::PermissionsExt::from_mode(m.mode() & 0o7777),
@@ -359,10 +376,18 @@ pub fn main(spec_json: &str) -> i32 {
 }
 
 fn setup_and_run(spec: &ShimSpec) -> io::Result<i32> {
+    // The projection is mounted while still privileged, in a mount
+    // namespace of its own: FUSE wants the device opened in the user
+    // namespace that mounts it, and the device is root's alone here. The
+    // unprivileged mode's namespaces then inherit the mount.
+    // SAFETY: unshare with a flag.
+    let r = unsafe { libc::unshare(libc::CLONE_NEWNS) };
+    check(r, "unshare a mount namespace")?;
+    mount("", Path::new("/"), "", libc::MS_REC | libc::MS_PRIVATE, "")?;
+    mount_projection(&spec.work.join("lower"), open_fuse()?)?;
     enter_namespaces(spec)?;
     let root = spec.work.join("root");
     build_root(&root)?;
-    mount_projection(&spec.work.join("lower"))?;
     mount_overlays(spec, &root)?;
     mask_secrets(&root);
     // SAFETY: this process is single-threaded: the child may run Rust code.
@@ -425,17 +450,13 @@ fn init(spec: &ShimSpec, root: &Path) -> io::Result<i32> {
     std::fs::create_dir_all(&old)?;
     let (r, o) = (cstr(root)?, cstr(&old)?);
     // SAFETY: two NUL-terminated paths.
-    check(
-        unsafe { libc::syscall(libc::SYS_pivot_root, r.as_ptr(), o.as_ptr()) } as i32,
-        "pivot_root",
-    )?;
+    let pr = unsafe { libc::syscall(libc::SYS_pivot_root, r.as_ptr(), o.as_ptr()) };
+    check(pr as i32, "pivot_root")?;
     std::env::set_current_dir("/")?;
     let dot_old = cstr("/.old")?;
     // SAFETY: a NUL-terminated path.
-    check(
-        unsafe { libc::umount2(dot_old.as_ptr(), libc::MNT_DETACH) },
-        "detach the old root",
-    )?;
+    let u = unsafe { libc::umount2(dot_old.as_ptr(), libc::MNT_DETACH) };
+    check(u, "detach the old root")?;
     let _ = std::fs::remove_dir("/.old");
     std::env::set_current_dir(&spec.cwd)
         .map_err(|e| io::Error::new(e.kind(), format!("cannot enter {}: {e}", spec.cwd)))?;
