@@ -874,11 +874,23 @@ mod tests {
     fn rbac_entries_resolve_their_files() {
         let dir = tempfile::tempdir().unwrap();
         let chain = dir.path().join("chain.toml");
-        std::fs::write(&chain, "[[policy]]\nkind = \"rbac\"\npolicy = \"r.toml\"\nstore = \"s.redb\"\n").unwrap();
+        std::fs::write(
+            &chain,
+            "[[policy]]\nkind = \"rbac\"\npolicy = \"r.toml\"\nstore = \"s.redb\"\n",
+        )
+        .unwrap();
         // The policy file's own error, with its own file and line.
-        std::fs::write(dir.path().join("r.toml"), "[[role]]\nname = \"user\"\n\n[session]\ninitial = [\"usr\"]\n").unwrap();
+        std::fs::write(
+            dir.path().join("r.toml"),
+            "[[role]]\nname = \"user\"\n\n[session]\ninitial = [\"usr\"]\n",
+        )
+        .unwrap();
         let e = load_chain(&chain).unwrap_err();
-        assert_eq!(e.file, dir.path().join("r.toml").display().to_string(), "{e}");
+        assert_eq!(
+            e.file,
+            dir.path().join("r.toml").display().to_string(),
+            "{e}"
+        );
         assert_eq!(e.line, 5, "{e}");
         std::fs::write(dir.path().join("r.toml"), "[[role]]\nname = \"user\"\n").unwrap();
         let spec = load_chain(&chain).unwrap();
@@ -889,9 +901,17 @@ mod tests {
         let counters = Arc::default();
         assert_eq!(build_policies(&spec, &env(&counters)).unwrap().len(), 1);
         assert!(dir.path().join("s.redb").exists(), "the store was created");
-        let e = parse_chain("[[policy]]\nkind = \"rbac\"\npolicy = \"r.toml\"\n", "c.toml").unwrap_err();
+        let e = parse_chain(
+            "[[policy]]\nkind = \"rbac\"\npolicy = \"r.toml\"\n",
+            "c.toml",
+        )
+        .unwrap_err();
         assert_eq!(e.line, 2);
-        assert!(e.message.contains("needs policy = \"FILE\" and store = \"FILE\""), "{e}");
+        assert!(
+            e.message
+                .contains("needs policy = \"FILE\" and store = \"FILE\""),
+            "{e}"
+        );
     }
 
     #[test]
