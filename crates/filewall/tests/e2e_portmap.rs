@@ -338,47 +338,7 @@ fn a_client_over_udp_and_malformed_datagrams() {
         "OVER udp\n"
     );
 
-    // Malformed datagrams: each gets its RPC error, or is dropped and counted.
-    let accepted = |stat| {
-        Some(ReplyBody::Accepted {
-            verf: Auth::None,
-            stat,
-        })
-    };
-    let getattr = NfsFh3(vec![1; 8]).to_xdr();
-    assert_eq!(
-        c.refusal(nfs, &call_bytes(1, 100_099, 1, 0, &[])),
-        accepted(AcceptStat::ProgUnavail)
-    );
-    assert_eq!(
-        c.refusal(nfs, &call_bytes(2, nfs3::PROGRAM, 4, 1, &getattr)),
-        accepted(AcceptStat::ProgMismatch { low: 3, high: 3 })
-    );
-    assert_eq!(
-        c.refusal(pmap, &call_bytes(3, portmap::PROGRAM, 4, 3, &[])),
-        accepted(AcceptStat::ProgMismatch { low: 2, high: 2 }),
-        "rpcbind v4: clients fall back to v2"
-    );
-    assert_eq!(
-        c.refusal(nfs, &call_bytes(4, nfs3::PROGRAM, 3, 99, &[])),
-        accepted(AcceptStat::ProcUnavail)
-    );
-    let truncated = call_bytes(5, nfs3::PROGRAM, 3, 1, &getattr[..6]);
-    assert_eq!(
-        c.refusal(nfs, &truncated),
-        accepted(AcceptStat::GarbageArgs)
-    );
-    let oversized = {
-        let mut h = 65u32.to_be_bytes().to_vec();
-        h.extend_from_slice(&[0u8; 68]);
-        call_bytes(6, nfs3::PROGRAM, 3, 1, &h)
-    };
-    assert_eq!(
-        c.refusal(nfs, &oversized),
-        accepted(AcceptStat::GarbageArgs),
-        "a 65-byte handle"
-    );
-    assert_eq!(c.refusal(nfs, &[0xde, 0xad]), None, "no header: dropped");
+    malformed(&mut c, nfs, pmap);
     let s = p.stats();
     assert_eq!((s.refused_calls, s.dropped_records), (6, 1), "{s:#?}");
     assert!(s.udp_datagrams >= 13, "{s:#?}");
@@ -446,4 +406,48 @@ fn a_server_that_disappears() {
             stat: AcceptStat::ProgUnavail
         })
     );
+}
+
+/// Malformed datagrams: each gets its RPC error, or is dropped.
+fn malformed(c: &mut UdpClient, nfs: SocketAddr, pmap: SocketAddr) {
+    let accepted = |stat| {
+        Some(ReplyBody::Accepted {
+            verf: Auth::None,
+            stat,
+        })
+    };
+    let getattr = NfsFh3(vec![1; 8]).to_xdr();
+    assert_eq!(
+        c.refusal(nfs, &call_bytes(1, 100_099, 1, 0, &[])),
+        accepted(AcceptStat::ProgUnavail)
+    );
+    assert_eq!(
+        c.refusal(nfs, &call_bytes(2, nfs3::PROGRAM, 4, 1, &getattr)),
+        accepted(AcceptStat::ProgMismatch { low: 3, high: 3 })
+    );
+    assert_eq!(
+        c.refusal(pmap, &call_bytes(3, portmap::PROGRAM, 4, 3, &[])),
+        accepted(AcceptStat::ProgMismatch { low: 2, high: 2 }),
+        "rpcbind v4: clients fall back to v2"
+    );
+    assert_eq!(
+        c.refusal(nfs, &call_bytes(4, nfs3::PROGRAM, 3, 99, &[])),
+        accepted(AcceptStat::ProcUnavail)
+    );
+    let truncated = call_bytes(5, nfs3::PROGRAM, 3, 1, &getattr[..6]);
+    assert_eq!(
+        c.refusal(nfs, &truncated),
+        accepted(AcceptStat::GarbageArgs)
+    );
+    let oversized = {
+        let mut h = 65u32.to_be_bytes().to_vec();
+        h.extend_from_slice(&[0u8; 68]);
+        call_bytes(6, nfs3::PROGRAM, 3, 1, &h)
+    };
+    assert_eq!(
+        c.refusal(nfs, &oversized),
+        accepted(AcceptStat::GarbageArgs),
+        "a 65-byte handle"
+    );
+    assert_eq!(c.refusal(nfs, &[0xde, 0xad]), None, "no header: dropped");
 }
