@@ -1,0 +1,201 @@
+//! Metachory's benchmarks (issue 16), each beside native in the same run:
+//! Table 9.1 (cost per system call and per page fault), Table 9.2
+//! (CPU-bound programs) and Fig. 9.3 (N concurrent jobs on one server).
+//! Run: `cargo test --release -p sidecore --test mx_bench -- --ignored --nocapture`
+//! (root). Prints the tables BENCHMARKS.md quotes.
+#![allow(clippy::unwrap_used, clippy::too_many_lines)] // benchmark code
+
+mod common;
+
+use std::net::TcpStream;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use common::{Guard, wait_for};
+
+const PROBE: &str = r#"
+#define _GNU_SOURCE
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec*1e9+t.tv_nsec;}
+#define REGION (16<<20)
+#define STRIDE (16<<10)
+int main(int argc, char **argv){
+  int n = 20000; double t0, best;
+  /* getpid: not trapped by the seccomp filter, trapped by ptrace */
+  best = 1e18;
+  for (int r = 0; r < 5; r++) { t0 = now(); for (int i = 0; i < n; i++) syscall(SYS_getpid); double d = (now()-t0)/n; if (d < best) best = d; }
+  printf("getpid %.1f\n", best);
+  /* open+close of a projected file: trapped (emulated, injected) */
+  best = 1e18;
+  for (int r = 0; r < 3; r++) { t0 = now(); for (int i = 0; i < 2000; i++) { int fd = open(argv[1], O_RDONLY); close(fd); } double d = (now()-t0)/2000; if (d < best) best = d; }
+  printf("open %.1f\n", best);
+  /* page faults on a 16 MB anonymous region, 16 KB stride (seed 9.1) */
+  double rf = 0, war = 0, dw = 0;
+  for (int r = 0; r < 5; r++) {
+    char *m = mmap(0, REGION, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0);
+    volatile char s = 0; t0 = now(); for (long o = 0; o < REGION; o += STRIDE) s += m[o]; rf += (now()-t0)/(REGION/STRIDE);
+    t0 = now(); for (long o = 0; o < REGION; o += STRIDE) m[o] = 1; war += (now()-t0)/(REGION/STRIDE);
+    munmap(m, REGION);
+    m = mmap(0, REGION, PROT_READ|PROT_WRITE, MAP_PRIVATE|MAP_ANONYMOUS, -1, 0);
+    t0 = now(); for (long o = 0; o < REGION; o += STRIDE) m[o] = 1; dw += (now()-t0)/(REGION/STRIDE);
+    munmap(m, REGION);
+  }
+  printf("readfault %.1f\nwriteafterread %.1f\ndirectwrite %.1f\n", rf/5, war/5, dw/5);
+  return 0;
+}
+"#;
+
+const SIEVE: &str = r#"
+#include <stdio.h>
+#include <stdlib.h>
+int main(int argc, char **argv){
+  long n = atol(argv[1]); long count = 0;
+  char *c = calloc(n, 1);
+  for (int rep = 0; rep < 6; rep++) { count = 0;
+    for (long i = 2; i < n; i++) c[i] = 0;
+    for (long i = 2; i < n; i++) if (!c[i]) { count++; for (long j = i * 2; j < n; j += i) c[j] = 1; } }
+  printf("%ld\n", count);
+  return 0;
+}
+"#;
+
+fn root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+fn daemon(dir: &Path) -> (Guard, String) {
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let g = Guard(
+        Command::new(env!("CARGO_BIN_EXE_sidecore"))
+            .args(["daemon", "--name", "bench", "--listen", &addr, "--http", "off", "--socket"])
+            .arg(dir.join("d.sock"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("d.log")).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(wait_for(|| TcpStream::connect(&addr).is_ok(), 20));
+    (g, addr)
+}
+
+fn cc(dir: &Path, name: &str, src: &str) {
+    std::fs::write(dir.join(format!("{name}.c")), src).unwrap();
+    let o = Command::new("cc")
+        .args(["-O2", "-o", name, &format!("{name}.c")])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
+/// Runs `args` natively or through `exec --on` (with extra flags).
+fn run(dir: &Path, node: Option<(&str, &[&str])>, args: &[&str]) -> (String, f64) {
+    let mut c = match node {
+        None => {
+            let mut c = Command::new(args[0]);
+            c.args(&args[1..]);
+            c
+        }
+        Some((addr, extra)) => {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_sidecore"));
+            c.args(["exec", "-q", "--discard", "--on", addr]).args(extra).args(args);
+            c
+        }
+    };
+    let t0 = Instant::now();
+    let o = c.current_dir(dir).stdin(Stdio::null()).output().unwrap();
+    let s = t0.elapsed().as_secs_f64();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (String::from_utf8_lossy(&o.stdout).into_owned(), s)
+}
+
+fn field(out: &str, name: &str) -> f64 {
+    out.lines()
+        .find_map(|l| l.strip_prefix(&format!("{name} "))?.trim().parse().ok())
+        .unwrap()
+}
+
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn metachory_tables() {
+    assert!(root(), "the Metachory benchmarks need root");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    cc(d, "probe", PROBE);
+    cc(d, "sieve", SIEVE);
+    std::fs::write(d.join("f.txt"), "x").unwrap();
+    let (_g, addr) = daemon(d);
+    let seccomp: &[&str] = &[];
+    let ptrace: &[&str] = &["--ptrace"];
+    // Table 9.1.
+    let native = run(d, None, &["./probe", "f.txt"]).0;
+    let sec = run(d, Some((&addr, seccomp)), &["./probe", "f.txt"]).0;
+    let pt = run(d, Some((&addr, ptrace)), &["./probe", "f.txt"]).0;
+    println!("\nTable 9.1 (ns per operation; ratio to native)");
+    println!("| operation | native ns | seccomp ns | × | ptrace-sysemu ns | × | seed × |");
+    println!("|---|---|---|---|---|---|---|");
+    for (name, label, seed) in [
+        ("getpid", "getpid (min of 5×20,000)", "75.6 (min) – 119.9 (avg)"),
+        ("open", "open+close, projected file (trapped)", "–"),
+        ("readfault", "read fault (16 MB, 16 KB stride)", "67.7"),
+        ("writeafterread", "write after read", "22.8"),
+        ("directwrite", "direct write", "58.4"),
+    ] {
+        let (a, b, c) = (field(&native, name), field(&sec, name), field(&pt, name));
+        println!("| {label} | {a:.1} | {b:.1} | {:.2} | {c:.1} | {:.2} | {seed} |", b / a, c / a);
+    }
+    // Table 9.2: CPU-bound programs, wall time, median of 3.
+    println!("\nTable 9.2 (wall seconds, median of 3; % of native speed)");
+    println!("| program | native s | exec --on s | % of native | seed % |");
+    println!("|---|---|---|---|---|");
+    let py = "s=0\nfor i in range(6000000): s+=i*i%7\nprint(s)\n";
+    std::fs::write(d.join("loop.py"), py).unwrap();
+    for (label, args, seed) in [
+        ("C sieve, 6 × 50M", &["./sieve", "50000000"][..], "99.2–101.5 (MOCA, SimpleScalar, SPICE)"),
+        ("python3 loop, 6M", &["python3", "loop.py"][..], "71.1–73.2 (POV-Ray, BLAST)"),
+    ] {
+        let mut n: Vec<f64> = (0..3).map(|_| run(d, None, args).1).collect();
+        let mut r: Vec<f64> = (0..3).map(|_| run(d, Some((&addr, seccomp)), args).1).collect();
+        n.sort_by(f64::total_cmp);
+        r.sort_by(f64::total_cmp);
+        println!("| {label} | {:.3} | {:.3} | {:.1} | {seed} |", n[1], r[1], 100.0 * n[1] / r[1]);
+    }
+    // Fig. 9.3: N concurrent jobs on one server (this machine has 2 CPUs).
+    println!("\nFig. 9.3 (N concurrent sieve jobs, 20M each: wall seconds until all N end)");
+    println!("| N | native s | exec --on s | ratio |");
+    println!("|---|---|---|---|");
+    for n in [1usize, 2, 4, 8] {
+        let mut means = Vec::new();
+        for remote in [false, true] {
+            let t0 = Instant::now();
+            let kids: Vec<_> = (0..n)
+                .map(|_| {
+                    let mut c = if remote {
+                        let mut c = Command::new(env!("CARGO_BIN_EXE_sidecore"));
+                        c.args(["exec", "-q", "--discard", "--on", &addr, "./sieve", "20000000"]);
+                        c
+                    } else {
+                        let mut c = Command::new("./sieve");
+                        c.arg("20000000");
+                        c
+                    };
+                    c.current_dir(d).stdin(Stdio::null()).stdout(Stdio::null()).spawn().unwrap()
+                })
+                .collect();
+            for mut k in kids {
+                assert!(k.wait().unwrap().success());
+            }
+            means.push(t0.elapsed().as_secs_f64());
+        }
+        println!("| {n} | {:.3} | {:.3} | {:.3} |", means[0], means[1], means[1] / means[0]);
+    }
+}
