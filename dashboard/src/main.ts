@@ -52,7 +52,7 @@ function renderApps(snap: Snapshot): void {
 
 function offcodeTable(app: string, offcodes: Offcode[]): HTMLElement {
   const t = el("table", { class: "offcodes" });
-  t.append(el("tr", {}, ...["offcode", "implementation", "PE", "state", "handled", "sent", "dropped", "turns"].map((h) => el("th", {}, h))));
+  t.append(el("tr", {}, ...["offcode", "implementation", "PE", "state", "handled", "sent", "dropped", "turns", "restarts"].map((h) => el("th", {}, h))));
   for (const o of offcodes) {
     t.append(
       el(
@@ -66,6 +66,7 @@ function offcodeTable(app: string, offcodes: Offcode[]): HTMLElement {
         el("td", { class: "num", "data-testid": "sent" }, fmtCount(o.sent)),
         el("td", { class: "num" }, fmtCount(o.dropped)),
         el("td", { class: "num", "data-testid": "turns" }, fmtCount(o.turns)),
+        el("td", { class: "num", "data-testid": "restarts" }, fmtCount(o.restarts ?? 0)),
       ),
     );
   }

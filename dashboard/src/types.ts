@@ -13,6 +13,8 @@ export interface Offcode {
   turns: number;
   metrics: Record<string, number>;
   stop_reason: string | null;
+  /** Restarts by the supervisor (its restart policy). */
+  restarts?: number;
 }
 
 export interface Channel {

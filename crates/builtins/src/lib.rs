@@ -8,8 +8,10 @@
 //! | `kv-store` | a key-value map that serves interface `IKeyValue` (put, get, len) through calls |
 //! | `ticker` | a periodic job of `work_us` busy work per turn, for a shared core's scheduler |
 //! | `kv-client` | calls `IKeyValue` from a fixed script, synchronously or not, and checks every reply |
+//! | `fault-injector` | forwards records and fails on purpose after `fail_after` of them (an error or a stalled turn), to try restart policies on |
 
 pub mod checksum;
+pub mod fault;
 pub mod kv;
 pub mod source;
 pub mod ticker;
@@ -70,6 +72,16 @@ pub fn register(reg: &mut Registry) {
             provides: vec![],
             requires: vec![kv::kv_interface()],
         },
+    });
+    reg.register(Implementation {
+        name: "fault-injector".into(),
+        description: "forwards records from `in` to `out`; fails on purpose after `fail_after` records per life (`fail = \"error\"` or `\"stall\"`), for the first `failing_lives` lives".into(),
+        kinds: vec![PeKind::Core, PeKind::Host],
+        inputs: Some(vec!["in".into()]),
+        outputs: Some(vec!["out".into()]),
+        factory: Arc::new(|spec| Ok(Box::new(fault::FaultInjector::new(spec.params)?))),
+        validate: Some(Arc::new(|p| fault::FaultInjector::new(p).map(drop))),
+        interfaces: Interfaces::default(),
     });
     reg.register(Implementation {
         name: "ticker".into(),

@@ -4,7 +4,8 @@
 //! A manifest declares an application's offcodes (name, GUID, interfaces with
 //! methods, ports), their imports (each with a constraint: `link`, `pull`,
 //! `gang`, `asym-gang`), the PE kinds each can target and what it requires
-//! there, the attributes (priority, `watchdog_ms`, `obsolete_ms`), and the
+//! there, the attributes (priority, `watchdog_ms`, `obsolete_ms`, the
+//! `restart` policy), and the
 //! channels between them with their properties. Imports that name another file
 //! are followed recursively; cycles are reported. Every problem is reported with
 //! its file, line and column ([`ManifestError`]); loading never panics.
@@ -32,6 +33,7 @@ mod load;
 mod model;
 mod props;
 mod raw;
+mod restart;
 mod timing;
 
 pub use calls::{CALL_SLOT_SIZE, CALL_SLOTS};

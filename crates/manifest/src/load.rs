@@ -16,6 +16,7 @@ use crate::diag::{FileId, ManifestError, Report, Sources, also, note};
 use crate::model::*;
 use crate::props;
 use crate::raw::*;
+use crate::restart;
 use crate::timing;
 
 /// Default CPU share of an offcode: a whole core.
@@ -451,6 +452,7 @@ impl Loader {
             .as_ref()
             .map(|v| millis(r, file, v, "obsolete_ms"));
         let timing = timing::timing(r, file, raw.period_ms.as_ref(), raw.wcet_us.as_ref());
+        let restart = restart::restart(r, file, &raw).unwrap_or_default();
         let cpu = offcode_cpu(r, file, raw.cpu.as_ref(), timing);
         let mem = raw
             .memory
@@ -505,6 +507,7 @@ impl Loader {
                 priority,
                 watchdog,
                 obsolete,
+                restart,
                 cpu,
                 timing,
                 memory: mem,

@@ -12,6 +12,7 @@ use sidecore_types::calls::{CallPortSpec, CallRole, MethodSpec};
 use sidecore_types::{
     Bandwidth, ChannelProps, ConstraintKind, Guid, PeKind, Priority, SchedPolicy,
 };
+pub use sidecore_types::{RestartMode, RestartPolicy};
 
 use crate::diag::{Origin, Sources};
 pub use crate::timing::Timing;
@@ -119,6 +120,9 @@ pub struct Offcode {
     pub watchdog: Option<Duration>,
     /// HYDRA's `OBSOLETE_TIME`: lifetime counted from deployment.
     pub obsolete: Option<Duration>,
+    /// What the supervisor does when it fails (`restart = "on-failure"`, ...;
+    /// by default nothing: the watchdog disposes of it).
+    pub restart: RestartPolicy,
     /// CPU share of one core it needs (0, 1]; a periodic offcode's default is
     /// `wcet / period` (HYDRA Eq. 7.6).
     pub cpu: f64,

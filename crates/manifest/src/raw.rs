@@ -38,6 +38,14 @@ pub struct RawOffcode {
     pub priority: Option<S<String>>,
     pub watchdog_ms: Option<S<i64>>,
     pub obsolete_ms: Option<S<i64>>,
+    /// `never` (the default) or `on-failure`, with the keys below.
+    pub restart: Option<S<String>>,
+    /// Restarts allowed within `restart_window_ms`.
+    pub restart_limit: Option<S<i64>>,
+    pub restart_window_ms: Option<S<i64>>,
+    /// Delay before the first restart in the window, doubled per restart.
+    pub restart_backoff_ms: Option<S<i64>>,
+    pub restart_backoff_max_ms: Option<S<i64>>,
     /// Release period of a periodic offcode, ms.
     pub period_ms: Option<S<f64>>,
     /// Worst-case time of one turn, µs.

@@ -212,6 +212,9 @@ pub fn kind_name(k: &EventKind) -> &'static str {
         EventKind::Obsolete { .. } => "obsolete",
         EventKind::Stopped { .. } => "stopped",
         EventKind::Failed { .. } => "failed",
+        EventKind::Restarting { .. } => "restarting",
+        EventKind::Restarted { .. } => "restarted",
+        EventKind::RestartLimit { .. } => "restart-limit",
         EventKind::App { .. } => "app",
     }
 }

@@ -29,6 +29,7 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     ("sidecore_offcode_records_total", "counter", ""),
     ("sidecore_offcode_bytes_total", "counter", ""),
     ("sidecore_offcode_overruns_total", "counter", ""),
+    ("sidecore_offcode_restarts_total", "counter", ""),
     ("sidecore_offcode_reported", "gauge", ""),
     ("sidecore_channel_messages_total", "counter", ""),
     ("sidecore_channel_dropped_total", "counter", ""),
@@ -199,6 +200,12 @@ fn offcode(e: &mut Exposition, snap: &Snapshot, app: &str, o: &sidecore_types::O
         "Executor turns the offcode had",
         l(),
         o.turns,
+    );
+    e.counter(
+        "offcode_restarts",
+        "Times the supervisor restarted the offcode after a failure (its restart policy)",
+        l(),
+        o.restarts,
     );
     own_counters(e, snap, app, o);
 }

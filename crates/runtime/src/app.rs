@@ -9,6 +9,7 @@ use sidecore_types::{AppId, AppState, AppStatus, ChannelStatus};
 
 use crate::executor::ExecutorState;
 use crate::handle::{OffcodeHandle, millis};
+use crate::restart::Restarter;
 use crate::tree::ResourceId;
 
 /// One deployed app.
@@ -17,6 +18,8 @@ pub struct AppEntry {
     pub name: String,
     pub root: ResourceId,
     pub handles: Vec<Arc<OffcodeHandle>>,
+    /// The supervisor's restart book-keeping, one per handle.
+    pub restarters: Vec<Restarter>,
     pub executors: Vec<Arc<ExecutorState>>,
     pub channels: Vec<ChannelEntry>,
     pub state: AppState,

@@ -355,7 +355,8 @@ mod tests {
     #[test]
     fn a_neighbour_joining_releases_no_extra_job_of_a_periodic_offcode() {
         let tick = spec("tick", Some((1_000_000, 100_000)));
-        let mut d = Dispatcher::new(SchedPolicy::EdfPlusPlus, &[tick.clone()], 0).unwrap();
+        let mut d =
+            Dispatcher::new(SchedPolicy::EdfPlusPlus, std::slice::from_ref(&tick), 0).unwrap();
         assert_eq!(d.next(0, |_| false, |_| None), Ok(0));
         d.ran(0, 100_000, 100_000, false);
         // `work` starts at 0.2 ms, in a slot before the ticker's: the

@@ -1,5 +1,5 @@
 //! The event log of a runtime: what happened to each offcode and when
-//! (landed, initialized, started, stopped and why). `sidecore up` prints it;
+//! (landed, initialized, started, stopped and why, restarted). `sidecore up` prints it;
 //! tests read it to check the order of the life cycle.
 
 use std::sync::{Arc, Mutex};
@@ -41,6 +41,25 @@ pub enum EventKind {
     /// An error from the offcode.
     Failed {
         error: String,
+    },
+    /// Failed, and its restart policy restarts it after `backoff_ms`: this
+    /// is restart `attempt` of the `limit` allowed within `window_ms`.
+    Restarting {
+        attempt: u32,
+        limit: u32,
+        window_ms: u64,
+        backoff_ms: u64,
+    },
+    /// A fresh instance runs on its PE, its channels attached; `restarts`
+    /// counts every restart of it so far.
+    Restarted {
+        restarts: u64,
+    },
+    /// Failed again with `restarts` restarts already within `window_ms`, its
+    /// limit: it stays failed.
+    RestartLimit {
+        restarts: u32,
+        window_ms: u64,
     },
     /// A note about the app as a whole.
     App {
@@ -95,6 +114,25 @@ impl std::fmt::Display for Event {
             }
             EventKind::Stopped { reason } => write!(f, "stopped ({reason})"),
             EventKind::Failed { error } => write!(f, "failed: {error}"),
+            EventKind::Restarting {
+                attempt,
+                limit,
+                window_ms,
+                backoff_ms,
+            } => write!(
+                f,
+                "restarting in {backoff_ms} ms (restart {attempt} of {limit} allowed within {window_ms} ms)"
+            ),
+            EventKind::Restarted { restarts } => {
+                write!(f, "restarted (restart {restarts})")
+            }
+            EventKind::RestartLimit {
+                restarts,
+                window_ms,
+            } => write!(
+                f,
+                "failed again after {restarts} restarts within {window_ms} ms, its limit: left failed"
+            ),
             EventKind::App { message } => write!(f, "{message}"),
         }
     }

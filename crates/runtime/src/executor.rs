@@ -11,6 +11,13 @@
 //! watchdog period is stopped when the turn returns; one that never returns is
 //! caught by the supervisor ([`crate::supervisor`]), which watches what each
 //! executor is running right now through its [`ExecutorState`].
+//!
+//! An offcode with a restart policy that fails (an error from its turn, or
+//! its watchdog) is *parked*: its instance is stopped, its ports, out-of-band
+//! endpoint and call bindings stay here. The supervisor decides; on
+//! [`Command::Restart`] the executor builds a fresh instance from the
+//! library, initializes it, tells it its channels again and starts it, all
+//! on this PE, with the channels still attached.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -19,7 +26,8 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use sidecore_channel::oob::{OobEndpoint, OobMessage};
 use sidecore_offcode::{
-    Calls, InitCx, Inlet, InputId, Offcode, OffcodeError, OffcodeInfo, Outlet, Progress, RunCx,
+    BuildSpec, Calls, Factory, InitCx, Inlet, InputId, Offcode, OffcodeError, OffcodeInfo, Outlet,
+    Progress, RunCx,
 };
 use sidecore_types::{OffcodeState, SchedPolicy};
 
@@ -68,7 +76,19 @@ pub struct Slot {
     pub task: TaskSpec,
     /// Its call bindings: the caller's table and return ports, the provider's serve ports.
     pub calls: Calls,
+    /// How to build it again, for a restart.
+    pub rebuild: Option<Rebuild>,
     inputs_closed: Vec<bool>,
+}
+
+/// What a restart needs besides the slot's own parameters and info: the
+/// implementation's factory, its artifact, and the channels to announce.
+#[derive(Clone)]
+pub struct Rebuild {
+    pub factory: Factory,
+    pub module: Option<std::path::PathBuf>,
+    /// (channel, port) of every channel it is joined to.
+    pub connected: Vec<(String, String)>,
 }
 
 impl Slot {
@@ -98,6 +118,7 @@ impl Slot {
             },
             oob,
             calls: Calls::none(),
+            rebuild: None,
             inputs_closed: vec![false; n],
         }
     }
@@ -126,6 +147,13 @@ impl Slot {
         self
     }
 
+    /// How to build it again when the supervisor restarts it.
+    #[must_use]
+    pub fn with_rebuild(mut self, rebuild: Rebuild) -> Self {
+        self.rebuild = Some(rebuild);
+        self
+    }
+
     /// Binds the calls its info lists: return ports leave `inlets` for the
     /// call table. `colocated` says whether a provider shares its executor.
     #[must_use]
@@ -147,6 +175,9 @@ pub enum ExecError {
     },
     #[error("offcode `{offcode}` is not on {executor}")]
     NotHere { offcode: String, executor: String },
+    /// A restart of an offcode that is not parked, or cannot be rebuilt.
+    #[error("offcode `{0}` cannot be restarted: {1}")]
+    NoRestart(String, &'static str),
     /// The core's scheduler cannot fit it beside the offcodes already there.
     #[error(transparent)]
     Refused(#[from] AdmitError),
@@ -167,6 +198,8 @@ pub enum Command {
     Start(String, Reply),
     /// Stop the named offcode now.
     Stop(String, String, Sender<()>),
+    /// Build the named parked offcode afresh, initialize and start it.
+    Restart(String, Reply),
     /// Stop everything and exit.
     Shutdown,
 }
@@ -251,6 +284,8 @@ pub struct ExecutorSpec {
 struct Running {
     slot: Box<Slot>,
     started: bool,
+    /// Failed and stopped, its ports kept, waiting for the supervisor.
+    parked: bool,
     index: usize,
 }
 
@@ -360,26 +395,19 @@ impl Executor {
                 if let Some(pos) = self.slots.iter().position(|r| r.slot.info.name == name) {
                     let r = self.slots.remove(pos);
                     self.dirty = true;
-                    finish(
-                        &self.app,
-                        &self.events,
-                        r.slot,
-                        Some(reason),
-                        OffcodeState::Stopped,
-                    );
+                    let how = Finish::new(Some(reason), OffcodeState::Stopped, !r.parked);
+                    finish(&self.app, &self.events, r.slot, how);
                 }
                 let _ = reply.send(());
+            }
+            Command::Restart(name, reply) => {
+                let _ = reply.send(self.restart(&name));
             }
             Command::Shutdown => {
                 for r in self.slots.drain(..).rev() {
                     let reason = Some("shutdown".to_string());
-                    finish(
-                        &self.app,
-                        &self.events,
-                        r.slot,
-                        reason,
-                        OffcodeState::Stopped,
-                    );
+                    let how = Finish::new(reason, OffcodeState::Stopped, !r.parked);
+                    finish(&self.app, &self.events, r.slot, how);
                 }
                 return false;
             }
@@ -412,6 +440,7 @@ impl Executor {
                 self.slots.push(Running {
                     slot,
                     started: false,
+                    parked: false,
                     index,
                 });
                 Ok(())
@@ -458,6 +487,12 @@ impl Executor {
                 let error = e.to_string();
                 self.events
                     .emit(&self.app, name, EventKind::Failed { error });
+                // A restarted offcode that fails to start is parked again.
+                if s.handle.restarts() > 0 && s.handle.restart.restarts() {
+                    stop_instance(&self.app, &self.events, s);
+                    r.parked = true;
+                    s.handle.park();
+                }
                 Err(e)
             }
         }
@@ -550,9 +585,13 @@ impl Executor {
         }
         let handle = Arc::clone(&r.slot.handle);
         if handle.stop_requested() {
+            self.dirty = true;
+            if handle.watchdog_fired() && handle.parks_on_failure() {
+                self.park(i, None);
+                return Turned::Removed;
+            }
             // `finish` keeps a `Failed` state (e.g. after the watchdog).
             stop_slot(&self.app, &self.events, self.slots.remove(i).slot);
-            self.dirty = true;
             return Turned::Removed;
         }
         let t0 = self.state.begin_turn(r.index);
@@ -575,6 +614,11 @@ impl Executor {
         match outcome {
             Ok(TurnOutcome::Progress) => Turned::Progress(took_ns),
             Ok(TurnOutcome::Idle) => Turned::Idle(took_ns),
+            Err(e) if handle.parks_on_failure() => {
+                self.dirty = true;
+                self.park(i, Some(e));
+                Turned::Removed
+            }
             Ok(TurnOutcome::Done) | Err(_) => {
                 let r = self.slots.remove(i);
                 self.retire(&handle, r.slot, outcome.err());
@@ -591,7 +635,12 @@ impl Executor {
             None => {
                 handle.set_state(OffcodeState::Done);
                 events.emit(app, &handle.name, EventKind::Done);
-                finish(app, events, slot, None, OffcodeState::Done);
+                finish(
+                    app,
+                    events,
+                    slot,
+                    Finish::new(None, OffcodeState::Done, true),
+                );
             }
             // Being stopped already (e.g. the app is going down and a peer
             // went first): an error now is part of stopping.
@@ -601,9 +650,65 @@ impl Executor {
                 let error = e.to_string();
                 events.emit(app, &handle.name, EventKind::Failed { error });
                 let reason = Some(format!("error: {e}"));
-                finish(app, events, slot, reason, OffcodeState::Failed);
+                finish(
+                    app,
+                    events,
+                    slot,
+                    Finish::new(reason, OffcodeState::Failed, true),
+                );
             }
         }
+    }
+
+    /// Parks slot `i` after a failure (`error`, or its watchdog): its
+    /// instance is stopped, its ports stay, and the supervisor is told.
+    fn park(&mut self, i: usize, error: Option<OffcodeError>) {
+        let r = &mut self.slots[i];
+        r.started = false;
+        r.parked = true;
+        let s = &mut *r.slot;
+        if let Some(e) = error {
+            let error = e.to_string();
+            self.events
+                .emit(&self.app, &s.info.name, EventKind::Failed { error });
+        }
+        stop_instance(&self.app, &self.events, s);
+        s.handle.park();
+    }
+
+    /// The supervisor's restart of a parked offcode: a fresh instance from
+    /// the library, initialized and started here, its channels announced
+    /// again. If any step fails it stays parked, and the supervisor hears
+    /// of it as of any other failure.
+    fn restart(&mut self, name: &str) -> Result<(), ExecError> {
+        let Some(pos) = self.slots.iter().position(|r| r.slot.info.name == name) else {
+            return Err(ExecError::NotHere {
+                offcode: name.to_string(),
+                executor: self.spec.name.clone(),
+            });
+        };
+        if !self.slots[pos].parked {
+            return Err(ExecError::NoRestart(name.into(), "it is not parked"));
+        }
+        let s = &mut *self.slots[pos].slot;
+        s.handle.rearm();
+        s.handle.set_state(OffcodeState::Landing);
+        let r = renew(s);
+        if let Err(e) = r {
+            let error = format!("restart: {e}");
+            self.events
+                .emit(&self.app, name, EventKind::Failed { error });
+            s.handle.park();
+            return Err(e);
+        }
+        s.handle.set_state(OffcodeState::Initialized);
+        self.events.emit(&self.app, name, EventKind::Initialized);
+        self.slots[pos].parked = false;
+        self.start(name)?;
+        let restarts = self.slots[pos].slot.handle.restarts();
+        self.events
+            .emit(&self.app, name, EventKind::Restarted { restarts });
+        Ok(())
     }
 
     /// Waits a little after `idle_turns` turns without progress.
@@ -741,7 +846,76 @@ fn stop_slot(app: &str, events: &EventLog, slot: Box<Slot>) {
         .handle
         .stop_reason()
         .unwrap_or_else(|| "requested".into());
-    finish(app, events, slot, Some(reason), OffcodeState::Stopped);
+    let how = Finish::new(Some(reason), OffcodeState::Stopped, true);
+    finish(app, events, slot, how);
+}
+
+/// Calls the instance's `stop` and publishes what it and the last turn left
+/// staged, keeping the slot (a parked offcode's ports stay for its restart).
+fn stop_instance(app: &str, events: &EventLog, s: &mut Slot) {
+    let mut cx = RunCx::with_calls(&s.info, &mut s.outlets, &mut s.calls, Instant::now());
+    if let Err(e) = s.offcode.stop(&mut cx) {
+        events.emit(
+            app,
+            &s.info.name,
+            EventKind::Failed {
+                error: format!("stop: {e}"),
+            },
+        );
+    }
+    let _ = cx.flush();
+    store_counts(&s.handle, &s.outlets);
+}
+
+/// Builds a fresh instance into a parked slot and initializes it, then
+/// queues the "channel available" messages it will read when it starts.
+fn renew(s: &mut Slot) -> Result<(), ExecError> {
+    let Some(rb) = s.rebuild.clone() else {
+        return Err(ExecError::NoRestart(
+            s.info.name.clone(),
+            "it has no factory here",
+        ));
+    };
+    let spec = BuildSpec {
+        params: &s.params,
+        kind: s.info.pe_kind,
+        module: rb.module.as_deref(),
+    };
+    let step = |step, source| ExecError::Offcode { step, source };
+    s.offcode = (rb.factory)(&spec).map_err(|e| step("build", e))?;
+    let mut cx = InitCx::new(&s.info, &s.params, &s.handle.metrics);
+    s.offcode
+        .initialize(&mut cx)
+        .map_err(|e| step("initialize", e))?;
+    if let Some(oob) = &s.oob {
+        for (channel, port) in &rb.connected {
+            let msg = OobMessage::ChannelAvailable {
+                channel: channel.clone(),
+                port: port.clone(),
+            };
+            let _ = oob.directory().send(oob.name(), msg);
+        }
+    }
+    Ok(())
+}
+
+/// How an offcode ends: the reason logged, the state it ends in, and whether
+/// its instance's `stop` is still to be called (not for a parked one, which
+/// was stopped when it was parked).
+struct Finish {
+    reason: Option<String>,
+    state: OffcodeState,
+    call_stop: bool,
+}
+
+impl Finish {
+    fn new(reason: Option<String>, state: OffcodeState, call_stop: bool) -> Self {
+        Finish {
+            reason,
+            state,
+            call_stop,
+        }
+    }
 }
 
 /// Copies the outlets' (sent, dropped) counters, summed, into the handle.
@@ -754,28 +928,18 @@ fn store_counts(handle: &OffcodeHandle, outlets: &[Outlet]) {
     handle.dropped.store(dropped, Ordering::Relaxed);
 }
 
-/// Calls `stop` and drops the slot (closing its channel ends).
-fn finish(
-    app: &str,
-    events: &EventLog,
-    mut slot: Box<Slot>,
-    reason: Option<String>,
-    state: OffcodeState,
-) {
-    let s = &mut *slot;
-    let mut cx = RunCx::with_calls(&s.info, &mut s.outlets, &mut s.calls, Instant::now());
-    if let Err(e) = s.offcode.stop(&mut cx) {
-        events.emit(
-            app,
-            &s.info.name,
-            EventKind::Failed {
-                error: format!("stop: {e}"),
-            },
-        );
+/// Calls `stop` (unless done already) and drops the slot (closing its
+/// channel ends).
+fn finish(app: &str, events: &EventLog, mut slot: Box<Slot>, how: Finish) {
+    let Finish {
+        reason,
+        state,
+        call_stop,
+    } = how;
+    if call_stop {
+        // What `stop` sent, and what the last turn left staged, is published only now.
+        stop_instance(app, events, &mut slot);
     }
-    let _ = cx.flush();
-    // What `stop` sent, and what the last turn left staged, is published only now.
-    store_counts(&slot.handle, &slot.outlets);
     if !slot.handle.state().is_final() || state != OffcodeState::Done {
         let keep_failed = slot.handle.state() == OffcodeState::Failed;
         slot.handle.set_state(if keep_failed {

@@ -2,13 +2,15 @@
 //! state and stop request, shared between the executor that runs it, the
 //! supervisor that watches it, the origin's mirror of a remote part, and
 //! `sidecore ps`. Everything in it is atomic or behind a short lock, so reading
-//! it never stalls an executor.
+//! it never stalls an executor. A failed offcode with a restart policy is
+//! *parked* by its executor (ports kept, instance stopped) until the
+//! supervisor restarts it or gives up on it.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sidecore_offcode::Metrics;
-use sidecore_types::{OffcodeState, OffcodeStatus};
+use sidecore_types::{OffcodeState, OffcodeStatus, RestartPolicy};
 
 use crate::events::{EventKind, EventLog};
 
@@ -20,8 +22,17 @@ pub struct OffcodeHandle {
     pub implementation: String,
     pub watchdog: Option<Duration>,
     pub obsolete: Option<Duration>,
+    /// What the supervisor does when it fails.
+    pub restart: RestartPolicy,
     pub metrics: Metrics,
     state: AtomicU8,
+    /// Set by its executor when it parked the failed offcode for the
+    /// supervisor; taken by the supervisor.
+    parked: AtomicBool,
+    /// Set when its watchdog expired (until a restart rearms it).
+    watchdog_fired: AtomicBool,
+    /// Times the supervisor restarted it.
+    restarts: AtomicU64,
     /// Set to ask the executor to stop it at its next turn.
     stop_requested: AtomicBool,
     /// Set once its executor has let go of it (stopped, done or failed to land).
@@ -51,8 +62,12 @@ impl OffcodeHandle {
             implementation: implementation.into(),
             watchdog,
             obsolete,
+            restart: RestartPolicy::NEVER,
             metrics: Metrics::default(),
             state: AtomicU8::new(0),
+            parked: AtomicBool::new(false),
+            watchdog_fired: AtomicBool::new(false),
+            restarts: AtomicU64::new(0),
             stop_requested: AtomicBool::new(false),
             exited: AtomicBool::new(false),
             stop_reason: std::sync::Mutex::new(None),
@@ -62,6 +77,13 @@ impl OffcodeHandle {
             sent: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
         }
+    }
+
+    /// The same handle with a restart policy.
+    #[must_use]
+    pub fn with_restart(mut self, restart: RestartPolicy) -> Self {
+        self.restart = restart;
+        self
     }
 
     pub fn state(&self) -> OffcodeState {
@@ -94,6 +116,7 @@ impl OffcodeHandle {
             )
             .is_ok()
         {
+            self.watchdog_fired.store(true, Ordering::Release);
             events.emit(
                 app,
                 &self.name,
@@ -104,6 +127,46 @@ impl OffcodeHandle {
             );
             self.request_stop(why());
         }
+    }
+
+    /// True if its watchdog expired since it (last) started.
+    pub fn watchdog_fired(&self) -> bool {
+        self.watchdog_fired.load(Ordering::Acquire)
+    }
+
+    /// Whether a failure now should park it for the supervisor rather than
+    /// let it go: it has a restart policy, and it failed on its own (an
+    /// error or its watchdog), not while being stopped.
+    pub(crate) fn parks_on_failure(&self) -> bool {
+        self.restart.restarts() && (!self.stop_requested() || self.watchdog_fired())
+    }
+
+    /// Marks it parked: failed, its instance stopped, its ports kept.
+    pub(crate) fn park(&self) {
+        self.set_state(OffcodeState::Failed);
+        self.parked.store(true, Ordering::Release);
+    }
+
+    /// The supervisor takes the news that it was parked (once per parking).
+    pub fn take_parked(&self) -> bool {
+        self.parked.swap(false, Ordering::AcqRel)
+    }
+
+    /// A fresh instance takes its place: the stop request, its reason and the
+    /// watchdog's verdict are forgotten, and the restart is counted.
+    pub(crate) fn rearm(&self) {
+        *self
+            .stop_reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        self.stop_requested.store(false, Ordering::Release);
+        self.watchdog_fired.store(false, Ordering::Release);
+        self.restarts.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Times the supervisor restarted it.
+    pub fn restarts(&self) -> u64 {
+        self.restarts.load(Ordering::Relaxed)
     }
 
     /// Asks the executor to stop the offcode; the first reason wins.
@@ -168,6 +231,7 @@ impl OffcodeHandle {
             turns: self.turns.load(Ordering::Relaxed),
             metrics: self.metrics.snapshot().into_iter().collect(),
             stop_reason: self.stop_reason(),
+            restarts: self.restarts(),
         }
     }
 
@@ -177,6 +241,7 @@ impl OffcodeHandle {
         self.sent.store(o.sent, Ordering::Relaxed);
         self.dropped.store(o.dropped, Ordering::Relaxed);
         self.turns.store(o.turns, Ordering::Relaxed);
+        self.restarts.store(o.restarts, Ordering::Relaxed);
         for (k, v) in &o.metrics {
             self.metrics.metric(k).set(*v);
         }

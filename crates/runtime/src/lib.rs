@@ -9,7 +9,7 @@
 //! place      Resolved × SolveOptions         → Placed     place::place       (the MILP layout)
 //! plan       Placed                          → Plan       plan::plan         (implementations, transports, groups)
 //! start      Plan                            → AppId      Runtime::deploy    (start::start: build, delegate, connect, land, start)
-//! supervise  the running apps                             supervisor::sweep  (watchdog, obsolete time, reaping)
+//! supervise  the running apps                             supervisor::sweep  (watchdog, obsolete time, restarts, reaping)
 //! ```
 //!
 //! [`plan_manifest`] runs resolve → place → plan in one call.
@@ -22,7 +22,7 @@
 //! the origin's side and the peer's); [`interfaces`] (manifest interfaces
 //! against the library, used by resolve and `sidecore check`); [`serve`]
 //! (the provider's side of calls, used by the executor); [`start`],
-//! [`supervisor`], [`app`];
+//! [`restart`] (the restart decisions, sans-IO), [`supervisor`], [`app`];
 //! [`runtime`] (the [`Runtime`] itself); [`error`] is shared by all.
 
 pub mod app;
@@ -36,6 +36,7 @@ pub mod node;
 pub mod place;
 pub mod plan;
 pub mod resolve;
+pub mod restart;
 pub mod runtime;
 pub mod serve;
 pub mod start;

@@ -18,7 +18,7 @@ use sidecore_layout::Layout;
 use sidecore_manifest::{Channel, Manifest, Timing};
 use sidecore_offcode::Implementation;
 use sidecore_types::calls::CallPortSpec;
-use sidecore_types::{ChannelProps, PeKind, Priority, PropValue, SchedPolicy};
+use sidecore_types::{ChannelProps, PeKind, Priority, PropValue, RestartPolicy, SchedPolicy};
 
 use crate::error::PlanError;
 use crate::place::Placed;
@@ -37,6 +37,8 @@ pub struct PlannedOffcode {
     pub priority: Priority,
     pub watchdog: Option<Duration>,
     pub obsolete: Option<Duration>,
+    /// What the supervisor does when it fails.
+    pub restart: RestartPolicy,
     pub params: toml::Table,
     pub inputs: Vec<String>,
     pub outputs: Vec<String>,
@@ -164,6 +166,7 @@ fn planned_offcode(placed: &Placed<'_>, i: usize) -> Result<PlannedOffcode, Plan
         priority: oc.priority,
         watchdog: oc.watchdog,
         obsolete: oc.obsolete,
+        restart: oc.restart,
         params: oc.params.clone(),
         inputs: oc.inputs.clone(),
         outputs: oc.outputs.clone(),

@@ -22,18 +22,19 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Sender;
 use sidecore_channel::oob::{OobDirectory, OobMessage};
 use sidecore_offcode::{BuildSpec, Inlet, Offcode, OffcodeInfo, Outlet};
-use sidecore_types::{AppId, AppState, PeKind};
+use sidecore_types::{AppId, AppState, PeKind, RestartPolicy};
 
 use crate::app::{AppEntry, ChannelEntry};
 use crate::dispatch::TaskSpec;
 use crate::error::DeployError;
 use crate::events::{EventKind, EventLog};
 use crate::executor::{
-    self, Command, ExecError, ExecutorSpec, ExecutorState, IdlePolicy, Reply, Slot,
+    self, Command, ExecError, ExecutorSpec, ExecutorState, IdlePolicy, Rebuild, Reply, Slot,
 };
 use crate::handle::OffcodeHandle;
 use crate::node::origin::{self, Delegation};
 use crate::plan::{Plan, PlannedOffcode};
+use crate::restart::{RestartTracker, Restarter};
 use crate::transport::{self, Attachment, StreamEnd, Transport};
 use crate::tree::{ResourceId, ResourceKind, ResourceTree};
 
@@ -79,6 +80,7 @@ pub fn start(
         let mut ports = connect_channels(env, plan, root, delegation.attachments)?;
         let execs = spawn_executors(env, plan, root)?;
         let handles = handles(plan);
+        let restarters = restarters(plan, &execs);
         for part in delegation.parts {
             follow_part(env, plan, root, &handles, part);
         }
@@ -88,6 +90,7 @@ pub fn start(
             name: plan.app.clone(),
             root,
             handles,
+            restarters,
             executors: execs.into_values().map(|e| e.state).collect(),
             channels: std::mem::take(&mut ports.channels),
             state: AppState::Running,
@@ -288,21 +291,43 @@ fn spawn_executors(
     Ok(execs)
 }
 
-/// A handle per offcode; a peer enforces the watchdog and obsolete time of
-/// the offcodes it runs, so theirs have none here.
+/// A handle per offcode; a peer enforces the watchdog, obsolete time and
+/// restarts of the offcodes it runs, so theirs have none here.
 fn handles(plan: &Plan) -> Vec<Arc<OffcodeHandle>> {
     plan.offcodes
         .iter()
         .map(|o| {
             let here = o.pe_kind != PeKind::Node;
-            Arc::new(OffcodeHandle::new(
-                &plan.app,
-                &o.name,
-                &o.pe,
-                &o.implementation.name,
-                o.watchdog.filter(|_| here),
-                o.obsolete.filter(|_| here),
-            ))
+            Arc::new(
+                OffcodeHandle::new(
+                    &plan.app,
+                    &o.name,
+                    &o.pe,
+                    &o.implementation.name,
+                    o.watchdog.filter(|_| here),
+                    o.obsolete.filter(|_| here),
+                )
+                .with_restart(if here {
+                    o.restart
+                } else {
+                    RestartPolicy::NEVER
+                }),
+            )
+        })
+        .collect()
+}
+
+/// The supervisor's restart book-keeping per offcode, with the executor it
+/// sends restarts to (a peer restarts the offcodes it runs itself).
+fn restarters(plan: &Plan, execs: &BTreeMap<String, Exec>) -> Vec<Restarter> {
+    plan.offcodes
+        .iter()
+        .enumerate()
+        .map(|(i, o)| Restarter {
+            tx: (o.pe_kind != PeKind::Node)
+                .then(|| execs.get(&exec_name(plan, i)).map(|e| e.tx.clone()))
+                .flatten(),
+            tracker: RestartTracker::new(o.restart),
         })
         .collect()
 }
@@ -449,6 +474,15 @@ fn land(
     )
     .with_calls(colocated)
     .with_task(task_spec(o));
+    let slot = if o.restart.restarts() {
+        slot.with_rebuild(Rebuild {
+            factory: Arc::clone(&o.implementation.factory),
+            module: o.module.clone(),
+            connected: ports.connected[i].clone(),
+        })
+    } else {
+        slot
+    };
     ask(&exec.tx, |r| Command::Land(Box::new(slot), r)).map_err(|e| fail(e.to_string()))?;
     // The offcode's node: tearing it down stops it on its executor.
     let (txc, name) = (exec.tx.clone(), o.name.clone());

@@ -3,25 +3,40 @@
 //! apps. It enforces each offcode's watchdog (a turn that has been running for
 //! longer than its period right now: the executor itself catches the turns
 //! that overran once they return) and obsolete time (counted from landing),
-//! and finds the apps whose offcodes have all finished, for the runtime to
-//! release.
+//! owns restarts, and finds the apps whose offcodes have all finished, for
+//! the runtime to release.
+//!
+//! **Restarts.** An offcode whose manifest says `restart = "on-failure"` is
+//! parked by its executor when it fails (an error from a turn, or its
+//! watchdog): stopped, its ports kept. The supervisor then decides with its
+//! [`crate::restart::RestartTracker`] (sans-IO): restart it after a backoff that doubles with
+//! each restart in the window, or, with `limit` restarts already within
+//! `window_ms`, leave it failed and let its executor dispose of it. A restart
+//! is a [`Command::Restart`] to its executor, which rebuilds, initializes and
+//! starts it on the same PE. Every step is an event; `ps` and `/metrics`
+//! count the restarts.
 
 use std::time::Instant;
 
+use crossbeam_channel::Sender;
 use sidecore_types::AppState;
 
 use crate::app::AppEntry;
 use crate::events::{EventKind, EventLog};
-use crate::handle::millis;
+use crate::executor::Command;
+use crate::handle::{OffcodeHandle, millis};
+use crate::restart::Decision;
 use crate::tree::ResourceId;
 
 /// One look at every app; returns the apps that have just finished, as
 /// (resource-tree root, name), for the caller to tear down.
 pub fn sweep(apps: &mut [AppEntry], events: &EventLog) -> Vec<(ResourceId, String)> {
     let mut finished = Vec::new();
+    let now = Instant::now();
     for a in apps.iter_mut() {
         watchdogs(a, events);
         obsolete(a, events);
+        restarts(a, events, now);
         if a.state == AppState::Running && a.handles.iter().all(|h| h.exited()) {
             a.state = AppState::Finished;
             a.finished = Some(Instant::now());
@@ -65,6 +80,61 @@ fn obsolete(a: &AppEntry, events: &EventLog) {
                 },
             );
             h.request_stop(format!("obsolete after {} ms", life.as_millis()));
+        }
+    }
+}
+
+/// Parked offcodes: decide, and restart those whose backoff has passed.
+/// Commands are sent without waiting: an executor busy with another
+/// offcode's turn answers when it can, and never holds up the sweep.
+fn restarts(a: &mut AppEntry, events: &EventLog, now: Instant) {
+    for (h, r) in a.handles.iter().zip(a.restarters.iter_mut()) {
+        let Some(tx) = &r.tx else { continue };
+        if h.take_parked() {
+            decide(&a.name, h, r.tracker.failed(now), tx, events);
+        }
+        if r.tracker.take_due(now) {
+            let (reply, _) = crossbeam_channel::bounded(1);
+            if tx.send(Command::Restart(h.name.clone(), reply)).is_err() {
+                h.note_reason("restart: its executor is gone");
+            }
+        }
+    }
+}
+
+/// Tells the log what was decided about a failure, and carries out a
+/// give-up: the executor lets the parked offcode go, failed.
+fn decide(app: &str, h: &OffcodeHandle, d: Decision, tx: &Sender<Command>, events: &EventLog) {
+    let p = h.restart;
+    match d {
+        Decision::Restart {
+            attempt, backoff, ..
+        } => events.emit(
+            app,
+            &h.name,
+            EventKind::Restarting {
+                attempt,
+                limit: p.limit,
+                window_ms: p.window_ms,
+                backoff_ms: millis(backoff),
+            },
+        ),
+        Decision::GiveUp { restarts } => {
+            events.emit(
+                app,
+                &h.name,
+                EventKind::RestartLimit {
+                    restarts,
+                    window_ms: p.window_ms,
+                },
+            );
+            let reason = format!(
+                "failed after {restarts} restarts within {} ms (restart limit)",
+                p.window_ms
+            );
+            h.note_reason(&reason);
+            let (ack, _) = crossbeam_channel::bounded(1);
+            let _ = tx.send(Command::Stop(h.name.clone(), reason, ack));
         }
     }
 }

@@ -49,8 +49,8 @@ fn print_app(a: &AppStatus) {
         state_word(a.state)
     );
     println!(
-        "  {:<16} {:<12} {:<12} {:>12} {:>12} {:>9}  METRICS",
-        "OFFCODE", "PE", "STATE", "HANDLED", "SENT", "DROPPED"
+        "  {:<16} {:<12} {:<12} {:>12} {:>12} {:>9} {:>8}  METRICS",
+        "OFFCODE", "PE", "STATE", "HANDLED", "SENT", "DROPPED", "RESTARTS"
     );
     for o in &a.offcodes {
         print_offcode(o);
@@ -60,13 +60,14 @@ fn print_app(a: &AppStatus) {
 fn print_offcode(o: &OffcodeStatus) {
     let metrics: Vec<String> = o.metrics.iter().map(|(k, v)| format!("{k}={v}")).collect();
     println!(
-        "  {:<16} {:<12} {:<12} {:>12} {:>12} {:>9}  {}",
+        "  {:<16} {:<12} {:<12} {:>12} {:>12} {:>9} {:>8}  {}",
         o.name,
         o.pe,
         state_word(o.state),
         o.handled,
         o.sent,
         o.dropped,
+        o.restarts,
         metrics.join(" ")
     );
     if let Some(r) = &o.stop_reason {

@@ -205,6 +205,9 @@ fn print_summary(status: &[AppStatus], elapsed: Duration) {
                     .collect::<Vec<_>>()
                     .join(" ")
             );
+            if o.restarts > 0 {
+                println!("  {:<16} restarted {} time(s)", "", o.restarts);
+            }
             if let Some(r) = &o.stop_reason {
                 println!("  {:<16} stopped: {r}", "");
             }

@@ -519,3 +519,66 @@ fn progress_shows_on_a_terminal_and_stays_out_of_pipes() {
     );
     assert!(shown.contains("calibration of"), "{shown}");
 }
+
+#[test]
+fn restarts_show_in_ps_events_and_metrics() {
+    let _g = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // examples/restart.toml, faster: an unpaced source, short lives, short
+    // delays; the first two lives of `flaky` fail.
+    let manifest = std::fs::read_to_string(example("restart.toml"))
+        .unwrap()
+        .replace("rate = 100000", "records = 0")
+        .replace(
+            "fail_after = 150000, failing_lives = 3",
+            "fail_after = 20000, failing_lives = 2",
+        )
+        .replace("restart_backoff_ms = 200", "restart_backoff_ms = 20");
+    let m = dir.path().join("restart.toml");
+    std::fs::write(&m, manifest).unwrap();
+    let d = start(dir.path(), &[]);
+    let sock = d.socket.to_str().unwrap();
+    let up = run(&["up", "-d", m.to_str().unwrap(), "--socket", sock]);
+    assert!(up.status.success(), "{:?}", text(&up));
+    let flaky = || -> serde_json::Value {
+        let ps = run(&["ps", "--json", "--socket", sock]);
+        let v: serde_json::Value = serde_json::from_slice(&ps.stdout).unwrap_or_default();
+        v.as_array()
+            .and_then(|apps| apps.first())
+            .and_then(|a| a["offcodes"].as_array())
+            .and_then(|o| o.iter().find(|o| o["name"] == "flaky").cloned())
+            .unwrap_or_default()
+    };
+    assert!(
+        wait_for(
+            || flaky()["restarts"] == 2 && flaky()["state"] == "running",
+            20
+        ),
+        "{}",
+        flaky()
+    );
+    // Its third life runs on: the checksum keeps counting, with no gap.
+    let ps = text(&run(&["ps", "--socket", sock])).0;
+    assert!(ps.contains("RESTARTS"), "{ps}");
+    let events = text(&run(&["events", "restart-demo", "--socket", sock])).0;
+    for want in [
+        "flaky: failed: injected fault after",
+        "flaky: restarting in 20 ms (restart 1 of 5",
+        "flaky: restarting in 40 ms (restart 2 of 5",
+        "flaky: restarted (restart 2)",
+    ] {
+        assert!(events.contains(want), "{want:?} not in\n{events}");
+    }
+    let series = "sidecore_offcode_restarts_total{app=\"restart-demo\",offcode=\"flaky\"}";
+    assert!(
+        wait_for(
+            || common::sample(&get(d.http, "/metrics").1, series) == Some(2.0),
+            5
+        ),
+        "{}",
+        get(d.http, "/metrics").1
+    );
+    let gaps = "sidecore_offcode_reported{app=\"restart-demo\",offcode=\"checksum\",name=\"sequence_gaps\"}";
+    assert_eq!(common::sample(&get(d.http, "/metrics").1, gaps), Some(0.0));
+    let _ = run(&["down", "--daemon", "--socket", sock]);
+}

@@ -1,6 +1,7 @@
 //! The shared vocabulary of sidecore (see `PRODUCT.md`): the kinds of processing
 //! element, offload priorities, layout constraint kinds, channel properties, the
-//! bandwidth unit, and the status of running apps ([`status`]).
+//! bandwidth unit, the status of running apps ([`status`]) and what the
+//! supervisor does when an offcode fails ([`restart`]).
 //!
 //! Every other crate speaks these types, so they live in one small crate with no
 //! I/O and no heavy dependencies.
@@ -17,14 +18,8 @@ pub use status::{AppId, AppState, AppStatus, ChannelStatus, OffcodeState, Offcod
 /// A 128-bit globally unique identifier for offcodes and interfaces (HYDRA §4.1).
 pub type Guid = uuid::Uuid;
 
-/// The error returned when a keyword does not name a known variant.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown {what} `{got}`; expected one of: {expected}")]
-pub struct UnknownKeyword {
-    pub what: &'static str,
-    pub got: String,
-    pub expected: &'static str,
-}
+pub mod keyword;
+pub use keyword::UnknownKeyword;
 
 macro_rules! keyword_enum {
     ($(#[$m:meta])* $name:ident, $what:literal, { $($(#[$vm:meta])* $variant:ident = $kw:literal),+ $(,)? }) => {
@@ -59,6 +54,10 @@ macro_rules! keyword_enum {
         }
     };
 }
+
+// After the macro, which it uses.
+pub mod restart;
+pub use restart::{RestartMode, RestartPolicy};
 
 keyword_enum!(
     /// A kind of processing element: somewhere an offcode can run.

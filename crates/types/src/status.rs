@@ -76,6 +76,10 @@ pub struct OffcodeStatus {
     /// Its own counters (`records`, `sequence_gaps`, ...).
     pub metrics: BTreeMap<String, u64>,
     pub stop_reason: Option<String>,
+    /// Times the supervisor restarted it after a failure (its restart
+    /// policy); absent from reports of older peers.
+    #[serde(default)]
+    pub restarts: u64,
 }
 
 /// One channel of an app as `sidecore ps --json` and the metrics show it.

@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 
 use serde::{Deserialize, Serialize};
 use sidecore_types::calls::CallPortSpec;
-use sidecore_types::{ChannelProps, Priority};
+use sidecore_types::{ChannelProps, Priority, RestartPolicy};
 
 /// Most offcodes, and most channels, one part may carry.
 pub const MAX_PART_ITEMS: usize = 1024;
@@ -29,6 +29,10 @@ pub struct RemoteOffcode {
     /// Its call bindings (`[[offcode.uses]]`, either side), by port index.
     #[serde(default)]
     pub calls: Vec<CallPortSpec>,
+    /// Its restart policy, which the peer's supervisor carries out; absent
+    /// for `never` (so a peer from before restarts still takes the part).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart: Option<RestartPolicy>,
 }
 
 /// An end of a channel in the part: (offcode index in the part, port index).
@@ -80,6 +84,8 @@ pub enum PartError {
     DuplicateOffcode { index: usize, name: String },
     #[error("offcode `{offcode}`: invalid port name {port:?}")]
     PortName { offcode: String, port: String },
+    #[error("offcodes[{index}].restart: {problem}")]
+    Restart { index: usize, problem: String },
     #[error("channels[{index}].name: invalid name {name:?}")]
     ChannelName { index: usize, name: String },
     #[error("channels[{index}].name: `{name}` appears twice")]
@@ -172,6 +178,9 @@ impl RemotePart {
             }
             for (b, c) in o.calls.iter().enumerate() {
                 validate_call(o, b, c)?;
+            }
+            if let Some(problem) = o.restart.as_ref().and_then(RestartPolicy::problem) {
+                return Err(PartError::Restart { index, problem });
             }
         }
         Ok(())
@@ -295,6 +304,7 @@ pub(crate) mod tests {
                 inputs: vec!["in".into()],
                 outputs: vec![],
                 calls: vec![],
+                restart: None,
             }],
             channels: vec![RemoteChannel {
                 name: "records".into(),
@@ -313,6 +323,26 @@ pub(crate) mod tests {
     #[test]
     fn a_good_part_passes() {
         part().validate().unwrap();
+    }
+
+    #[test]
+    fn a_restart_policy_travels_and_a_bad_one_is_named() {
+        let mut p = part();
+        let json = serde_json::to_string(&p).unwrap();
+        assert!(!json.contains("restart"), "`never` is not written: {json}");
+        p.offcodes[0].restart = Some(RestartPolicy::ON_FAILURE);
+        let back: RemotePart = serde_json::from_str(&serde_json::to_string(&p).unwrap()).unwrap();
+        assert_eq!(back, p);
+        back.validate().unwrap();
+        p.offcodes[0].restart = Some(RestartPolicy {
+            limit: 0,
+            ..RestartPolicy::ON_FAILURE
+        });
+        assert!(
+            err(&p).contains("offcodes[0].restart: limit 0"),
+            "{}",
+            err(&p)
+        );
     }
 
     fn with_call(edit: impl FnOnce(&mut CallPortSpec)) -> RemotePart {

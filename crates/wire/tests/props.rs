@@ -44,6 +44,7 @@ fn part() -> RemotePart {
             inputs: vec!["in".into()],
             outputs: vec![],
             calls: vec![],
+            restart: None,
         }],
         channels: vec![RemoteChannel {
             name: "records".into(),

@@ -260,6 +260,7 @@ fn part_request<'p>(
                 inputs: o.inputs.clone(),
                 outputs: o.outputs.clone(),
                 calls: o.calls.clone(),
+                restart: o.restart.restarts().then_some(o.restart),
             }
         })
         .collect();

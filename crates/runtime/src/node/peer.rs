@@ -97,6 +97,7 @@ pub fn part_plan(part: &RemotePart, registry: &Registry) -> Result<Plan, PartPla
             priority: o.priority,
             watchdog: o.watchdog_ms.map(Duration::from_millis),
             obsolete: o.obsolete_ms.map(Duration::from_millis),
+            restart: o.restart.unwrap_or_default(),
             params: o.params.clone(),
             inputs: o.inputs.clone(),
             outputs: o.outputs.clone(),
