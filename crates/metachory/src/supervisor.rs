@@ -489,17 +489,32 @@ pub(crate) fn guest_dir(pid: u32, dirfd: i32) -> Option<PathBuf> {
 pub(crate) fn read_cstr(pid: u32, addr: u64) -> io::Result<PathBuf> {
     const PATH_MAX: usize = 4096;
     const PAGE: u64 = 4096;
-    let mem = File::open(format!("/proc/{pid}/mem"))?;
     let mut out = Vec::new();
     let mut at = addr;
+    let mut buf = [0u8; PAGE as usize];
     while out.len() < PATH_MAX {
-        // Read up to the page boundary so an unmapped next page does not fail the read.
+        // Up to the page boundary, so an unmapped next page does not fail
+        // the read; one process_vm_readv (no /proc file to open) per page.
         let chunk = (PAGE - at % PAGE) as usize;
-        let mut buf = vec![0u8; chunk];
-        let n = mem.read_at(&mut buf, at)?;
-        if n == 0 {
-            return Err(io::Error::from(io::ErrorKind::UnexpectedEof));
+        let local = libc::iovec {
+            iov_base: buf.as_mut_ptr().cast(),
+            iov_len: chunk,
+        };
+        let remote = libc::iovec {
+            iov_base: at as *mut libc::c_void,
+            iov_len: chunk,
+        };
+        // SAFETY: one local buffer of `chunk` bytes; the remote range is
+        // the guest's, checked by the kernel.
+        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &raw const local, 1, &raw const remote, 1, 0) };
+        if n <= 0 {
+            return Err(if n == 0 {
+                io::Error::from(io::ErrorKind::UnexpectedEof)
+            } else {
+                io::Error::last_os_error()
+            });
         }
+        let n = n as usize;
         if let Some(end) = buf[..n].iter().position(|b| *b == 0) {
             out.extend_from_slice(&buf[..end]);
             return Ok(PathBuf::from(OsString::from_vec(out)));

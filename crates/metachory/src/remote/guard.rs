@@ -186,7 +186,9 @@ impl Guard {
             Some(b) => b.join(&path),
             None => path.clone(),
         };
-        match open_in(root, &joined, flags, mode & !umask(pid)) {
+        let creating = flags & (libc::O_CREAT | libc::O_TMPFILE) != 0;
+        let mode = if creating { mode & !umask(pid) } else { 0 };
+        match open_in(root, &joined, flags, mode) {
             Ok(fd) => Answer::Fd(fd, flags & libc::O_CLOEXEC != 0),
             Err(e) => Answer::Failed(e.raw_os_error().unwrap_or(libc::EIO)),
         }
