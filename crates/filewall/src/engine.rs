@@ -154,6 +154,19 @@ pub struct ProxyConfig {
     pub clock: Option<Clock>,
 }
 
+impl std::fmt::Debug for ProxyConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProxyConfig")
+            .field("listen", &self.listen)
+            .field("servers", &self.servers)
+            .field("chain", &self.chain.describe())
+            .field("timeout", &self.timeout)
+            .field("capacity", &self.capacity)
+            .field("clock", &self.clock.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
 impl ProxyConfig {
     /// One TCP listener in front of one server that takes every program.
     pub fn new(listen: SocketAddr, server: SocketAddr) -> Self {

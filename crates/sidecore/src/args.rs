@@ -49,6 +49,7 @@ pub fn registry() -> Registry {
     sidecore_total_order_net::offcodes::register(&mut r);
     sidecore_orion::offcode::register(&mut r);
     sidecore_tcps::offcode::register(&mut r);
+    sidecore_filewall::offcode::register(&mut r);
     r
 }
 

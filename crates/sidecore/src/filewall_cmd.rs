@@ -1,21 +1,23 @@
 //! `sidecore filewall check|run|stats`: FileWall (sidecore-filewall) from the command
-//! line — validate a policy chain file (errors as `file:line: what`, exit 2), run the
-//! NFS and MOUNT proxies with that chain in front of a server, and read the running
-//! proxies' counters (statistics template included) over a Unix control socket.
+//! line — validate a policy chain file (errors as `file:line: what`, exit 2), run
+//! the proxy (NFS and MOUNT, TCP and UDP, the portmapper) with that chain in front
+//! of a server or replicas, or deploy a manifest's `filewall` offcodes where the
+//! layout places them, and read the running proxy's counters over a Unix socket.
 
-use std::fmt::Write as _;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::SocketAddr;
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::Subcommand;
-use sidecore_filewall::handles::HandleKey;
+use sidecore_filewall::control_socket::ControlServer;
 use sidecore_filewall::policy::load_chain;
-use sidecore_filewall::proxy::{Backend, Listen, Proxy, ProxyConfig, ProxyStats, StatsHandle};
-use sidecore_filewall::{mount, nfs3, portmap};
+use sidecore_filewall::portmap;
+use sidecore_filewall::proxy::{Backend, Proxy, StatsHandle};
+use sidecore_filewall::settings::Settings;
+use sidecore_filewall::stats_json::render;
 
 /// Where `run` listens for `stats` when no `--control` is given.
 pub const DEFAULT_CONTROL: &str = "/run/sidecore/filewall.sock";
@@ -41,12 +43,19 @@ pub enum FilewallCommand {
 
 #[derive(Debug, clap::Args)]
 pub struct RunArgs {
+    /// Deploy the `filewall` offcodes of this manifest where the layout places
+    /// them (a dedicated core, the host, a peer node) instead of a proxy from flags.
+    #[arg(long, conflicts_with_all = ["nfs_listen", "mount_listen", "server", "server_nfs", "policy", "key", "udp", "portmap_listen"])]
+    manifest: Option<PathBuf>,
+    /// With --manifest: stop after this long (e.g. `30s`).
+    #[arg(long = "for", value_parser = humantime::parse_duration, requires = "manifest")]
+    duration: Option<std::time::Duration>,
     /// Where clients reach NFS.
-    #[arg(long)]
-    nfs_listen: SocketAddr,
+    #[arg(long, required_unless_present = "manifest")]
+    nfs_listen: Option<SocketAddr>,
     /// Where clients reach MOUNT.
-    #[arg(long)]
-    mount_listen: SocketAddr,
+    #[arg(long, required_unless_present = "manifest")]
+    mount_listen: Option<SocketAddr>,
     /// Also listen for UDP on the NFS and MOUNT (and portmapper) addresses.
     #[arg(long)]
     udp: bool,
@@ -74,6 +83,8 @@ pub struct RunArgs {
     control: PathBuf,
     #[command(flatten)]
     metrics: crate::args::MetricsArgs,
+    #[command(flatten)]
+    pe: crate::args::PeArgs,
 }
 
 pub fn run(cmd: FilewallCommand) -> anyhow::Result<ExitCode> {
@@ -119,54 +130,32 @@ fn check(policy: &Path) -> ExitCode {
     }
 }
 
-/// The proxy's configuration from the command line (`Err`: exit 2 with the message).
-fn config(args: &RunArgs) -> anyhow::Result<Result<ProxyConfig, String>> {
-    let chain = match args.policy.as_deref().map(load_chain).transpose() {
-        Ok(c) => c.unwrap_or_default(),
-        Err(e) => return Ok(Err(e.to_string())),
-    };
+/// The deployment the flags describe.
+fn settings(args: &RunArgs) -> Settings {
     let mut servers = Vec::new();
     if let (Some(n), Some(m)) = (args.server_nfs, args.server_mount) {
-        servers.push(Backend::nfs_mount(n, m));
+        servers.push(Backend::nfs_mount(n, m).to_string());
     }
-    for spec in &args.server {
-        match Backend::parse(spec) {
-            Ok(b) => servers.push(b),
-            Err(e) => return Ok(Err(e.to_string())),
-        }
+    servers.extend(args.server.iter().cloned());
+    let any = SocketAddr::from(([127, 0, 0, 1], 0));
+    Settings {
+        nfs_listen: args.nfs_listen.unwrap_or(any),
+        mount_listen: args.mount_listen.unwrap_or(any),
+        portmap_listen: args.portmap_listen,
+        udp: args.udp,
+        servers,
+        policy: args.policy.clone(),
+        key: args.key.clone(),
+        netns: None,
+        control: None,
     }
-    if servers.is_empty() {
-        return Ok(Err(
-            "no server: give --server-nfs and --server-mount, or --server".into(),
-        ));
-    }
-    let mut listen = vec![
-        Listen::tcp(args.nfs_listen).serving(&[nfs3::PROGRAM]),
-        Listen::tcp(args.mount_listen).serving(&[mount::PROGRAM]),
-    ];
-    if let Some(p) = args.portmap_listen {
-        listen.push(Listen::tcp(p).serving(&[portmap::PROGRAM]));
-    }
-    if args.udp {
-        listen.push(Listen::udp(args.nfs_listen).serving(&[nfs3::PROGRAM]));
-        listen.push(Listen::udp(args.mount_listen).serving(&[mount::PROGRAM]));
-        if let Some(p) = args.portmap_listen {
-            listen.push(Listen::udp(p).serving(&[portmap::PROGRAM]));
-        }
-    }
-    let mut c = ProxyConfig::with(listen, servers);
-    c.chain = chain;
-    c.key = args
-        .key
-        .as_deref()
-        .map(HandleKey::load)
-        .transpose()
-        .map_err(anyhow::Error::msg)?;
-    Ok(Ok(c))
 }
 
 fn run_proxy(args: &RunArgs) -> anyhow::Result<ExitCode> {
-    let c = match config(args)? {
+    if let Some(m) = &args.manifest {
+        return run_manifest(m, args);
+    }
+    let c = match settings(args).config() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -177,16 +166,14 @@ fn run_proxy(args: &RunArgs) -> anyhow::Result<ExitCode> {
     let chain = c.chain.describe();
     let p = Proxy::start(c).context("starting the filewall proxy")?;
     for m in p.port_mappings() {
+        let prot = if m.prot == portmap::IPPROTO_UDP {
+            "udp"
+        } else {
+            "tcp"
+        };
         println!(
-            "filewall: program {} v{} {} on port {}",
-            m.prog,
-            m.vers,
-            if m.prot == portmap::IPPROTO_UDP {
-                "udp"
-            } else {
-                "tcp"
-            },
-            m.port
+            "filewall: program {} v{} {prot} on port {}",
+            m.prog, m.vers, m.port
         );
     }
     println!("filewall: chain {chain}; servers {}", servers.join(" | "));
@@ -195,6 +182,76 @@ fn run_proxy(args: &RunArgs) -> anyhow::Result<ExitCode> {
         &args.control,
         &args.metrics,
     )
+}
+
+/// Deploys a manifest's `filewall` offcodes and runs until a signal or `--for`.
+fn run_manifest(path: &Path, args: &RunArgs) -> anyhow::Result<ExitCode> {
+    let manifest = match sidecore_manifest::load(path) {
+        Ok(m) => m,
+        Err(e) => {
+            eprint!("{}", e.render(crate::args::stderr_is_tty()));
+            return Ok(ExitCode::from(2));
+        }
+    };
+    let fw: Vec<&str> = manifest
+        .offcodes
+        .iter()
+        .filter(|o| o.implementation == "filewall")
+        .map(|o| o.name.as_str())
+        .collect();
+    if fw.is_empty() {
+        eprintln!(
+            "error: {}: no offcode with impl = \"filewall\"",
+            path.display()
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let daemon = sidecore_control::Daemon::new(
+        crate::args::registry(),
+        crate::args::daemon_options(&args.pe, false)?,
+    );
+    let plan = match daemon.plan(&manifest) {
+        Ok(p) => p,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(3));
+        }
+    };
+    for o in &plan.offcodes {
+        let what = if fw.contains(&o.name.as_str()) {
+            "filewall"
+        } else {
+            "offcode"
+        };
+        println!("{what} {} -> {} ({})", o.name, o.pe, o.reason);
+    }
+    let report = match daemon.deploy(&manifest, &plan) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: {e}");
+            daemon.stop_all();
+            return Ok(ExitCode::from(4));
+        }
+    };
+    println!("filewall: `{}` running; Ctrl-C stops it", report.app);
+    let term = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        signal_hook::flag::register(sig, std::sync::Arc::clone(&term))?;
+    }
+    let t0 = std::time::Instant::now();
+    while !term.load(std::sync::atomic::Ordering::Acquire)
+        && args.duration.is_none_or(|d| t0.elapsed() < d)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    if let Some(a) = daemon.stop(report.id) {
+        for o in &a.offcodes {
+            let m: Vec<String> = o.metrics.iter().map(|(k, v)| format!("{k} {v}")).collect();
+            println!("{} on {}: {}", o.name, o.pe, m.join(", "));
+        }
+    }
+    daemon.stop_all();
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The label of the proxy's counters.
@@ -206,179 +263,18 @@ pub fn serve(
     control: &Path,
     metrics: &crate::args::MetricsArgs,
 ) -> anyhow::Result<ExitCode> {
-    let proxies = std::sync::Arc::new(proxies);
-    let watched = std::sync::Arc::clone(&proxies);
+    let watched = proxies.clone();
     let _metrics = metrics.start(std::sync::Arc::new(move || {
         let stats: Vec<(&str, _)> = watched.iter().map(|(l, p)| (*l, p.stats())).collect();
         sidecore_observe::exporters::filewall(&stats)
     }))?;
-    if let Some(dir) = control.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    }
-    let _ = std::fs::remove_file(control);
-    let listener = UnixListener::bind(control)
-        .with_context(|| format!("binding the control socket {}", control.display()))?;
-    println!("filewall control: {}", control.display());
-    for conn in listener.incoming() {
-        let Ok(mut conn) = conn else { continue };
-        let all: Vec<serde_json::Value> = proxies
-            .iter()
-            .map(|(label, p)| to_json(label, &p.stats()))
-            .collect();
-        let _ = conn.write_all(serde_json::Value::Array(all).to_string().as_bytes());
-    }
-    Ok(ExitCode::SUCCESS)
-}
-
-/// The counters of one proxy as JSON: what the control socket sends.
-fn to_json(label: &str, s: &ProxyStats) -> serde_json::Value {
-    let ops: serde_json::Map<String, serde_json::Value> = s
-        .ops
-        .iter()
-        .map(|(n, c)| {
-            (
-                n.clone(),
-                serde_json::json!({"calls": c.calls, "replies": c.replies}),
-            )
-        })
+    let labelled = proxies
+        .into_iter()
+        .map(|(l, p)| (l.to_string(), p))
         .collect();
-    let latency: serde_json::Map<String, serde_json::Value> = s
-        .latency
-        .iter()
-        .map(|(n, h)| {
-            let mean_us = (h.sum_ns / 1000).checked_div(h.count).unwrap_or(0);
-            (
-                n.clone(),
-                serde_json::json!({"count": h.count, "mean_us": mean_us}),
-            )
-        })
-        .collect();
-    let flows: Vec<serde_json::Value> = s
-        .policies
-        .flows
-        .iter()
-        .map(|((flow, op), f)| {
-            serde_json::json!({
-                "flow": flow, "op": op, "calls": f.calls, "replies": f.replies,
-                "call_bytes": f.call_bytes, "reply_bytes": f.reply_bytes,
-                "latency_mean_us": f.mean_latency_us(), "latency_max_us": f.latency_max_us,
-            })
-        })
-        .collect();
-    serde_json::json!({
-        "proxy": label,
-        "refused": s.refused_calls, "dropped": s.dropped_records,
-        "closed": s.closed_connections, "retransmissions": s.retransmissions,
-        "overflows": s.overflows, "timeouts": s.timeouts, "unmatched": s.unmatched_replies,
-        "server_errors": s.server_errors, "buffer_drops": s.policy_buffer_drops,
-        "bad_handles": s.policies.bad_handles, "oversize_handles": s.policies.oversize_handles,
-        "temporal_denied": s.policies.temporal_denied,
-        "udp_datagrams": s.udp_datagrams,
-        "replicas": s.policies.replicas.iter().enumerate().map(|(i, r)| serde_json::json!({
-            "replica": i, "alive": r.alive, "sent": r.sent, "replied": r.replied,
-            "timed_out": r.timed_out, "unmapped": r.unmapped,
-        })).collect::<Vec<_>>(),
-        "replica_divergences": s.policies.replica_divergences,
-        "rbac": {
-            "allowed": s.policies.rbac.allowed, "denied": s.policies.rbac.denied,
-            "logged": s.policies.rbac.logged, "alarms": s.policies.rbac.alarms,
-            "threats": s.policies.rbac.threats, "injected": s.policies.rbac.injected,
-            "vcn_calls": s.policies.rbac.vcn_calls, "vcn_writes": s.policies.rbac.vcn_writes,
-            "vcn_refused": s.policies.rbac.vcn_refused, "store_errors": s.policies.rbac.store_errors,
-            "last_vcn_error": s.policies.rbac.last_vcn_error,
-            "last_store_error": s.policies.rbac.last_store_error,
-        },
-        "ops": ops, "latency": latency, "flows": flows, "last_error": s.last_error,
-    })
-}
-
-/// One proxy's counters as text, from their JSON.
-fn render(v: &serde_json::Value) -> String {
-    let label = v["proxy"].as_str().unwrap_or("?");
-    let n = |k: &str| v[k].as_u64().unwrap_or(0);
-    let mut t = format!(
-        "[{label}] refused {} dropped {} closed {} retransmissions {} overflows {} timeouts {} \
-         unmatched {} server_errors {} buffer_drops {} bad_handles {} oversize_handles {} \
-         temporal_denied {}\n",
-        n("refused"),
-        n("dropped"),
-        n("closed"),
-        n("retransmissions"),
-        n("overflows"),
-        n("timeouts"),
-        n("unmatched"),
-        n("server_errors"),
-        n("buffer_drops"),
-        n("bad_handles"),
-        n("oversize_handles"),
-        n("temporal_denied")
-    );
-    for (name, c) in v["ops"].as_object().into_iter().flatten() {
-        let lat = &v["latency"][name];
-        let _ = writeln!(
-            t,
-            "[{label}] op {name:<22} calls {} replies {}{}",
-            c["calls"],
-            c["replies"],
-            lat["count"]
-                .as_u64()
-                .map(|_| format!(" latency mean {} us", lat["mean_us"]))
-                .unwrap_or_default()
-        );
+    let server = ControlServer::start(control, labelled)?;
+    println!("filewall control: {}", server.path().display());
+    loop {
+        std::thread::park();
     }
-    for f in v["flows"].as_array().into_iter().flatten() {
-        let _ = writeln!(
-            t,
-            "[{label}] flow {} {:<22} calls {} replies {} bytes {}/{} latency mean {} us max {} us",
-            f["flow"],
-            f["op"].as_str().unwrap_or("?"),
-            f["calls"],
-            f["replies"],
-            f["call_bytes"],
-            f["reply_bytes"],
-            f["latency_mean_us"],
-            f["latency_max_us"]
-        );
-    }
-    for r in v["replicas"].as_array().into_iter().flatten() {
-        let _ = writeln!(
-            t,
-            "[{label}] replica {} {} sent {} replied {} timed_out {} unmapped {}",
-            r["replica"],
-            if r["alive"].as_bool() == Some(true) {
-                "alive"
-            } else {
-                "DEAD"
-            },
-            r["sent"],
-            r["replied"],
-            r["timed_out"],
-            r["unmapped"]
-        );
-    }
-    let r = &v["rbac"];
-    if r["allowed"].as_u64().unwrap_or(0)
-        + r["denied"].as_u64().unwrap_or(0)
-        + r["vcn_calls"].as_u64().unwrap_or(0)
-        > 0
-    {
-        let _ = writeln!(
-            t,
-            "[{label}] rbac allowed {} denied {} logged {} alarms {} threats {} injected {} vcn calls {} writes {} refused {} store_errors {}",
-            r["allowed"],
-            r["denied"],
-            r["logged"],
-            r["alarms"],
-            r["threats"],
-            r["injected"],
-            r["vcn_calls"],
-            r["vcn_writes"],
-            r["vcn_refused"],
-            r["store_errors"]
-        );
-    }
-    if let Some(e) = v["last_error"].as_str() {
-        let _ = writeln!(t, "[{label}] last error: {e}");
-    }
-    t
 }
