@@ -76,7 +76,9 @@ fn daemon(dir: &Path) -> (Guard, String) {
     let addr = format!("127.0.0.1:{}", common::free_port());
     let g = Guard(
         Command::new(env!("CARGO_BIN_EXE_sidecore"))
-            .args(["daemon", "--name", "bench", "--listen", &addr, "--http", "off", "--socket"])
+            .args([
+                "daemon", "--name", "bench", "--listen", &addr, "--http", "off", "--socket",
+            ])
             .arg(dir.join("d.sock"))
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(dir.join("d.log")).unwrap())
@@ -107,7 +109,9 @@ fn run(dir: &Path, node: Option<(&str, &[&str])>, args: &[&str]) -> (String, f64
         }
         Some((addr, extra)) => {
             let mut c = Command::new(env!("CARGO_BIN_EXE_sidecore"));
-            c.args(["exec", "-q", "--discard", "--on", addr]).args(extra).args(args);
+            c.args(["exec", "-q", "--discard", "--on", addr])
+                .args(extra)
+                .args(args);
             c
         }
     };
@@ -144,14 +148,22 @@ fn metachory_tables() {
     println!("| operation | native ns | seccomp ns | × | ptrace-sysemu ns | × | seed × |");
     println!("|---|---|---|---|---|---|---|");
     for (name, label, seed) in [
-        ("getpid", "getpid (min of 5×20,000)", "75.6 (min) – 119.9 (avg)"),
+        (
+            "getpid",
+            "getpid (min of 5×20,000)",
+            "75.6 (min) – 119.9 (avg)",
+        ),
         ("open", "open+close, projected file (trapped)", "–"),
         ("readfault", "read fault (16 MB, 16 KB stride)", "67.7"),
         ("writeafterread", "write after read", "22.8"),
         ("directwrite", "direct write", "58.4"),
     ] {
         let (a, b, c) = (field(&native, name), field(&sec, name), field(&pt, name));
-        println!("| {label} | {a:.1} | {b:.1} | {:.2} | {c:.1} | {:.2} | {seed} |", b / a, c / a);
+        println!(
+            "| {label} | {a:.1} | {b:.1} | {:.2} | {c:.1} | {:.2} | {seed} |",
+            b / a,
+            c / a
+        );
     }
     // Table 9.2: CPU-bound programs, wall time, median of 3.
     println!("\nTable 9.2 (wall seconds, median of 3; % of native speed)");
@@ -160,14 +172,29 @@ fn metachory_tables() {
     let py = "s=0\nfor i in range(6000000): s+=i*i%7\nprint(s)\n";
     std::fs::write(d.join("loop.py"), py).unwrap();
     for (label, args, seed) in [
-        ("C sieve, 6 × 50M", &["./sieve", "50000000"][..], "99.2–101.5 (MOCA, SimpleScalar, SPICE)"),
-        ("python3 loop, 6M", &["python3", "loop.py"][..], "71.1–73.2 (POV-Ray, BLAST)"),
+        (
+            "C sieve, 6 × 50M",
+            &["./sieve", "50000000"][..],
+            "99.2–101.5 (MOCA, SimpleScalar, SPICE)",
+        ),
+        (
+            "python3 loop, 6M",
+            &["/usr/bin/python3", "loop.py"][..],
+            "71.1–73.2 (POV-Ray, BLAST)",
+        ),
     ] {
         let mut n: Vec<f64> = (0..3).map(|_| run(d, None, args).1).collect();
-        let mut r: Vec<f64> = (0..3).map(|_| run(d, Some((&addr, seccomp)), args).1).collect();
+        let mut r: Vec<f64> = (0..3)
+            .map(|_| run(d, Some((&addr, seccomp)), args).1)
+            .collect();
         n.sort_by(f64::total_cmp);
         r.sort_by(f64::total_cmp);
-        println!("| {label} | {:.3} | {:.3} | {:.1} | {seed} |", n[1], r[1], 100.0 * n[1] / r[1]);
+        println!(
+            "| {label} | {:.3} | {:.3} | {:.1} | {seed} |",
+            n[1],
+            r[1],
+            100.0 * n[1] / r[1]
+        );
     }
     // Fig. 9.3: N concurrent jobs on one server (this machine has 2 CPUs).
     println!("\nFig. 9.3 (N concurrent sieve jobs, 20M each: wall seconds until all N end)");
@@ -181,14 +208,26 @@ fn metachory_tables() {
                 .map(|_| {
                     let mut c = if remote {
                         let mut c = Command::new(env!("CARGO_BIN_EXE_sidecore"));
-                        c.args(["exec", "-q", "--discard", "--on", &addr, "./sieve", "20000000"]);
+                        c.args([
+                            "exec",
+                            "-q",
+                            "--discard",
+                            "--on",
+                            &addr,
+                            "./sieve",
+                            "20000000",
+                        ]);
                         c
                     } else {
                         let mut c = Command::new("./sieve");
                         c.arg("20000000");
                         c
                     };
-                    c.current_dir(d).stdin(Stdio::null()).stdout(Stdio::null()).spawn().unwrap()
+                    c.current_dir(d)
+                        .stdin(Stdio::null())
+                        .stdout(Stdio::null())
+                        .spawn()
+                        .unwrap()
                 })
                 .collect();
             for mut k in kids {
@@ -196,6 +235,11 @@ fn metachory_tables() {
             }
             means.push(t0.elapsed().as_secs_f64());
         }
-        println!("| {n} | {:.3} | {:.3} | {:.3} |", means[0], means[1], means[1] / means[0]);
+        println!(
+            "| {n} | {:.3} | {:.3} | {:.3} |",
+            means[0],
+            means[1],
+            means[1] / means[0]
+        );
     }
 }
