@@ -506,7 +506,16 @@ pub(crate) fn read_cstr(pid: u32, addr: u64) -> io::Result<PathBuf> {
         };
         // SAFETY: one local buffer of `chunk` bytes; the remote range is
         // the guest's, checked by the kernel.
-        let n = unsafe { libc::process_vm_readv(pid as libc::pid_t, &raw const local, 1, &raw const remote, 1, 0) };
+        let n = unsafe {
+            libc::process_vm_readv(
+                pid as libc::pid_t,
+                &raw const local,
+                1,
+                &raw const remote,
+                1,
+                0,
+            )
+        };
         if n <= 0 {
             return Err(if n == 0 {
                 io::Error::from(io::ErrorKind::UnexpectedEof)
