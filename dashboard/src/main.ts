@@ -5,7 +5,7 @@
 // channels with live rates), the PE table, the event log and the panels of
 // the capabilities that report through the daemon.
 
-import { Channel, Offcode, Pe, RuntimeEvent, Snapshot } from "./types";
+import { CapabilityRow, Channel, Offcode, Pe, RuntimeEvent, ServiceView, Snapshot } from "./types";
 import { el, fmtRate, fmtCount, clear } from "./dom";
 import { drawLayout } from "./layout";
 
@@ -139,6 +139,10 @@ function renderPanels(snap: Snapshot): void {
     "panel-firewall",
   );
   for (const s of snap.services ?? []) {
+    if (s.up && s.capability) {
+      root.append(capabilityPanel(s));
+      continue;
+    }
     const rows: [string, string][] = s.up
       ? s.samples.filter(([k]) => !k.endsWith("_sum")).slice(0, 40).map(([k, v]) => [k.replace(/^sidecore_/, ""), fmtCount(v)])
       : [["down", s.error ?? "no answer"]];
@@ -151,6 +155,43 @@ function renderPanels(snap: Snapshot): void {
       "panel-services",
     );
   }
+}
+
+/** A row's value as the panel shows it. */
+function fmtRow(r: CapabilityRow): string {
+  if (r.text !== undefined) return r.text;
+  switch (r.unit) {
+    case "/s":
+      return fmtRate(r.value);
+    case "ms":
+      return `${r.value.toFixed(3)} ms`;
+    case "B/s":
+      return `${fmtCount(Math.round(r.value))}B/s`;
+    default:
+      return fmtCount(Math.round(r.value));
+  }
+}
+
+/** The panel of a capability the daemon scrapes (Sikker, FileWall, Orion, TCPServers). */
+function capabilityPanel(s: ServiceView): HTMLElement {
+  const cap = s.capability!;
+  const p = el(
+    "section",
+    { class: `panel capability ${cap.kind}`, "data-testid": `panel-${cap.kind}`, "data-service": s.name },
+    el("h3", {}, `${cap.title}: ${s.name} `, el("span", { class: "addr" }, s.addr)),
+  );
+  if (cap.rows.length === 0) p.append(el("p", { class: "empty" }, "nothing reported yet"));
+  for (const r of cap.rows) {
+    p.append(
+      el(
+        "div",
+        { class: "kv", "data-testid": "kv", "data-key": r.key, "data-value": String(r.text ?? r.value) },
+        el("span", {}, r.key),
+        el("span", { class: r.text === undefined ? "num" : "word" }, fmtRow(r)),
+      ),
+    );
+  }
+  return p;
 }
 
 function addEvent(e: RuntimeEvent): void {

@@ -48,6 +48,23 @@ export interface Pe {
   detail: string;
 }
 
+/** One row of a capability panel (crates/observe/src/capability.rs). */
+export interface CapabilityRow {
+  key: string;
+  value: number;
+  /** "" (a count), "/s", "ms", "B/s" */
+  unit: string;
+  /** A word instead of a number (Orion's liveness). */
+  text?: string;
+}
+
+export interface Capability {
+  /** sikker | filewall | orion | tcps */
+  kind: string;
+  title: string;
+  rows: CapabilityRow[];
+}
+
 export interface ServiceView {
   name: string;
   addr: string;
@@ -55,6 +72,8 @@ export interface ServiceView {
   error?: string;
   /** [series with labels, value] */
   samples: [string, number][];
+  /** The panel of a service the daemon knows (Sikker, FileWall, Orion, TCPServers). */
+  capability?: Capability;
 }
 
 export interface Snapshot {

@@ -2,17 +2,19 @@
 // playwright-core). Run by crates/sidecore/tests/dashboard.rs against a real
 // daemon running a real app:
 //
-//   node browser.mjs URL SIDECORE_BIN SOCKET APP SCREENSHOT
+//   node browser.mjs URL SIDECORE_BIN SOCKET APP SCREENSHOT [KIND=SERVICE]
 //
 // It asserts that the layout graph shows every offcode on the PE the daemon
 // reports, that a live counter increases, and that `sidecore down APP` removes
-// the app from the page; it saves a screenshot either way. Exit 0 on success,
-// 1 with the reason on stderr.
+// the app from the page; with KIND=SERVICE (e.g. orion=watch), that the
+// capability panel of that scraped service appears with a value that moves
+// live; it saves a screenshot either way. Exit 0 on success, 1 with the
+// reason on stderr.
 
 import { chromium } from "playwright-core";
 import { execFileSync } from "node:child_process";
 
-const [url, bin, socket, app, screenshot] = process.argv.slice(2);
+const [url, bin, socket, app, screenshot, service] = process.argv.slice(2);
 const chromiumPath = process.env.CHROMIUM ?? "/usr/bin/chromium";
 
 function fail(msg) {
@@ -64,12 +66,36 @@ try {
   const events = await page.locator("[data-testid=event]").count();
   if (events === 0) fail("the event log is empty");
 
+  // A scraped service's capability panel, with a live value.
+  let panelNote = "";
+  if (service) {
+    const [kind, name] = service.split("=");
+    const live = { orion: "fetches", sikker: "checks", filewall: "operations", tcps: "bytes in/s" }[kind];
+    const panel = `[data-testid=panel-${kind}][data-service="${name}"]`;
+    await page.waitForSelector(panel, { timeout: 15000 });
+    const cell = `${panel} [data-key="${live}"]`;
+    await page.waitForSelector(cell, { timeout: 10000 });
+    const first = await page.locator(cell).getAttribute("data-value");
+    await page.waitForFunction(
+      ([sel, v]) => document.querySelector(sel)?.getAttribute("data-value") !== v,
+      [cell, first],
+      { timeout: 10000 },
+    );
+    const then = await page.locator(cell).getAttribute("data-value");
+    if (!(Number(then) > Number(first))) fail(`${kind} panel: ${live} went from ${first} to ${then}`);
+    if (kind === "orion") {
+      const state = await page.locator(`${panel} [data-key="liveness"]`).getAttribute("data-value");
+      if (!["alive", "suspect", "dead"].includes(state)) fail(`orion panel: liveness is ${state}`);
+    }
+    panelNote = `, the ${kind} panel of ${name} live (${live} ${first} → ${then})`;
+  }
+
   await page.screenshot({ path: screenshot, fullPage: true });
 
   // Stopping the app removes it from the page.
   execFileSync(bin, ["down", app, "--socket", socket], { stdio: "inherit" });
   await page.waitForSelector(`[data-testid=app][data-app="${app}"]`, { state: "detached", timeout: 10000 });
-  console.log(`dashboard ok: ${want.offcodes.length} offcodes on their PEs, live counters, ${events} events, removed on down`);
+  console.log(`dashboard ok: ${want.offcodes.length} offcodes on their PEs, live counters, ${events} events, removed on down${panelNote}`);
 } catch (e) {
   code = 1;
   console.error(`dashboard check failed: ${e.message}`);

@@ -19,6 +19,8 @@ use prometheus_client::registry::{Registry, Unit};
 
 /// Label pairs of one series.
 pub type Labels = Vec<(&'static str, String)>;
+/// Label pairs read from another exposition (relayed families).
+pub type OwnedLabels = Vec<(String, String)>;
 
 /// A histogram whose buckets were counted elsewhere (the service keeps its
 /// own, with fixed bounds), written as they are.
@@ -52,6 +54,8 @@ pub struct Exposition {
     counters: BTreeMap<&'static str, Family<Labels, Counter>>,
     gauges: BTreeMap<&'static str, Family<Labels, Gauge<f64, AtomicU64>>>,
     histograms: BTreeMap<&'static str, Family<Labels, ConstHistogram>>,
+    relayed_counters: BTreeMap<&'static str, Family<OwnedLabels, Counter<f64, AtomicU64>>>,
+    relayed_gauges: BTreeMap<&'static str, Family<OwnedLabels, Gauge<f64, AtomicU64>>>,
 }
 
 impl Default for Exposition {
@@ -61,6 +65,8 @@ impl Default for Exposition {
             counters: BTreeMap::new(),
             gauges: BTreeMap::new(),
             histograms: BTreeMap::new(),
+            relayed_counters: BTreeMap::new(),
+            relayed_gauges: BTreeMap::new(),
         }
     }
 }
@@ -102,6 +108,40 @@ impl Exposition {
             })
             .get_or_create(&labels)
             .set(v);
+    }
+
+    /// A series read from another exposition (a scraped service's), as a
+    /// counter or a gauge; `unit` becomes the name's suffix.
+    pub fn relay(
+        &mut self,
+        name: &'static str,
+        help: &str,
+        (counter, unit): (bool, Option<Unit>),
+        labels: &OwnedLabels,
+        v: f64,
+    ) {
+        let reg = &mut self.reg;
+        if counter {
+            self.relayed_counters
+                .entry(name)
+                .or_insert_with(|| {
+                    let f = Family::default();
+                    register(reg, name, help, unit.clone(), f.clone());
+                    f
+                })
+                .get_or_create(labels)
+                .inc_by(v.max(0.0));
+        } else {
+            self.relayed_gauges
+                .entry(name)
+                .or_insert_with(|| {
+                    let f = Family::default();
+                    register(reg, name, help, unit.clone(), f.clone());
+                    f
+                })
+                .get_or_create(labels)
+                .set(v);
+        }
     }
 
     /// A histogram series in seconds from per-bucket counts with upper bounds
@@ -154,6 +194,20 @@ impl Exposition {
             clean.push('\n');
         }
         clean
+    }
+}
+
+/// Registers `m` as family `name`, with its unit if it has one.
+fn register<M: prometheus_client::registry::Metric>(
+    reg: &mut Registry,
+    name: &str,
+    help: &str,
+    unit: Option<Unit>,
+    m: M,
+) {
+    match unit {
+        Some(u) => reg.register_with_unit(name, help, u, m),
+        None => reg.register(name, help, m),
     }
 }
 

@@ -88,8 +88,14 @@ impl Hub {
     /// Scrapes every service each period, apart from the ticker so that a
     /// slow service never delays the picture.
     fn scrape_loop(&self) {
+        let mut last = vec![services::Scraped::default(); self.services.len()];
         while !self.stop.load(Ordering::Acquire) {
-            let views: Vec<ServiceView> = self.services.iter().map(services::scrape).collect();
+            let views: Vec<ServiceView> = self
+                .services
+                .iter()
+                .zip(last.iter_mut())
+                .map(|(s, l)| services::scrape(s, l))
+                .collect();
             *lock(&self.scraped) = views;
             std::thread::sleep(PERIOD);
         }

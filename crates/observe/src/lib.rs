@@ -9,8 +9,12 @@
 //! * [`hub`] — the one picture a second and the event stream every
 //!   observer shares, so the data path pays the same however many look;
 //! * [`exporters`] — `/metrics` for the services that run as their own
-//!   commands (FileWall, TCPServers, Sikker's agent).
+//!   commands (FileWall, TCPServers, Sikker's agent, Orion's watch);
+//! * [`services`] — the daemon's scrapes of those services, and
+//!   [`capability`] — the dashboard's panel for each, and the families the
+//!   daemon relays.
 
+pub mod capability;
 pub mod dashboard;
 pub mod exporters;
 pub mod http;

@@ -11,6 +11,7 @@
 
 use prometheus_client::registry::Unit;
 
+use crate::capability::RELAYED;
 use crate::exporters::{Exposition, Labels};
 use crate::snapshot::Snapshot;
 
@@ -45,6 +46,25 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     ("sidecore_firewall_verdicts_total", "counter", ""),
     ("sidecore_events_total", "counter", ""),
     ("sidecore_service_up", "gauge", ""),
+    // Relayed from the scraped services, with a `service` label
+    // (`crate::capability::RELAYED`).
+    ("sidecore_sikker_messages_total", "counter", ""),
+    ("sidecore_sikker_denials_total", "counter", ""),
+    (
+        "sidecore_sikker_rate_bytes_per_second",
+        "gauge",
+        "bytes_per_second",
+    ),
+    ("sidecore_filewall_operations_total", "counter", ""),
+    ("sidecore_filewall_denials_total", "counter", ""),
+    ("sidecore_filewall_drops_total", "counter", ""),
+    ("sidecore_orion_target_state", "gauge", ""),
+    ("sidecore_orion_fetches_total", "counter", ""),
+    ("sidecore_orion_repairs_total", "counter", ""),
+    ("sidecore_orion_processes_killed_total", "counter", ""),
+    ("sidecore_tcps_connections", "gauge", ""),
+    ("sidecore_tcps_accepted_total", "counter", ""),
+    ("sidecore_tcps_receive_queue_full_total", "counter", ""),
 ];
 
 /// Offcode metrics with a family of their own; the rest go to
@@ -126,6 +146,7 @@ pub fn render(snap: &Snapshot) -> String {
             l,
             f64::from(u8::from(s.up)),
         );
+        relay(&mut e, s);
     }
     let ev = &snap.events;
     e.counter(
@@ -149,6 +170,20 @@ pub fn render(snap: &Snapshot) -> String {
         );
     }
     e.render()
+}
+
+/// A scraped service's key families, with a `service` label first (a
+/// `service` label of its own is dropped).
+fn relay(e: &mut Exposition, s: &crate::services::ServiceView) {
+    for x in &s.relayed {
+        let Some(&(_, name, counter, unit, help)) = RELAYED.iter().find(|f| f.0 == x.name) else {
+            continue;
+        };
+        let mut labels = vec![("service".to_string(), s.name.clone())];
+        labels.extend(x.labels.iter().filter(|(k, _)| k != "service").cloned());
+        let unit = (!unit.is_empty()).then(|| Unit::Other(unit.into()));
+        e.relay(name, help, (counter, unit), &labels, x.value);
+    }
 }
 
 fn ratio() -> Unit {
@@ -354,6 +389,21 @@ pub fn to_prometheus_text(openmetrics: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn relayed_families_are_on_the_list_with_their_names() {
+        for &(scraped, base, counter, unit, _) in RELAYED {
+            let kind = if counter { "counter" } else { "gauge" };
+            assert!(FAMILIES.contains(&(scraped, kind, unit)), "{scraped}");
+            let unit = if unit.is_empty() {
+                String::new()
+            } else {
+                format!("_{unit}")
+            };
+            let total = if counter { "_total" } else { "" };
+            assert_eq!(scraped, format!("sidecore_{base}{unit}{total}"));
+        }
+    }
 
     #[test]
     fn openmetrics_becomes_prometheus_text() {

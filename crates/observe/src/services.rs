@@ -1,15 +1,18 @@
 //! The services that run beside the daemon as their own commands (`filewall
 //! run`, `tcps serve`, `sikker agent`, `orion watch`, each with `--metrics
 //! ADDR`): the daemon scrapes their `/metrics` once a second on a thread of its
-//! own, so the dashboard can show them in its capability panels and the
-//! daemon's own `/metrics` says whether each is up.
+//! own, so the dashboard can show them in its capability panels
+//! ([`crate::capability`]) and the daemon's own `/metrics` says whether each
+//! is up and relays its key families with a `service` label.
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
+
+use crate::capability::{self, Capability, Sample, Scrapes};
 
 /// Longest a scrape may take (connect, send, read).
 const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -17,6 +20,8 @@ const SCRAPE_TIMEOUT: Duration = Duration::from_millis(500);
 const MAX_BODY: u64 = 4 << 20;
 /// Samples kept per service for the dashboard (histogram buckets are left out).
 const MAX_SAMPLES: usize = 400;
+/// Samples read from one scrape for the panels and the relay.
+const MAX_PARSED: usize = 20_000;
 
 /// A service to scrape: `NAME=ADDR`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -61,13 +66,41 @@ pub struct ServiceView {
     pub error: Option<String>,
     /// (series with its labels, value), in the service's order.
     pub samples: Vec<(String, f64)>,
+    /// Its capability panel, for a service the dashboard knows.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub capability: Option<Capability>,
+    /// The samples of its key families, for the daemon's `/metrics`.
+    #[serde(skip)]
+    pub relayed: Vec<Sample>,
 }
 
-/// Scrapes one service now.
-pub fn scrape(s: &ServiceSpec) -> ServiceView {
-    let (up, error, samples) = match fetch(s.addr) {
-        Ok(body) => (true, None, parse_samples(&body)),
-        Err(e) => (false, Some(e), Vec::new()),
+/// What one scrape of a service read, kept for the next one's rates.
+#[derive(Debug, Clone, Default)]
+pub struct Scraped {
+    at: Option<Instant>,
+    samples: Vec<Sample>,
+}
+
+/// Scrapes one service now; `last` is what the previous scrape read, and
+/// becomes this one's.
+pub fn scrape(s: &ServiceSpec, last: &mut Scraped) -> ServiceView {
+    let now = Instant::now();
+    let (up, error, samples, parsed) = match fetch(s.addr) {
+        Ok(body) => (true, None, parse_samples(&body), parse_full(&body)),
+        Err(e) => (false, Some(e), Vec::new(), Vec::new()),
+    };
+    let dt_s = last
+        .at
+        .map_or(0.0, |t| now.saturating_duration_since(t).as_secs_f64());
+    let capability = capability::capability(&Scrapes {
+        now: &parsed,
+        before: (!last.samples.is_empty()).then_some(last.samples.as_slice()),
+        dt_s,
+    });
+    let relayed = capability::relayed(&parsed);
+    *last = Scraped {
+        at: Some(now),
+        samples: parsed,
     };
     ServiceView {
         name: s.name.clone(),
@@ -75,7 +108,27 @@ pub fn scrape(s: &ServiceSpec) -> ServiceView {
         up,
         error,
         samples,
+        capability,
+        relayed,
     }
+}
+
+/// Every sample of an exposition, with its labels (histogram buckets too).
+fn parse_full(text: &str) -> Vec<Sample> {
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (series, value) = l.rsplit_once(' ')?;
+            let (name, labels) = capability::parse_series(series)?;
+            let value = value.trim().parse().ok()?;
+            Some(Sample {
+                name,
+                labels,
+                value,
+            })
+        })
+        .take(MAX_PARSED)
+        .collect()
 }
 
 /// GET /metrics with HTTP/1.0 (the service closes after the answer).
@@ -166,10 +219,13 @@ mod tests {
             .unwrap()
             .local_addr()
             .unwrap();
-        let v = scrape(&ServiceSpec {
-            name: "gone".into(),
-            addr: free,
-        });
+        let v = scrape(
+            &ServiceSpec {
+                name: "gone".into(),
+                addr: free,
+            },
+            &mut Scraped::default(),
+        );
         assert!(
             !v.up && v.error.as_deref().is_some_and(|e| e.contains("connect")),
             "{v:?}"

@@ -112,6 +112,25 @@ fn tcps_serve_exports_its_ppes_and_queues() {
         )),
         "{dm}"
     );
+    // Its capability panel (TCPServers: the PPE and its queues), and its key
+    // families relayed with its name.
+    let cap = &s["services"][0]["capability"];
+    assert_eq!(cap["kind"], "tcps", "{s}");
+    let keys: Vec<&str> = cap["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["key"].as_str())
+        .collect();
+    for k in ["PPE 1", "PPE 1: connections", "PPE 1: receive queue full"] {
+        assert!(keys.contains(&k), "{k} not in {keys:?}");
+    }
+    let relayed = sample(
+        &dm,
+        "sidecore_tcps_accepted_total{service=\"tcps\",ppe=\"1\",master=\"true\"}",
+    );
+    assert!(relayed.is_some_and(|v| v >= 5.0), "{dm}");
+    promtool_ok(&dm);
 }
 
 #[test]

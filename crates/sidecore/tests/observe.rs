@@ -53,7 +53,12 @@ fn start(dir: &Path, extra: &[&str]) -> Daemon {
 
 /// A daemon running examples/checksum.toml.
 fn start_checksum(dir: &Path) -> Daemon {
-    let d = start(dir, &[]);
+    start_checksum_with(dir, &[])
+}
+
+/// A daemon with `extra` flags running examples/checksum.toml.
+fn start_checksum_with(dir: &Path, extra: &[&str]) -> Daemon {
+    let d = start(dir, extra);
     let up = run(&[
         "up",
         "-d",
@@ -164,15 +169,24 @@ fn metrics_families_types_units_and_promtool() {
     want.sort();
     // Families with no series are not written: the firewall's verdicts and
     // the Wasm violations appear only with such offcodes deployed.
+    // The services' families are relayed only when services are scraped.
     let optional = [
         "sidecore_firewall_verdicts_total",
         "sidecore_wasm_violations_total",
         "sidecore_service_up",
     ];
+    let relayed = |n: &str| {
+        sidecore_observe::capability::RELAYED
+            .iter()
+            .any(|f| f.0 == n)
+    };
     for t in &types {
         assert!(want.contains(t), "{t:?} is not on the list");
     }
-    for w in want.iter().filter(|(n, _)| !optional.contains(&n.as_str())) {
+    for w in want
+        .iter()
+        .filter(|(n, _)| !optional.contains(&n.as_str()) && !relayed(n))
+    {
         assert!(types.contains(w), "{w:?} is missing");
     }
     for (name, kind) in &types {
@@ -246,7 +260,21 @@ fn metrics_families_types_units_and_promtool() {
 fn dashboard_in_headless_chromium() {
     let _g = serial();
     let dir = tempfile::tempdir().unwrap();
-    let d = start_checksum(dir.path());
+    // A service beside the daemon: Orion watching this machine, scraped.
+    let orion = format!("127.0.0.1:{}", free_port());
+    let _watch = Guard(
+        bin()
+            .args(["orion", "watch", "--seconds", "120", "--metrics", &orion])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    assert!(
+        wait_for(|| TcpStream::connect(&orion).is_ok(), 10),
+        "orion watch --metrics did not come up"
+    );
+    let d = start_checksum_with(dir.path(), &["--service", &format!("watch={orion}")]);
     let sock = d.socket.to_str().unwrap();
     let root = std::env::var("CARGO_MANIFEST_DIR").unwrap();
     let dash = format!("{root}/../../dashboard");
@@ -262,6 +290,7 @@ fn dashboard_in_headless_chromium() {
         .arg(sock)
         .arg("checksum-demo")
         .arg(&shot)
+        .arg("orion=watch")
         .output()
         .unwrap();
     let (o, e) = text(&out);
@@ -270,7 +299,24 @@ fn dashboard_in_headless_chromium() {
         "browser check failed:\n{o}\n{e}\nscreenshot: {}",
         shot.display()
     );
-    assert!(o.contains("dashboard ok"), "{o}");
+    assert!(
+        o.contains("dashboard ok") && o.contains("the orion panel of watch live"),
+        "{o}"
+    );
+    // The daemon relays the service's key families with its name.
+    let (_, m) = get(d.http, "/metrics");
+    let fetches = samples(
+        &m,
+        "sidecore_orion_fetches_total{service=\"watch\",target=\"host\"}",
+    );
+    assert!(fetches.len() == 1 && fetches[0] > 0.0, "{m}");
+    assert!(
+        m.contains(
+            "sidecore_orion_target_state{service=\"watch\",target=\"host\",state=\"alive\"}"
+        ),
+        "{m}"
+    );
+    common::promtool_ok(&m);
     assert!(
         std::fs::metadata(&shot).unwrap().len() > 10_000,
         "no screenshot at {}",
