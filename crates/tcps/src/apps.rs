@@ -169,11 +169,13 @@ impl HttpApp {
     /// did anything.
     pub fn step(&mut self, app: &App, site: &Site, wait: Option<Duration>) -> bool {
         let mut did = false;
-        let mut ev = match wait {
-            Some(d) => app.next_event(d),
-            None => app.try_event(),
-        };
-        for _ in 0..STEP_EVENTS {
+        for i in 0..STEP_EVENTS {
+            // Taken only when it is handled in this step: an event taken and
+            // not handled would be lost (that connection never looked at again).
+            let ev = match (i, wait) {
+                (0, Some(d)) => app.next_event(d),
+                _ => app.try_event(),
+            };
             let Some(e) = ev else { break };
             did = true;
             match e {
@@ -191,7 +193,6 @@ impl HttpApp {
                 }
                 AppEvent::Ready(id) => self.one(id, site),
             }
-            ev = app.try_event();
         }
         if self.last_sweep.elapsed() >= SWEEP_EVERY {
             self.last_sweep = Instant::now();
@@ -391,12 +392,13 @@ impl StreamApp {
     /// Handles up to [`STEP_EVENTS`] events (waiting up to `wait` for the
     /// first, not at all with `None`); true when it did anything.
     pub fn step(&mut self, app: &App, wait: Option<Duration>) -> bool {
-        let mut ev = match wait {
-            Some(d) => app.next_event(d),
-            None => app.try_event(),
-        };
         let mut did = false;
-        for _ in 0..STEP_EVENTS {
+        for i in 0..STEP_EVENTS {
+            // Taken only when it is handled in this step (see `HttpApp::step`).
+            let ev = match (i, wait) {
+                (0, Some(d)) => app.next_event(d),
+                _ => app.try_event(),
+            };
             let id = match ev {
                 Some(AppEvent::Accepted(conn)) => {
                     let id = conn.id();
@@ -413,7 +415,6 @@ impl StreamApp {
             };
             did = true;
             self.one(id);
-            ev = app.try_event();
         }
         did
     }
@@ -450,5 +451,27 @@ impl StreamApp {
         if gone {
             self.conns.remove(&id);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step handles at most [`STEP_EVENTS`] events and leaves the rest
+    /// queued: none is taken off the queue and then dropped.
+    #[test]
+    fn a_step_leaves_the_events_it_does_not_handle_queued() {
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let app = App { rx };
+        for id in 0..(STEP_EVENTS as u64 + 44) {
+            tx.send(AppEvent::Ready(id)).ok();
+        }
+        let mut s = StreamApp::new(BlobId(0), 100, 10);
+        assert!(s.step(&app, Some(Duration::from_millis(1))));
+        assert_eq!(app.rx.len(), 44);
+        assert!(s.step(&app, None));
+        assert_eq!(app.rx.len(), 0);
+        assert!(!s.step(&app, None));
     }
 }

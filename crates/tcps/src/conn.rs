@@ -16,7 +16,7 @@
 use std::mem::ManuallyDrop;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering, fence};
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
@@ -188,7 +188,13 @@ impl Conn {
     /// Appends what the receive queue holds to `buf` (up to `max` bytes,
     /// whole messages), without blocking.
     pub fn try_recv(&mut self, buf: &mut Vec<u8>, max: usize) -> RecvStatus {
-        self.shared.notified.store(false, Ordering::Release);
+        // "Looked" before looking: the fence orders this store before the
+        // ring reads below, and pairs with the one in `PConn::notify_app`
+        // (publish, fence, swap). Without it the ring could be read empty
+        // while the PPE still saw `notified` set and sent no event: that
+        // connection would never be looked at again.
+        self.shared.notified.store(false, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
         if self.eof {
             return self.after_eof();
         }
@@ -241,6 +247,9 @@ impl Conn {
         let mut sent = 0;
         while sent < data.len() {
             let n = (data.len() - sent).min(cap);
+            if !self.has_room() {
+                break;
+            }
             let Some(mut slot) = self.tx.try_reserve() else {
                 break;
             };
@@ -249,14 +258,15 @@ impl Conn {
             slot.commit(n + 1);
             sent += n;
         }
-        self.after_send(sent > 0 || data.is_empty(), sent < data.len());
+        self.after_send(sent > 0 || data.is_empty());
         sent
     }
 
     /// Queues `len` bytes of a registered blob from `offset`, sent by the PPE
     /// straight from memory. False when the send ring is full.
     pub fn send_blob(&mut self, blob: BlobId, offset: u64, len: u64) -> bool {
-        let ok = match self.tx.try_reserve() {
+        let room = self.has_room();
+        let ok = match self.tx.try_reserve().filter(|_| room) {
             Some(mut slot) => {
                 slot[0] = TxTag::Blob as u8;
                 slot[1..5].copy_from_slice(&blob.0.to_le_bytes());
@@ -267,15 +277,30 @@ impl Conn {
             }
             None => false,
         };
-        self.after_send(ok, !ok);
+        self.after_send(ok);
         ok
     }
 
-    fn after_send(&mut self, queued: bool, full: bool) {
-        if full {
-            self.shared.wants_space.store(true, Ordering::Release);
+    /// Whether the send ring has a free slot. When it has none, says so
+    /// (`wants_space`) before looking once more: with the fence here and
+    /// the PPE's (release slots, fence, read `wants_space`), either this
+    /// second look finds the slots the PPE freed or the PPE sees the flag
+    /// and sends an event. Flag first, look second: never a lost wake-up.
+    fn has_room(&mut self) -> bool {
+        if self.tx.free_slots() > 0 {
+            return true;
         }
+        self.shared.wants_space.store(true, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
+        self.tx.free_slots() > 0
+    }
+
+    fn after_send(&mut self, queued: bool) {
         self.tx.publish();
+        // Pairs with the fence in `PConn::send` (clear `doorbell`, fence,
+        // read the ring): either the PPE reads what was just published or
+        // this swap finds the flag cleared and rings.
+        fence(Ordering::SeqCst);
         if queued && !self.shared.doorbell.swap(true, Ordering::AcqRel) {
             self.bell
                 .ring(self.shared.owner.load(Ordering::Acquire), self.shared.id);

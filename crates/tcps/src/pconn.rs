@@ -10,7 +10,7 @@
 use std::io;
 use std::net::TcpStream;
 use std::os::fd::{AsFd, AsRawFd};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{Ordering, fence};
 use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
@@ -273,8 +273,9 @@ impl PConn {
         now: Instant,
     ) -> Served {
         let mut s = Served::default();
-        self.shared.doorbell.store(false, Ordering::Release);
-        let wanted = self.shared.wants_space.load(Ordering::Acquire);
+        // Cleared before the ring is read; see `Conn::after_send`.
+        self.shared.doorbell.store(false, Ordering::Relaxed);
+        fence(Ordering::SeqCst);
         self.tx_taken = false;
         while (s.bytes_out as usize) < quantum && self.writable && !self.error {
             if self.out_pos == self.out.len() && self.blob.is_none() && !self.refill(blobs) {
@@ -306,9 +307,13 @@ impl PConn {
             self.last_activity = now;
             self.advance(n);
         }
-        if wanted && self.tx_taken {
-            self.shared.wants_space.store(false, Ordering::Release);
-            s.notify = true;
+        // Slots were released (in `refill`) before this look; see
+        // `Conn::has_room` for the other half.
+        if self.tx_taken {
+            fence(Ordering::SeqCst);
+            if self.shared.wants_space.swap(false, Ordering::AcqRel) {
+                s.notify = true;
+            }
         }
         if self.app_closed && self.closing_since.is_none() && self.send_backlog() == 0 {
             // Everything the application queued is out: FIN to the peer.
@@ -383,6 +388,9 @@ impl PConn {
 
     /// Tells the application, once until it looks.
     pub fn notify_app(&self) {
+        // What the application should see was published before this; see
+        // `Conn::try_recv` for the other half.
+        fence(Ordering::SeqCst);
         if !self.shared.notified.swap(true, Ordering::AcqRel) {
             let _ = self.notify.send(AppEvent::Ready(self.shared.id));
         }

@@ -62,6 +62,10 @@ pub const TOKEN_LISTENER: u64 = u64::MAX - 1;
 pub const TOKEN_WAKE: u64 = u64::MAX - 2;
 const TOKEN_IGNORE: u64 = u64::MAX - 3;
 
+/// io_uring submission and completion queue sizes.
+const SQ_ENTRIES: u32 = 1024;
+const CQ_ENTRIES: u32 = 16384;
+
 const POLL_MASK: u32 =
     (libc::POLLIN | libc::POLLOUT | libc::POLLRDHUP | libc::POLLERR | libc::POLLHUP) as u32;
 
@@ -88,7 +92,10 @@ impl Poller {
                     b.setup_sqpoll_cpu(c as u32);
                 }
             }
-            match b.build(1024) {
+            // A CQ larger than the default 2 × SQ: every connection has a
+            // multishot poll that may post several completions between peeks.
+            b.setup_cqsize(CQ_ENTRIES);
+            match b.build(SQ_ENTRIES) {
                 Ok(ring) => {
                     return Ok((
                         Poller::Uring {
@@ -177,6 +184,17 @@ impl Poller {
                     }
                 } else {
                     flush(ring, queued)?;
+                }
+                // Completions the kernel could not fit in the CQ wait in its
+                // overflow list until someone enters with GETEVENTS, which a
+                // PPE that only peeks the CQ never does: a connection whose
+                // readiness sat there would never be served.
+                let sq = ring.submission();
+                let stuck = sq.cq_overflow() || sq.taskrun();
+                drop(sq);
+                if stuck {
+                    ring.submit()?;
+                    *queued = 0;
                 }
                 let mut rearm = Vec::new();
                 for cqe in ring.completion() {

@@ -199,6 +199,8 @@ impl Ppe {
         }
         let slot = self.slot();
         slot.parked.store(true, Ordering::SeqCst);
+        // Pairs with `Shared::send` (send, fence, read `parked`).
+        std::sync::atomic::fence(Ordering::SeqCst);
         let mut found = false;
         if slot.rx.is_empty() && !self.shared.stopping.load(Ordering::Acquire) {
             PpeStats::add(&slot.stats.parks, 1);
@@ -311,6 +313,7 @@ impl Ppe {
     pub fn doze(&mut self) {
         let slot = self.slot();
         slot.parked.store(true, Ordering::SeqCst);
+        std::sync::atomic::fence(Ordering::SeqCst);
         if !slot.running.load(Ordering::SeqCst) && !self.shared.stopping.load(Ordering::Acquire) {
             self.poll_events(true);
         }

@@ -243,6 +243,8 @@ impl Shared {
             return self.send(self.config.master, msg);
         }
         slot.tx.send(msg).map_err(|e| e.0)?;
+        // Pairs with the PPE's (set `parked`, fence, look at the mailbox).
+        std::sync::atomic::fence(Ordering::SeqCst);
         if slot.parked.load(Ordering::SeqCst) {
             slot.waker.wake();
         }
