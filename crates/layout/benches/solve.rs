@@ -42,8 +42,10 @@ fn quality() {
         "| size | greedy weight | milp weight | ratio | weight bound | offload stage | greedy cross | milp cross | bandwidth stage | solve time |"
     );
     eprintln!("|---|---|---|---|---|---|---|---|---|---|");
+    let bar = sidecore_plot::progress::Progress::bar((SIZES.len() * PES.len()) as u64, "quality");
     for n in SIZES {
         for k in PES {
+            bar.say(format!("quality: {n} offcodes on {k} PEs"));
             let p = generator::problem(n, k, 1);
             let g = greedy(&p)
                 .expect("valid problem")
@@ -73,15 +75,18 @@ fn quality() {
                 .iter()
                 .find(|s| s.name == "offload")
                 .map_or(f64::NAN, |s| s.objective * (1.0 + s.gap));
-            eprintln!(
-                "| {n}x{k} | {gw} | {} | {:.3} | {bound:.0} | {} | {gc} | {} | {} | {:.3} s |",
-                l.offloaded_weight,
-                l.offloaded_weight as f64 / gw.max(1) as f64,
-                stage("offload"),
-                l.cross_bandwidth,
-                stage("bandwidth"),
-                l.stats.time.as_secs_f64(),
-            );
+            bar.suspend(|| {
+                eprintln!(
+                    "| {n}x{k} | {gw} | {} | {:.3} | {bound:.0} | {} | {gc} | {} | {} | {:.3} s |",
+                    l.offloaded_weight,
+                    l.offloaded_weight as f64 / gw.max(1) as f64,
+                    stage("offload"),
+                    l.cross_bandwidth,
+                    stage("bandwidth"),
+                    l.stats.time.as_secs_f64(),
+                );
+            });
+            bar.step("quality");
         }
     }
 }

@@ -163,6 +163,7 @@ fn main() {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|");
     let periods: &[u64] = if trials == 0 { &[] } else { &[10, 25, 100] };
+    let bar = sidecore_plot::progress::Progress::bar((periods.len() * trials) as u64, "detect");
     for &r_ms in periods {
         let refresh = r_ms * MS;
         let mut mb = MonitorBox::from_shared(
@@ -172,6 +173,7 @@ fn main() {
         let mut m = Monitor::new(mb, refresh);
         let (mut lat_tick, mut lat_cpu) = (Vec::new(), Vec::new());
         for t in 0..trials {
+            bar.step(format!("refresh {r_ms} ms, trial {t}"));
             // Warm up: both detectors alive for a few views.
             for _ in 0..5 {
                 m.step();
@@ -212,18 +214,21 @@ fn main() {
             }
             assert!(rt && rc, "target did not recover");
         }
-        eprintln!("r={r_ms} ms tick {lat_tick:?}\n      cpu {lat_cpu:?}");
-        println!(
-            "| {r_ms} ms | {}..{} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
-            3 * r_ms,
-            4 * r_ms,
-            pct(&lat_tick, 0.5),
-            pct(&lat_tick, 1.0),
-            pct(&lat_cpu, 0.5),
-            pct(&lat_cpu, 1.0),
-            if r_ms == 100 { "all within 400" } else { "-" }
-        );
+        bar.suspend(|| eprintln!("r={r_ms} ms tick {lat_tick:?}\n      cpu {lat_cpu:?}"));
+        bar.suspend(|| {
+            println!(
+                "| {r_ms} ms | {}..{} | {:.1} | {:.1} | {:.1} | {:.1} | {} |",
+                3 * r_ms,
+                4 * r_ms,
+                pct(&lat_tick, 0.5),
+                pct(&lat_tick, 1.0),
+                pct(&lat_cpu, 0.5),
+                pct(&lat_cpu, 1.0),
+                if r_ms == 100 { "all within 400" } else { "-" }
+            );
+        });
     }
+    drop(bar);
 
     // False positives under a CPU-bound load.
     let load = TestCgroup::new("detect-load", 16, 1 << 30);

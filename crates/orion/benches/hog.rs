@@ -232,15 +232,20 @@ fn main() {
     ] {
         let mut rows: [Vec<Outcome>; 3] = [Vec::new(), Vec::new(), Vec::new()];
         let methods = if earlyoom { 3 } else { 2 };
+        let bar = sidecore_plot::progress::Progress::bar((trials * methods) as u64, name);
         for t in 0..trials {
             for i in 0..methods {
+                let by = ["the kernel", "Orion", "earlyoom"][(i + t) % methods];
+                bar.say(format!("{name}, trial {t}, repaired by {by}"));
                 match (i + t) % methods {
                     0 => rows[0].push(one(script, false)),
                     1 => rows[1].push(one(script, true)),
                     _ => rows[2].push(one_earlyoom(script)),
                 }
+                bar.step(name);
             }
         }
+        drop(bar);
         for (label, r) in [
             ("kernel OOM killer", &rows[0]),
             ("Orion healer (75 %, 25 ms)", &rows[1]),

@@ -144,14 +144,18 @@ fn main() {
         ("I/O-bound bomb, repaired", Bomb::Io, true),
     ];
     let mut times: Vec<Vec<(f64, usize)>> = vec![Vec::new(); rows.len()];
+    let bar = sidecore_plot::progress::Progress::bar((trials * rows.len()) as u64, "probe");
     for t in 0..trials {
         for k in 0..rows.len() {
             let i = (k + t) % rows.len();
-            let (_, bomb, repaired) = rows[i];
+            let (name, bomb, repaired) = rows[i];
+            bar.say(format!("trial {t}: beside {name}"));
             let (d, n) = run(iters, bomb, repaired);
             times[i].push((d.as_secs_f64(), n));
+            bar.step("probe");
         }
     }
+    drop(bar);
     let mean = |v: &[(f64, usize)]| v.iter().map(|x| x.0).sum::<f64>() / v.len() as f64;
     let idle = mean(&times[0]);
     println!("OR-8: a {secs} s probe job beside fork bombs ({trials} trials per row, rotated)");

@@ -70,7 +70,10 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3
 }
 
-fn one(n: usize, method: Method, out: &mut Samples) {
+/// One repair of an `n`-process tree; for Orion, a note of where the
+/// frozen time went.
+fn one(n: usize, method: Method, out: &mut Samples) -> Option<String> {
+    let mut note = None;
     let cg = TestCgroup::new("repair", n as u64 + 64, 8 << 30);
     let mut root = cg.spawn(&["perl", "-e", TREE, &n.to_string()]);
     assert!(
@@ -116,14 +119,14 @@ fn one(n: usize, method: Method, out: &mut Samples) {
                     .filter_map(|a| a.evidence[key].as_f64())
                     .sum()
             };
-            eprintln!(
+            note = Some(format!(
                 "n={n} where the frozen time went (ms): freeze settle {:.1}, walk {:.1}, kill {:.1}, thaw {:.1}; frozen {:.1}",
                 sum("freeze", "settled_ms"),
                 sum("kill", "walk_ms"),
                 sum("kill", "kill_ms"),
                 sum("thaw", "thaw_ms"),
                 r.frozen_ms
-            );
+            ));
             out.healer_total.push(r.total_ms);
             out.gone.push(ms(end + left - start));
             out.passes.push(r.passes);
@@ -152,6 +155,7 @@ fn one(n: usize, method: Method, out: &mut Samples) {
         }
     }
     let _ = root.wait();
+    note
 }
 
 fn main() {
@@ -180,39 +184,48 @@ fn main() {
     );
     println!("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     let mut plot: [Vec<f64>; 4] = Default::default();
+    let runs = (sizes.len() * trials * 3) as u64;
+    let bar = sidecore_plot::progress::Progress::bar(runs, "repair");
     for &n in &sizes {
         let methods = [Method::Orion, Method::CgroupKill, Method::WalkKill];
         let mut s: Vec<Samples> = (0..3).map(|_| Samples::default()).collect();
         for t in 0..trials {
             for i in 0..3 {
                 let m = methods[(i + t) % 3];
+                bar.say(format!("{n} processes, trial {t}, {m:?}"));
                 let idx = methods.iter().position(|x| *x == m).unwrap();
-                one(n, m, &mut s[idx]);
+                if let Some(note) = one(n, m, &mut s[idx]) {
+                    bar.suspend(|| eprintln!("{note}"));
+                }
+                bar.step("repair");
             }
         }
         let (o, c, w) = (&s[0], &s[1], &s[2]);
-        eprintln!(
+        bar.suspend(|| eprintln!(
             "n={n} orion frozen {:?} gone {:?} passes {:?} killed {:?}; cgroup.kill gone {:?}; walk gone {:?}",
             o.frozen, o.gone, o.passes, o.killed, c.gone, w.gone
-        );
+        ));
         plot[0].push(seed(n).parse().unwrap_or(f64::NAN));
         plot[1].push(median(&o.healer_total));
         plot[2].push(median(&c.gone));
         plot[3].push(median(&w.gone));
-        println!(
-            "| {n} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {:.1} | {:.1} | {:.1} |",
-            seed(n),
-            median(&o.frozen),
-            median(&o.settle),
-            median(&o.healer_total),
-            median(&o.gone),
-            o.passes.iter().max().unwrap_or(&0),
-            o.killed.iter().min().unwrap_or(&0),
-            median(&c.gone),
-            median(&w.frozen),
-            median(&w.gone),
-        );
+        bar.suspend(|| {
+            println!(
+                "| {n} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {} | {} | {:.1} | {:.1} | {:.1} |",
+                seed(n),
+                median(&o.frozen),
+                median(&o.settle),
+                median(&o.healer_total),
+                median(&o.gone),
+                o.passes.iter().max().unwrap_or(&0),
+                o.killed.iter().min().unwrap_or(&0),
+                median(&c.gone),
+                median(&w.frozen),
+                median(&w.gone),
+            );
+        });
     }
+    drop(bar);
     let svg = sidecore_plot::out_dir().join("orion-repair.svg");
     let groups: Vec<String> = sizes.iter().map(|n| format!("{n} processes")).collect();
     let [seed_ms, healer, cgkill, walk] = plot;

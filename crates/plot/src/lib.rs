@@ -2,7 +2,11 @@
 //! (one group per table row, one bar per compared series) is what every
 //! side-by-side table of BENCHMARKS.md needs. Benchmarks write into
 //! [`out_dir`], `docs/plots/` of the workspace unless `$SIDECORE_PLOTS` says
-//! otherwise, and BENCHMARKS.md embeds the files from there.
+//! otherwise, and BENCHMARKS.md embeds the files from there. [`progress`]
+//! is the bar that long runs (the binary's and the benchmarks') show on a
+//! terminal.
+
+pub mod progress;
 
 use std::path::{Path, PathBuf};
 

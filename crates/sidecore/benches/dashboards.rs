@@ -127,14 +127,18 @@ fn main() {
     println!("pair  none (records/s)  {DASHBOARDS} dashboards (records/s)  ratio");
     let mut ratios = Vec::new();
     let (mut none, mut ten) = (Vec::new(), Vec::new());
+    let bar = sidecore_plot::progress::Progress::bar(2 * pairs as u64, "pair 0: no dashboard");
     for p in 0..pairs {
         let a = round(addr, socket, &manifest, 0, secs);
+        bar.step(format!("pair {p}: {DASHBOARDS} dashboards"));
         let b = round(addr, socket, &manifest, DASHBOARDS, secs);
+        bar.step(format!("pair {}: no dashboard", p + 1));
         ratios.push(b / a);
         none.push(a / 1e6);
         ten.push(b / 1e6);
-        println!("{p:>4}  {a:>16.0}  {b:>26.0}  {:.3}", b / a);
+        bar.suspend(|| println!("{p:>4}  {a:>16.0}  {b:>26.0}  {:.3}", b / a));
     }
+    drop(bar);
     let svg = sidecore_plot::out_dir().join("dashboards.svg");
     let groups: Vec<String> = (0..pairs).map(|p| format!("pair {p}")).collect();
     match sidecore_plot::grouped_bars(

@@ -98,7 +98,9 @@ fn main() {
     let meter = c.meter(WIN_MS, total_ms);
     std::thread::sleep(Duration::from_millis(300));
     let mut starts = Vec::new();
-    for a in &phases {
+    let bar = sidecore_plot::progress::Progress::bar(phases.len() as u64, "phase 0");
+    for (k, a) in phases.iter().enumerate() {
+        bar.say(format!("phase {k}: {PHASE_MS} ms"));
         let t0 = unix_ms();
         starts.push(t0);
         let loads: Vec<Proc> = (0..3)
@@ -108,7 +110,9 @@ fn main() {
         for mut l in loads {
             let _ = wait_exit(&mut l.0, 20);
         }
+        bar.step("phase");
     }
+    drop(bar);
     let out = meter.wait_with_output().unwrap();
     drop(agents);
     let windows: Vec<(u128, f64)> = windows(&String::from_utf8_lossy(&out.stdout))

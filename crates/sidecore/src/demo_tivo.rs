@@ -165,7 +165,10 @@ pub fn run(a: &TivoArgs) -> anyhow::Result<ExitCode> {
     std::fs::create_dir_all(&bed.dir)?;
     let movie = bed.dir.join("movie.bin");
     std::fs::write(&movie, movie_bytes())?;
+    let runs = a.modes.len() * loads.len() + if a.no_client { 0 } else { 2 };
+    let bar = crate::progress::Progress::bar(runs as u64 + 1, "tivo: idle CPUs");
     let idle = measure_idle(a.seconds, &cpus)?;
+    bar.step("tivo");
     let mut rows = Vec::new();
     let mut specs: Vec<RunSpec<'_>> = Vec::new();
     for m in &a.modes {
@@ -190,14 +193,23 @@ pub fn run(a: &TivoArgs) -> anyhow::Result<ExitCode> {
         });
     }
     for s in &specs {
+        let load = if s.load { ", loaded" } else { "" };
+        let dec = if s.decoder_on_core {
+            ", decoder on core"
+        } else {
+            ""
+        };
+        bar.say(format!("tivo: streamer {}{load}{dec}", s.mode));
         let text = manifest(&bed, a, &cpus, &movie, s)?;
         let row = measure(&text, a, &cpus, s)
             .with_context(|| format!("streamer mode {}, load {}", s.mode, s.load))?;
         if !a.json {
-            print_row(&row, rows.is_empty(), a);
+            bar.suspend(|| print_row(&row, rows.is_empty(), a));
         }
+        bar.step("tivo");
         rows.push(row);
     }
+    drop(bar);
     if a.json {
         let v = serde_json::json!({
             "dedicated_cpu": cpus.dedicated,

@@ -91,7 +91,10 @@ pub fn run(a: &TotalOrderArgs) -> anyhow::Result<ExitCode> {
     };
     let mut all = Vec::new();
     let mut loss_by = String::new();
+    let runs = (a.nodes.len() * variants.len()) as u64;
+    let bar = crate::progress::Progress::bar(runs, "total order");
     for &n in &a.nodes {
+        bar.say(format!("total order: building the {n}-node mesh"));
         let prefix = format!("{}{n}", a.prefix);
         let _ = sidecore_testbed::topology::down(&prefix);
         let bed = Bed::up(n, &prefix, a.loss_percent)
@@ -99,16 +102,26 @@ pub fn run(a: &TotalOrderArgs) -> anyhow::Result<ExitCode> {
         let _down = Down(prefix);
         loss_by = bed.loss.to_string();
         for &v in &variants {
+            bar.say(format!("total order: {} on {n} nodes", v.name()));
             let m = run_variant(&bed, v, &opts)
                 .with_context(|| format!("{} on {n} nodes", v.name()))?;
-            if a.json {
-                println!("{}", serde_json::to_string(&m)?);
+            let line = if a.json {
+                serde_json::to_string(&m)?
             } else {
-                eprintln!("  {n} nodes, {}: {:.0} msg/s", v.name(), m.msgs_per_s);
-            }
+                format!("  {n} nodes, {}: {:.0} msg/s", v.name(), m.msgs_per_s)
+            };
+            bar.suspend(|| {
+                if a.json {
+                    println!("{line}");
+                } else {
+                    eprintln!("{line}");
+                }
+            });
+            bar.step("total order");
             all.push(m);
         }
     }
+    drop(bar);
     if !a.json {
         print!("{}", table(a, &loss_by, &all));
     }

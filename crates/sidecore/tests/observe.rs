@@ -1,8 +1,9 @@
 //! End-to-end tests of what operators look at, through a real daemon running a
 //! real app: `/metrics` against the family list and `promtool check metrics`,
 //! the dashboard in headless Chromium, bad HTTP input and a dashboard that
-//! never reads, the configuration file with `--check-config` and SIGHUP, and
-//! the shell completions.
+//! never reads, the configuration file with `--check-config` and SIGHUP, the
+//! shell completions, restarts as `ps`, `events` and `/metrics` show them,
+//! and progress bars on a terminal only.
 
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
@@ -627,4 +628,41 @@ fn restarts_show_in_ps_events_and_metrics() {
     let gaps = "sidecore_offcode_reported{app=\"restart-demo\",offcode=\"checksum\",name=\"sequence_gaps\"}";
     assert_eq!(common::sample(&get(d.http, "/metrics").1, gaps), Some(0.0));
     let _ = run(&["down", "--daemon", "--socket", sock]);
+}
+
+#[test]
+fn the_total_order_demo_shows_its_progress_on_a_terminal_only() {
+    if !sidecore_testbed::testing::root() {
+        return;
+    }
+    let _g = serial();
+    let prefix = format!("top{}", std::process::id() % 10_000);
+    let _clean = sidecore_testbed::testing::Cleanup(format!("{prefix}3"));
+    let args =
+        format!("demo total-order --nodes 3 --messages 100 --variants offloaded --prefix {prefix}");
+    // On a terminal (script(1) gives it a pty): the bar names the run.
+    let tty = Command::new("script")
+        .args([
+            "-qfec",
+            &format!("{} {args}", env!("CARGO_BIN_EXE_sidecore")),
+            "/dev/null",
+        ])
+        .output()
+        .expect("script(1) from util-linux");
+    let shown = String::from_utf8_lossy(&tty.stdout);
+    assert!(tty.status.success(), "{shown}");
+    assert!(
+        shown.contains("total order: offloaded orderer on 3 nodes") && shown.contains("1/1"),
+        "{shown}"
+    );
+    assert!(shown.contains("Total order, all-to-all"), "{shown}");
+    // Piped: the table and the per-run line, no bar.
+    let piped = run(&args.split(' ').collect::<Vec<_>>());
+    let (o, e) = text(&piped);
+    assert!(piped.status.success(), "{o}\n{e}");
+    assert!(o.contains("Total order, all-to-all"), "{o}");
+    assert!(
+        !o.contains("total order:") && !e.contains("total order:"),
+        "{o}\n{e}"
+    );
 }
