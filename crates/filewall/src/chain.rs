@@ -419,8 +419,7 @@ impl<M: Clone> Chain<M> {
                     self.stats.unmatched_responses += 1;
                     return;
                 };
-                let request = p.payload.request.clone();
-                self.policies[i].on_response(xid, &request, item.msg, out);
+                self.policies[i].on_response(xid, &p.payload.request, item.msg, out);
                 let passed_on = out
                     .iter()
                     .any(|a| matches!(a, Action::Forward(_) | Action::Respond(_)));

@@ -55,9 +55,41 @@ pub fn hmac_sha256(key: &[u8], msg: &[u8]) -> [u8; 32] {
     outer.finalize().into()
 }
 
+/// The key's HMAC state after its padded blocks: each MAC then costs two SHA-256
+/// compressions instead of four.
+#[derive(Clone)]
+struct Keyed {
+    inner: Sha256,
+    outer: Sha256,
+}
+
+impl Keyed {
+    fn new(key: &[u8]) -> Self {
+        let mut k = [0u8; 64];
+        if key.len() > 64 {
+            k[..32].copy_from_slice(&Sha256::digest(key));
+        } else {
+            k[..key.len()].copy_from_slice(key);
+        }
+        let mut inner = Sha256::new();
+        inner.update(k.map(|b| b ^ 0x36));
+        let mut outer = Sha256::new();
+        outer.update(k.map(|b| b ^ 0x5c));
+        Self { inner, outer }
+    }
+
+    fn mac(&self, msg: &[u8]) -> [u8; 32] {
+        let mut inner = self.inner.clone();
+        inner.update(msg);
+        let mut outer = self.outer.clone();
+        outer.update(inner.finalize());
+        outer.finalize().into()
+    }
+}
+
 /// The secret that seals and opens virtual handles.
 #[derive(Clone)]
-pub struct HandleKey(Arc<Vec<u8>>);
+pub struct HandleKey(Arc<Vec<u8>>, Arc<Keyed>);
 
 impl std::fmt::Debug for HandleKey {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -73,7 +105,8 @@ impl HandleKey {
                 key.len()
             ));
         }
-        Ok(Self(Arc::new(key)))
+        let keyed = Arc::new(Keyed::new(&key));
+        Ok(Self(Arc::new(key), keyed))
     }
 
     /// Reads a key file (its bytes, as they are).
@@ -84,7 +117,7 @@ impl HandleKey {
 
     fn mac(&self, real: &[u8]) -> [u8; MAC_LEN] {
         let mut m = [0u8; MAC_LEN];
-        m.copy_from_slice(&hmac_sha256(&self.0, real)[..MAC_LEN]);
+        m.copy_from_slice(&self.1.mac(real)[..MAC_LEN]);
         m
     }
 
@@ -320,6 +353,16 @@ mod tests {
             )),
             "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54"
         );
+    }
+
+    #[test]
+    fn the_precomputed_key_state_gives_the_same_mac() {
+        for key in [vec![7u8; 32], vec![0xaa; 131]] {
+            let k = Keyed::new(&key);
+            for msg in [&b""[..], b"a handle", &[9u8; 100]] {
+                assert_eq!(k.mac(msg), hmac_sha256(&key, msg));
+            }
+        }
     }
 
     #[test]

@@ -19,6 +19,7 @@ pub mod engine;
 pub mod flowstats;
 pub mod handles;
 pub mod latency;
+pub mod loadgen;
 pub mod message;
 pub mod mount;
 pub mod nfs3;
