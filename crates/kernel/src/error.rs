@@ -116,6 +116,27 @@ pub(crate) fn chain(e: &dyn std::error::Error) -> String {
     s
 }
 
+/// Verifier log lines kept in an error.
+pub(crate) const VERIFIER_LINES: usize = 12;
+
+/// A program the kernel refused to load, with the tail of the verifier's log
+/// when there is one.
+pub(crate) fn refused(program: &str, e: &aya::programs::ProgramError) -> KernelError {
+    KernelError::Verify {
+        program: program.to_string(),
+        detail: match e {
+            aya::programs::ProgramError::LoadError {
+                io_error,
+                verifier_log,
+            } => format!(
+                "{io_error}; the verifier said:\n{}",
+                tail(&verifier_log.to_string(), VERIFIER_LINES)
+            ),
+            other => chain(other),
+        },
+    }
+}
+
 /// The last lines of a verifier log: where it stopped, and why.
 pub(crate) fn tail(log: &str, lines: usize) -> String {
     let v: Vec<&str> = log.lines().collect();

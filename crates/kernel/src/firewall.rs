@@ -15,15 +15,13 @@ use aya::programs::Xdp;
 use aya::programs::xdp::XdpLinkId;
 use sidecore_firewall::{Action, Classifier};
 
-use crate::error::{KernelError, XdpMode, chain, tail};
+use crate::error::{KernelError, XdpMode, chain, refused};
 use crate::objects;
 
 /// The XDP program's name in the object.
 pub const PROGRAM: &str = "sidecore_fw";
 /// Shapes the program probes per generation (`FW_MAX_SHAPES`).
 pub const MAX_SHAPES: usize = 64;
-/// Verifier log lines kept in an error.
-const VERIFIER_LINES: usize = 12;
 
 // The map layouts of bpf/firewall.bpf.c, field for field.
 
@@ -180,19 +178,7 @@ impl XdpFirewall {
                 program: PROGRAM.into(),
                 detail: chain(&e),
             })?;
-        prog.load().map_err(|e| KernelError::Verify {
-            program: PROGRAM.into(),
-            detail: match &e {
-                aya::programs::ProgramError::LoadError {
-                    io_error,
-                    verifier_log,
-                } => format!(
-                    "{io_error}; the verifier said:\n{}",
-                    tail(&verifier_log.to_string(), VERIFIER_LINES)
-                ),
-                other => chain(other),
-            },
-        })?;
+        prog.load().map_err(|e| refused(PROGRAM, &e))?;
         let log = RingBuf::try_from(
             ebpf.take_map("fw_log")
                 .ok_or_else(|| missing("map", "fw_log"))?,

@@ -17,11 +17,18 @@ pub fn orion_sched() -> &'static [u8] {
     aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/orion_sched.bpf.o"))
 }
 
+/// AF_XDP receive: IPv4 frames redirected into sockets by queue
+/// (`bpf/xsk_redirect.bpf.c`).
+pub fn xsk_redirect() -> &'static [u8] {
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xsk_redirect.bpf.o"))
+}
+
 /// Every embedded object, by name (for `sidecore devices` and errors).
-pub fn all() -> [(&'static str, &'static [u8]); 3] {
+pub fn all() -> [(&'static str, &'static [u8]); 4] {
     [
         ("firewall", firewall()),
         ("sikker_l4", sikker_l4()),
         ("orion_sched", orion_sched()),
+        ("xsk_redirect", xsk_redirect()),
     ]
 }

@@ -3,11 +3,16 @@
 //! * **kernel** ([`XdpOffcode`]): the XDP classifier of `sidecore-kernel`
 //!   attached at the ingress interface; its counters become metrics and its
 //!   ring buffer of log records is drained into the `log` output.
-//! * **core** ([`CoreOffcode`]): a raw-socket forwarder on a dedicated core.
-//!   It reads every frame arriving on `ingress`, classifies it with the same
-//!   tuple-space classifier, and sends accepted frames out of `egress` to the
-//!   next hop (the kernel's forwarding is turned off in the namespace while it
-//!   runs, so it is the only path).
+//! * **core** ([`CoreOffcode`]): a user-space forwarder on a dedicated core.
+//!   It takes every IPv4 frame arriving on `ingress`, classifies it with the
+//!   same tuple-space classifier, and sends accepted frames out of `egress`
+//!   to the next hop (the kernel's forwarding is turned off in the namespace
+//!   while it runs, so it is the only path). `path = "af_xdp"` receives
+//!   through an AF_XDP socket fed by an XDP redirect program on the ingress
+//!   and sends through another on the egress; `af_packet` uses AF_PACKET
+//!   sockets (`recvmmsg`/`sendmmsg`); `auto`, the default, is AF_XDP with
+//!   AF_PACKET where the kernel refuses it (a warning says why). The
+//!   `io_af_xdp` or `io_af_packet` metric says which ran.
 //! * **host** ([`NftOffcode`]): the baseline — the same rules as an nftables
 //!   ruleset on the forward hook of the namespace.
 //!
@@ -22,12 +27,12 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use sidecore_channel::oob::OobMessage;
 use sidecore_firewall::{Action, Classifier, Packet, RuleSet, nft};
-use sidecore_kernel::{XdpFirewall, XdpMode};
+use sidecore_kernel::{XdpFirewall, XdpMode, XskRedirect};
 use sidecore_offcode::{
     BuildSpec, InitCx, Metric, Offcode, OffcodeError, OutputId, Progress, RunCx, parse_params,
 };
 use sidecore_packetio::raw::RecvBatch;
-use sidecore_packetio::{RawOptions, RawSocket, parse};
+use sidecore_packetio::{RawOptions, RawSocket, XskOptions, XskSocket, parse};
 use sidecore_types::PeKind;
 
 use crate::util::{bad, mac};
@@ -56,9 +61,12 @@ pub struct Params {
     /// (core) The MAC of the next hop on `egress`; default: its neighbour entry.
     #[serde(default)]
     pub next_hop_mac: Option<String>,
-    /// (kernel) `auto`, `generic` or `native`.
+    /// (kernel, and core with AF_XDP) `auto`, `generic` or `native`.
     #[serde(default)]
     pub xdp_mode: Option<String>,
+    /// (core) `auto` (AF_XDP, AF_PACKET where refused), `af_xdp` or `af_packet`.
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 impl Params {
@@ -72,6 +80,14 @@ impl Params {
         }
         if let Some(m) = &p.next_hop_mac {
             mac("next_hop_mac", m)?;
+        }
+        if let Some(x) = &p.path
+            && !["auto", "af_xdp", "af_packet"].contains(&x.as_str())
+        {
+            return Err(bad(
+                "path",
+                format!("`{x}` is not one of auto, af_xdp, af_packet"),
+            ));
         }
         Ok((p, rules))
     }
@@ -100,8 +116,12 @@ pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
                 common,
                 classifier,
                 io: None,
+                next_hop: [0; 6],
                 batch: RecvBatch::new(BATCH),
                 out: Vec::with_capacity(BATCH * sidecore_packetio::frame::MAX_FRAME_BYTES),
+                lens: Vec::with_capacity(BATCH),
+                logs: Vec::new(),
+                tx_dropped: Metric::default(),
             })
         }
         _ => Box::new(NftOffcode {
@@ -347,21 +367,54 @@ fn neighbour_mac(netns: Option<&str>, dev: &str) -> Result<[u8; 6], OffcodeError
     mac("next_hop_mac", lladdr)
 }
 
-/// The sockets of a running core forwarder.
-struct CoreIo {
-    rx: RawSocket,
-    tx: RawSocket,
-    next_hop: [u8; 6],
+/// How a running core forwarder's frames come in and go out.
+enum CoreIo {
+    /// AF_PACKET sockets: `recvmmsg` on the ingress, `sendmmsg` on the egress.
+    Packet { rx: RawSocket, tx: RawSocket },
+    /// AF_XDP: the redirect program hands IPv4 frames from the ingress
+    /// queue to `rx`'s ring; accepted frames are copied into `tx`'s UMEM on
+    /// the egress.
+    Xdp {
+        rx: Box<XskSocket>,
+        tx: Box<XskSocket>,
+        /// Kept loaded and attached while the sockets live.
+        _redirect: Box<XskRedirect>,
+    },
 }
 
-/// The firewall on a dedicated core: a raw-socket forwarder.
+impl CoreIo {
+    /// The `io_*` metric naming the path.
+    fn path(&self) -> &'static str {
+        match self {
+            CoreIo::Packet { .. } => "af_packet",
+            CoreIo::Xdp { rx, .. } if rx.zerocopy() => "af_xdp_zerocopy",
+            CoreIo::Xdp { .. } => "af_xdp",
+        }
+    }
+
+    fn egress_mac(&self) -> [u8; 6] {
+        match self {
+            CoreIo::Packet { tx, .. } => tx.mac(),
+            CoreIo::Xdp { tx, .. } => tx.mac(),
+        }
+    }
+}
+
+/// The firewall on a dedicated core: a user-space forwarder over AF_XDP
+/// (AF_PACKET where the kernel refuses it, or where `path` asks).
 pub struct CoreOffcode {
     common: Common,
     classifier: Classifier,
     io: Option<CoreIo>,
+    next_hop: [u8; 6],
     batch: RecvBatch,
-    /// Accepted frames of this turn, back to back.
+    /// Accepted frames of this turn, back to back, and their lengths.
     out: Vec<u8>,
+    lens: Vec<usize>,
+    /// Log records of this turn.
+    logs: Vec<(u32, Packet, bool)>,
+    /// Accepted frames the egress had no room for.
+    tx_dropped: Metric,
 }
 
 /// Rewrites a forwarded frame: new Ethernet addresses, TTL one less with the
@@ -383,82 +436,186 @@ fn forward(frame: &mut [u8], src: [u8; 6], dst: [u8; 6]) -> bool {
     true
 }
 
+/// What a turn of the forwarder decided, frame by frame: accepted frames
+/// (rewritten for the next hop) appended to `out`, their lengths to `lens`,
+/// log records to `logs`; the counters of `common` updated.
+struct Decider<'a> {
+    common: &'a Common,
+    classifier: &'a Classifier,
+    src_mac: [u8; 6],
+    next_hop: [u8; 6],
+    out: &'a mut Vec<u8>,
+    lens: &'a mut Vec<usize>,
+    logs: &'a mut Vec<(u32, Packet, bool)>,
+}
+
+impl Decider<'_> {
+    fn take(&mut self, frame: &[u8]) {
+        let Some(parsed) = parse(frame) else { return }; // not IPv4: not ours to route
+        let v = self.classifier.decide(&parsed.packet);
+        if v.log
+            && let Some(r) = v.rule
+        {
+            self.logs.push((
+                u32::try_from(r).unwrap_or(u32::MAX),
+                parsed.packet,
+                v.action == Action::Accept,
+            ));
+        }
+        match (v.action, v.rule) {
+            (Action::Accept, _) => {
+                let start = self.out.len();
+                self.out.extend_from_slice(frame);
+                if forward(&mut self.out[start..], self.src_mac, self.next_hop) {
+                    self.lens.push(frame.len());
+                    self.common.accepted.add(1);
+                } else {
+                    self.out.truncate(start);
+                }
+            }
+            (Action::Deny, Some(_)) => self.common.denied.add(1),
+            (Action::Deny, None) => self.common.default_denied.add(1),
+        }
+    }
+}
+
+impl CoreOffcode {
+    /// Opens the path `path` asks for: AF_XDP (redirect program at the
+    /// ingress, a socket on each side) or AF_PACKET.
+    fn open(&self, path: &str) -> Result<CoreIo, OffcodeError> {
+        let p = &self.common.p;
+        let egress = p.egress.clone().unwrap_or_default();
+        if path == "af_packet" {
+            let rx = RawSocket::open(&RawOptions {
+                netns: p.netns.clone(),
+                iface: p.ingress.clone(),
+                receive: true,
+                ..RawOptions::default()
+            })
+            .map_err(failed)?;
+            let tx = RawSocket::open(&RawOptions {
+                netns: p.netns.clone(),
+                iface: egress,
+                qdisc_bypass: true,
+                ..RawOptions::default()
+            })
+            .map_err(failed)?;
+            return Ok(CoreIo::Packet { rx, tx });
+        }
+        let xdp_err = |e: &dyn std::fmt::Display| failed(format!("AF_XDP: {e}"));
+        let mut ro = XskOptions::tx(p.netns.clone(), &p.ingress);
+        (ro.rx, ro.tx) = (true, false);
+        let rx = XskSocket::open(&ro).map_err(|e| xdp_err(&e))?;
+        let tx =
+            XskSocket::open(&XskOptions::tx(p.netns.clone(), &egress)).map_err(|e| xdp_err(&e))?;
+        let mut redirect = XskRedirect::load().map_err(|e| xdp_err(&e))?;
+        redirect
+            .insert(rx.queue(), rx.fd())
+            .map_err(|e| xdp_err(&e))?;
+        redirect
+            .attach(p.netns.as_deref(), &p.ingress, self.xdp_mode()?)
+            .map_err(|e| xdp_err(&e))?;
+        Ok(CoreIo::Xdp {
+            rx: Box::new(rx),
+            tx: Box::new(tx),
+            _redirect: Box::new(redirect),
+        })
+    }
+
+    fn xdp_mode(&self) -> Result<XdpMode, OffcodeError> {
+        self.common
+            .p
+            .xdp_mode
+            .as_deref()
+            .map_or(Ok(XdpMode::Auto), str::parse)
+            .map_err(|e| bad("xdp_mode", e))
+    }
+
+    /// Receives a batch, decides, sends the accepted frames; how many came in.
+    fn forward_batch(&mut self) -> Result<usize, OffcodeError> {
+        let Some(io) = self.io.as_mut() else {
+            return Ok(0);
+        };
+        let src_mac = io.egress_mac();
+        self.out.clear();
+        self.lens.clear();
+        let mut d = Decider {
+            common: &self.common,
+            classifier: &self.classifier,
+            src_mac,
+            next_hop: self.next_hop,
+            out: &mut self.out,
+            lens: &mut self.lens,
+            logs: &mut self.logs,
+        };
+        let n = match io {
+            CoreIo::Packet { rx, .. } => {
+                let n = rx.recv(&mut self.batch).map_err(failed)?;
+                for i in 0..n {
+                    d.take(self.batch.frame(i));
+                }
+                n
+            }
+            CoreIo::Xdp { rx, .. } => rx.recv(BATCH, |f| d.take(f)),
+        };
+        if self.lens.is_empty() {
+            return Ok(n);
+        }
+        let mut frames = Vec::with_capacity(self.lens.len());
+        let mut at = 0;
+        for &l in &self.lens {
+            frames.push(&self.out[at..at + l]);
+            at += l;
+        }
+        let taken = match io {
+            CoreIo::Packet { tx, .. } => tx.send(&frames).map_err(failed)?,
+            CoreIo::Xdp { tx, .. } => {
+                tx.send(frames.len(), |i, chunk| {
+                    chunk[..frames[i].len()].copy_from_slice(frames[i]);
+                    frames[i].len()
+                })
+                .map_err(failed)?
+                .queued
+            }
+        };
+        self.tx_dropped.add((frames.len() - taken) as u64);
+        Ok(n)
+    }
+}
+
 impl Offcode for CoreOffcode {
     fn initialize(&mut self, cx: &mut InitCx<'_>) -> Result<(), OffcodeError> {
         self.common.init(cx);
+        self.tx_dropped = cx.metric("tx_dropped");
         let p = &self.common.p;
         let netns = p.netns.clone();
         let egress = p.egress.clone().unwrap_or_default();
-        let rx = RawSocket::open(&RawOptions {
-            netns: netns.clone(),
-            iface: p.ingress.clone(),
-            receive: true,
-            ..RawOptions::default()
-        })
-        .map_err(failed)?;
-        let tx = RawSocket::open(&RawOptions {
-            netns: netns.clone(),
-            iface: egress.clone(),
-            qdisc_bypass: true,
-            ..RawOptions::default()
-        })
-        .map_err(failed)?;
-        let next_hop = match &p.next_hop_mac {
+        self.next_hop = match &p.next_hop_mac {
             Some(m) => mac("next_hop_mac", m)?,
             None => neighbour_mac(netns.as_deref(), &egress)?,
         };
+        let path = p.path.clone().unwrap_or_else(|| "auto".into());
+        let io = match self.open(if path == "auto" { "af_xdp" } else { &path }) {
+            Ok(io) => io,
+            Err(e) if path == "auto" => {
+                tracing::warn!(
+                    "firewall: the kernel refused AF_XDP, forwarding through AF_PACKET instead: {e}"
+                );
+                cx.metric("xdp_refused").set(1);
+                self.open("af_packet")?
+            }
+            Err(e) => return Err(e),
+        };
+        cx.metric(&format!("io_{}", io.path())).set(1);
         // This forwarder is now the only way through.
         ip_forward(netns.as_deref(), false)?;
-        self.io = Some(CoreIo { rx, tx, next_hop });
+        self.io = Some(io);
         Ok(())
     }
 
     fn poll(&mut self, cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
-        let Some(io) = &self.io else {
-            return Ok(Progress::Idle);
-        };
-        let n = io.rx.recv(&mut self.batch).map_err(failed)?;
-        self.out.clear();
-        let mut lens = Vec::with_capacity(n);
-        let mut logs = Vec::new();
-        for i in 0..n {
-            let frame = self.batch.frame(i);
-            let Some(parsed) = parse(frame) else { continue }; // not IPv4: not ours to route
-            let v = self.classifier.decide(&parsed.packet);
-            if v.log
-                && let Some(r) = v.rule
-            {
-                logs.push((
-                    u32::try_from(r).unwrap_or(u32::MAX),
-                    parsed.packet,
-                    v.action == Action::Accept,
-                ));
-            }
-            match (v.action, v.rule) {
-                (Action::Accept, _) => {
-                    let start = self.out.len();
-                    self.out.extend_from_slice(frame);
-                    if forward(&mut self.out[start..], io.tx.mac(), io.next_hop) {
-                        lens.push(frame.len());
-                        self.common.accepted.add(1);
-                    } else {
-                        self.out.truncate(start);
-                    }
-                }
-                (Action::Deny, Some(_)) => self.common.denied.add(1),
-                (Action::Deny, None) => self.common.default_denied.add(1),
-            }
-        }
-        if !lens.is_empty() {
-            let mut frames = Vec::with_capacity(lens.len());
-            let mut at = 0;
-            for l in lens {
-                frames.push(&self.out[at..at + l]);
-                at += l;
-            }
-            io.tx.send(&frames).map_err(failed)?;
-        }
-        for (rule, p, accept) in logs {
+        let n = self.forward_batch()?;
+        for (rule, p, accept) in std::mem::take(&mut self.logs) {
             self.common.log(cx, rule, &p, accept)?;
         }
         Ok(if n > 0 {

@@ -3,8 +3,14 @@
 //! number and its send time for the analyser.
 //!
 //! * `mode = "packet"` (the default on a dedicated core): whole frames built
-//!   in place and sent in batches through an AF_PACKET socket that bypasses
-//!   the qdisc — one system call per batch, no IP stack on the way out.
+//!   in place and sent in batches, no IP stack on the way out. `path` says
+//!   how: `af_xdp` builds them in an AF_XDP socket's UMEM and queues them on
+//!   its TX ring (zero-copy where the driver has it, copy mode on veth);
+//!   `af_packet` sends them through an AF_PACKET socket that bypasses the
+//!   qdisc, one `sendmmsg` per batch; `auto` (the default) tries AF_XDP and
+//!   falls back to AF_PACKET when the kernel refuses, with a warning naming
+//!   the refusal (and `xdp_refused_errno` set). `xdp_queue` is the queue to
+//!   bind (default 0), `xdp_bind` `auto`, `copy` or `zerocopy`.
 //! * `mode = "socket"` (the default on the host): a plain UDP socket loop, one
 //!   `send_to` per datagram — what an ordinary program does.
 //!
@@ -35,7 +41,7 @@ use sidecore_offcode::{
     BuildSpec, InitCx, Metric, Offcode, OffcodeError, Progress, RunCx, parse_params,
 };
 use sidecore_packetio::frame::{self, FrameSpec, MAX_FRAME_BYTES, STAMP_BYTES};
-use sidecore_packetio::{RawOptions, RawSocket};
+use sidecore_packetio::{RawOptions, RawSocket, XskBind, XskOptions, XskSocket};
 use sidecore_types::PeKind;
 
 use crate::report::Departures;
@@ -85,6 +91,14 @@ pub struct Params {
     pub iface: Option<String>,
     #[serde(default)]
     pub dst_mac: Option<String>,
+    /// (packet mode) `auto`, `af_xdp` or `af_packet`.
+    #[serde(default)]
+    pub path: Option<String>,
+    #[serde(default)]
+    pub xdp_queue: u32,
+    /// `auto`, `copy` or `zerocopy`.
+    #[serde(default)]
+    pub xdp_bind: Option<String>,
 }
 
 impl Params {
@@ -121,12 +135,38 @@ impl Params {
         if let Some(m) = &p.dst_mac {
             mac("dst_mac", m)?;
         }
+        if let Some(x) = &p.path
+            && !["auto", "af_xdp", "af_packet"].contains(&x.as_str())
+        {
+            return Err(bad(
+                "path",
+                format!("`{x}` is not one of auto, af_xdp, af_packet"),
+            ));
+        }
+        p.bind()?;
         Ok(p)
+    }
+
+    /// How to bind an AF_XDP socket.
+    fn bind(&self) -> Result<XskBind, OffcodeError> {
+        match self.xdp_bind.as_deref() {
+            None | Some("auto") => Ok(XskBind::Auto),
+            Some("copy") => Ok(XskBind::Copy),
+            Some("zerocopy") => Ok(XskBind::ZeroCopy),
+            Some(x) => Err(bad(
+                "xdp_bind",
+                format!("`{x}` is not one of auto, copy, zerocopy"),
+            )),
+        }
     }
 }
 
 /// How frames leave.
 enum Out {
+    Xdp {
+        sock: Box<XskSocket>,
+        spec: FrameSpec,
+    },
     Packet {
         sock: RawSocket,
         spec: FrameSpec,
@@ -142,6 +182,8 @@ impl Out {
     /// How frames leave, as the `io_*` metric names it.
     fn path(&self) -> &'static str {
         match self {
+            Out::Xdp { sock, .. } if sock.zerocopy() => "af_xdp_zerocopy",
+            Out::Xdp { .. } => "af_xdp",
             Out::Packet { .. } => "af_packet",
             Out::Socket { .. } => "socket",
         }
@@ -153,6 +195,10 @@ pub struct Generator {
     p: Params,
     packet_mode: bool,
     out: Option<Out>,
+    /// Frames numbered and handed to the kernel (on an AF_XDP ring, some may
+    /// not have left yet).
+    queued: u64,
+    /// Frames that have left.
     next: u64,
     started: Option<(Instant, u64)>,
     departures: Departures,
@@ -161,6 +207,7 @@ pub struct Generator {
     cpu_ns: Metric,
     elapsed_ms: Metric,
     errors: Metric,
+    xdp_refused: Metric,
     report: Report,
 }
 
@@ -203,6 +250,7 @@ pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
         p,
         packet_mode,
         out: None,
+        queued: 0,
         next: 0,
         started: None,
         departures: Departures::default(),
@@ -211,6 +259,7 @@ pub fn build(spec: &BuildSpec<'_>) -> Result<Box<dyn Offcode>, OffcodeError> {
         cpu_ns: Metric::default(),
         elapsed_ms: Metric::default(),
         errors: Metric::default(),
+        xdp_refused: Metric::default(),
         report: Report::default(),
     }))
 }
@@ -238,15 +287,9 @@ impl Generator {
             (Some(m), Some(i)) => (mac("dst_mac", m)?, i.clone()),
             _ => next_hop_mac(p.netns.as_deref(), dst)?,
         };
-        let sock = RawSocket::open(&RawOptions {
-            netns: p.netns.clone(),
-            iface: p.iface.clone().unwrap_or(dev),
-            qdisc_bypass: true,
-            ..RawOptions::default()
-        })
-        .map_err(failed)?;
-        let spec = FrameSpec {
-            src_mac: sock.mac(),
+        let iface = p.iface.clone().unwrap_or(dev);
+        let spec = |src_mac| FrameSpec {
+            src_mac,
             dst_mac: hop,
             packet: Packet {
                 proto: PROTO_UDP,
@@ -257,6 +300,39 @@ impl Generator {
             },
             frame_bytes: p.frame_bytes,
         };
+        let path = p.path.as_deref().unwrap_or("auto");
+        if path != "af_packet" {
+            let o = XskOptions {
+                queue: p.xdp_queue,
+                bind: p.bind()?,
+                ..XskOptions::tx(p.netns.clone(), &iface)
+            };
+            match XskSocket::open(&o) {
+                Ok(sock) => {
+                    let spec = spec(sock.mac());
+                    return Ok(Out::Xdp {
+                        sock: Box::new(sock),
+                        spec,
+                    });
+                }
+                Err(e) if path == "auto" => {
+                    tracing::warn!(
+                        "traffic-generator: the kernel refused AF_XDP, sending through AF_PACKET instead: {e}"
+                    );
+                    self.xdp_refused
+                        .set(e.errno().map_or(1, |n| u64::try_from(n).unwrap_or(1)));
+                }
+                Err(e) => return Err(failed(format!("`path = \"af_xdp\"`: {e}"))),
+            }
+        }
+        let sock = RawSocket::open(&RawOptions {
+            netns: p.netns.clone(),
+            iface,
+            qdisc_bypass: true,
+            ..RawOptions::default()
+        })
+        .map_err(failed)?;
+        let spec = spec(sock.mac());
         Ok(Out::Packet {
             sock,
             spec,
@@ -276,36 +352,49 @@ impl Generator {
                 clippy::cast_precision_loss
             )]
             let due = (now.duration_since(t0).as_secs_f64() * r as f64) as u64 + 1;
-            b = b.min(due.saturating_sub(self.next));
+            b = b.min(due.saturating_sub(self.queued));
         }
         if self.p.count > 0 {
-            b = b.min(self.p.count - self.next.min(self.p.count));
+            b = b.min(self.p.count - self.queued.min(self.p.count));
         }
         b
     }
 
-    fn send(&mut self, n: usize) -> Result<usize, OffcodeError> {
+    /// Hands up to `n` frames to the kernel; returns how many it took now
+    /// (numbered from `queued`) and how many left now (on AF_XDP they leave
+    /// when the kernel takes them off the TX ring, possibly a later turn).
+    fn send(&mut self, n: usize) -> Result<(usize, usize), OffcodeError> {
         let dports = &self.p.dports;
+        let port = |seq: u64| dports[usize::try_from(seq % dports.len() as u64).unwrap_or(0)];
         let t = realtime_ns();
-        let first = self.next;
+        let first = self.queued;
         match self.out.as_mut() {
+            Some(Out::Xdp { sock, spec }) => {
+                let s = sock
+                    .send(n, |i, chunk| {
+                        let seq = first + i as u64;
+                        spec.packet.dport = port(seq);
+                        frame::build(spec, seq, t, chunk)
+                    })
+                    .map_err(|e| failed(format!("sending on {} (AF_XDP): {e}", sock.iface())))?;
+                Ok((s.queued, s.left))
+            }
             Some(Out::Packet { sock, spec, buf }) => {
                 let size = spec.frame_bytes;
                 for i in 0..n {
                     let seq = first + i as u64;
-                    spec.packet.dport =
-                        dports[usize::try_from(seq % dports.len() as u64).unwrap_or(0)];
+                    spec.packet.dport = port(seq);
                     frame::build(spec, seq, t, &mut buf[i * size..(i + 1) * size]);
                 }
                 let frames: Vec<&[u8]> = buf[..n * size].chunks(size).collect();
                 match sock.send(&frames) {
-                    Ok(k) => Ok(k),
+                    Ok(k) => Ok((k, k)),
                     Err(e)
                         if e.raw_os_error() == Some(libc::ENOBUFS)
                             || e.kind() == std::io::ErrorKind::WouldBlock =>
                     {
                         self.errors.add(1);
-                        Ok(0)
+                        Ok((0, 0))
                     }
                     Err(e) => Err(failed(format!("sending on {}: {e}", sock.iface()))),
                 }
@@ -317,8 +406,7 @@ impl Generator {
                     let seq = first + i as u64;
                     payload[..8].copy_from_slice(&seq.to_be_bytes());
                     payload[8..STAMP_BYTES].copy_from_slice(&t.to_be_bytes());
-                    let port = dports[usize::try_from(seq % dports.len() as u64).unwrap_or(0)];
-                    match sock.send_to(payload, SocketAddrV4::new(dst, port)) {
+                    match sock.send_to(payload, SocketAddrV4::new(dst, port(seq))) {
                         Ok(_) => k += 1,
                         Err(_) => {
                             self.errors.add(1);
@@ -326,10 +414,15 @@ impl Generator {
                         }
                     }
                 }
-                Ok(k)
+                Ok((k, k))
             }
-            None => Ok(0),
+            None => Ok((0, 0)),
         }
+    }
+
+    /// Frames handed to the kernel that have not left yet.
+    fn in_flight(&self) -> u64 {
+        self.queued - self.next
     }
 }
 
@@ -374,6 +467,7 @@ impl Offcode for Generator {
         self.elapsed_ms = cx.metric("elapsed_ms");
         self.errors = cx.metric("send_errors");
         self.report = Report::new(cx);
+        self.xdp_refused = cx.metric("xdp_refused_errno");
         let out = self.open()?;
         cx.metric(&format!("io_{}", out.path())).set(1);
         self.out = Some(out);
@@ -390,19 +484,28 @@ impl Offcode for Generator {
             return Ok(Progress::Done);
         }
         let n = usize::try_from(self.budget(cx.now())).unwrap_or(0);
-        let k = if n > 0 { self.send(n)? } else { 0 };
+        let (queued, k) = if n > 0 || self.in_flight() > 0 {
+            self.send(n)?
+        } else {
+            (0, 0)
+        };
+        self.queued += queued as u64;
         let now = Instant::now();
         if let Some((t0, _)) = self.started {
             let t_ns = u64::try_from(now.duration_since(t0).as_nanos()).unwrap_or(u64::MAX);
             self.departures.record(t_ns, k as u64);
         }
         self.next += k as u64;
+        debug_assert!(
+            self.next <= self.queued,
+            "more frames left than were queued"
+        );
         self.sent.add(k as u64);
         self.bytes.add((k * self.p.frame_bytes) as u64);
         if self.next % 4096 < k as u64 || k == 0 {
             self.publish(now);
         }
-        Ok(if k > 0 {
+        Ok(if k > 0 || queued > 0 {
             Progress::Busy
         } else {
             Progress::Idle

@@ -1,6 +1,7 @@
 //! One rule corpus, three PEs, the same decisions: the `firewall` offcode is
 //! deployed through the real runtime on the kernel PE (XDP), on a dedicated
-//! core (raw-socket forwarder) and on the host (nftables), each time in the
+//! core (a user-space forwarder, over AF_XDP and over AF_PACKET) and on the
+//! host (nftables), each time in the
 //! middlebox of a real testbed. Crafted TCP, UDP and ICMP frames with many
 //! 5-tuples cross it from the client; what reaches the server must be exactly
 //! what the rule set's first-match semantics accept. Run as root (CI does).
@@ -188,11 +189,11 @@ impl Wire {
     }
 }
 
-fn manifest(dir: &Path, kind: &str, rules: &Path, prefix: &str) -> std::path::PathBuf {
+fn manifest(dir: &Path, kind: &str, path: &str, rules: &Path, prefix: &str) -> std::path::PathBuf {
     let core = if kind == "core" {
-        "egress = \"to-server\", "
+        format!("egress = \"to-server\", path = \"{path}\", ")
     } else {
-        ""
+        String::new()
     };
     let text = format!(
         r#"[app]
@@ -211,9 +212,9 @@ params = {{ rules = "{}", netns = "{prefix}-middlebox", ingress = "to-client", {
 "#,
         rules.display()
     );
-    let path = dir.join(format!("fw-{kind}.toml"));
-    std::fs::write(&path, text).unwrap();
-    path
+    let file = dir.join(format!("fw-{kind}-{path}.toml"));
+    std::fs::write(&file, text).unwrap();
+    file
 }
 
 fn registry() -> Registry {
@@ -277,20 +278,28 @@ fn the_same_rules_decide_the_same_on_kernel_core_and_host() {
     let reg = registry();
     // A probe the rules deny: once it stops arriving, the firewall is in place.
     let canary = *probes.iter().find(|p| !expected.contains(p)).unwrap();
-    for kind in ["kernel", "core", "host"] {
-        let m = manifest(dir.path(), kind, &rules_path, &prefix);
+    // The core forwarder twice: over AF_XDP and over AF_PACKET.
+    for (kind, path) in [
+        ("kernel", "-"),
+        ("core", "af_xdp"),
+        ("core", "af_packet"),
+        ("host", "-"),
+    ] {
+        let m = manifest(dir.path(), kind, path, &rules_path, &prefix);
         let manifest = sidecore_manifest::load(&m).unwrap();
         let plan =
             sidecore_runtime::plan_manifest(&manifest, &inventory, &reg, &Default::default())
-                .unwrap_or_else(|e| panic!("{kind}: {e}"));
+                .unwrap_or_else(|e| panic!("{kind}/{path}: {e}"));
         let rt = Runtime::new(RuntimeConfig::default());
-        let id = rt.deploy(&plan).unwrap_or_else(|e| panic!("{kind}: {e}"));
+        let id = rt
+            .deploy(&plan)
+            .unwrap_or_else(|e| panic!("{kind}/{path}: {e}"));
         let placed = rt.status_of(id).unwrap();
         let t0 = Instant::now();
         while !wire.cross(&[canary]).is_empty() {
             assert!(
                 t0.elapsed() < Duration::from_secs(10),
-                "{kind}: the firewall never started filtering: {placed:?}"
+                "{kind}/{path}: the firewall never started filtering: {placed:?}"
             );
         }
         let got = wire.cross(&probes);
@@ -298,17 +307,24 @@ fn the_same_rules_decide_the_same_on_kernel_core_and_host() {
         let wrongly_dropped: Vec<_> = expected.difference(&got).collect();
         assert!(
             wrongly_passed.is_empty() && wrongly_dropped.is_empty(),
-            "{kind}: passed but denied by the rules: {wrongly_passed:?}; dropped but accepted: {wrongly_dropped:?}"
+            "{kind}/{path}: passed but denied by the rules: {wrongly_passed:?}; dropped but accepted: {wrongly_dropped:?}"
         );
         let status = rt.stop_app_with_status(id).unwrap().1;
         let json = serde_json::to_value(&status).unwrap().to_string();
-        assert!(json.contains("accepted"), "{kind}: no counters in {json}");
+        assert!(
+            json.contains("accepted"),
+            "{kind}/{path}: no counters in {json}"
+        );
+        if kind == "core" {
+            let m = &status.offcodes[0].metrics;
+            assert_eq!(m.get(&format!("io_{path}")), Some(&1), "{path}: {m:?}");
+        }
         rt.shutdown();
         // Stopped, it leaves nothing behind: the path is open again.
         assert_eq!(
             wire.cross(&probes).len(),
             probes.len(),
-            "{kind}: the firewall left filtering behind after it stopped"
+            "{kind}/{path}: the firewall left filtering behind after it stopped"
         );
     }
     let leftovers = bed.0.down().unwrap();

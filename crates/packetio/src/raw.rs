@@ -286,6 +286,18 @@ fn timestamp(m: &libc::msghdr) -> Option<u64> {
     None
 }
 
+/// The MAC address of interface `name` in this thread's namespace, through a
+/// throwaway datagram socket (for sockets, like AF_XDP's, that take no
+/// interface ioctls).
+pub(crate) fn hwaddr_of(name: &CString) -> io::Result<[u8; 6]> {
+    // SAFETY: plain socket(2); the result is checked.
+    let raw =
+        cvt(unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) })?;
+    // SAFETY: socket(2) returned a new descriptor nothing else owns.
+    let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+    hwaddr(&fd, name)
+}
+
 /// The MAC address of `name`, through the socket.
 fn hwaddr(fd: &OwnedFd, name: &CString) -> io::Result<[u8; 6]> {
     // SAFETY: an all-zero ifreq is a valid request to fill in.

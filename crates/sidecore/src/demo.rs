@@ -105,6 +105,11 @@ pub struct GeneratorArgs {
     /// path then runs on the same two CPUs and limits the rate).
     #[arg(long, default_value = "drop")]
     sink: String,
+    /// How the dedicated core's frames leave, one row each: `af_xdp` (an
+    /// AF_XDP socket's TX ring), `af_packet` (sendmmsg on an AF_PACKET
+    /// socket) or `auto` (AF_XDP, AF_PACKET where the kernel refuses it).
+    #[arg(long, value_delimiter = ',', default_value = "af_xdp,af_packet")]
+    paths: Vec<String>,
     #[arg(long, default_value = "scdemo")]
     prefix: String,
     #[arg(long)]
@@ -447,18 +452,27 @@ fn generator(a: &GeneratorArgs) -> anyhow::Result<ExitCode> {
     let server = bed.addr("server", "middlebox")?;
     let nothing = rule_file(&bed.dir, server, 0)?;
     let mut rows = Vec::new();
+    for p in &a.paths {
+        anyhow::ensure!(
+            ["auto", "af_xdp", "af_packet"].contains(&p.as_str()),
+            "--paths: `{p}` is not one of auto, af_xdp, af_packet"
+        );
+    }
+    let mut senders: Vec<(&str, &str, &str, &str)> = a
+        .paths
+        .iter()
+        .map(|p| ("dedicated core", "core", "packet", p.as_str()))
+        .collect();
+    senders.push(("socket loop", "host", "socket", "auto"));
     for &bytes in &a.frame_bytes {
-        for (name, kind, mode) in [
-            ("dedicated core", "core", "packet"),
-            ("socket loop", "host", "socket"),
-        ] {
+        for &(name, kind, mode, path) in &senders {
             let mut m = String::from("[app]\nname = \"demo-generator\"\n\n");
             m.push_str(&offcode(
                 "generator",
                 "traffic-generator",
                 kind,
                 &format!(
-                    "netns = \"{}\", mode = \"{mode}\", iface = \"to-middlebox\", src = \"{client}\", dst = \"{server}\", dports = [{ALLOWED_PORT}], frame_bytes = {bytes}",
+                    "netns = \"{}\", mode = \"{mode}\", path = \"{path}\", iface = \"to-middlebox\", src = \"{client}\", dst = \"{server}\", dports = [{ALLOWED_PORT}], frame_bytes = {bytes}",
                     bed.ns("client")
                 ),
             ));
