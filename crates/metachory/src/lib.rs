@@ -12,10 +12,12 @@
 //!   own namespaces, the client's files projected through FUSE and DisCo, a
 //!   write-back overlay the client approves; [`ptrace`] is the
 //!   PTRACE_SYSEMU fallback supervisor; [`fdpass`] passes descriptors
-//!   between the container and the server.
+//!   between the container and the server; [`migrate`] moves a running
+//!   guest to another server (`sidecore migrate`).
 
 pub mod fdpass;
 pub mod filter;
+pub mod migrate;
 pub mod policy;
 pub mod ptrace;
 pub mod remote;

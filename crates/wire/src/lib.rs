@@ -18,6 +18,8 @@
 //! * [`orion_msg`] — Orion's monitors asking a node for views of its sensors
 //!   (`sense`, `sense-view`) on an ordinary node connection.
 //!
+//! * [`mx_image`] — the image a migrating guest travels in, and its page stream.
+//!
 //! * [`mx_msg`] — Metachory's sessions (`mx-open`, then `mx` frames between
 //!   numbered endpoints) on an ordinary node connection.
 //!
@@ -30,6 +32,7 @@ pub mod agents;
 pub mod frame;
 pub mod line;
 pub mod msg;
+pub mod mx_image;
 pub mod mx_msg;
 pub mod orion_msg;
 pub mod part;

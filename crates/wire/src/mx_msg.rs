@@ -63,6 +63,22 @@ pub struct MxOpen {
     pub ptrace: bool,
     /// Relays still to cross (`host:port` of each next hop); empty here.
     pub route: Vec<String>,
+    /// Take a migrating guest in (`sidecore migrate`) instead of starting
+    /// `argv`: the server builds the same container, then waits for the
+    /// source's image on a page stream ([`crate::mx_image`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume: Option<MxResume>,
+}
+
+/// How a guest migrates in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MxResume {
+    /// The endpoint the guest leaves (the source server).
+    pub from: u32,
+    /// Anonymous memory follows on demand (userfaultfd) after the guest
+    /// resumes, instead of before.
+    pub lazy: bool,
 }
 
 /// Why an `mx-open` was refused.
@@ -86,6 +102,8 @@ pub enum MxOpenError {
         "`{field}`: an entry of {got} bytes is longer than the {MAX_MX_STRING_BYTES}-byte limit"
     )]
     TooLong { field: &'static str, got: usize },
+    #[error("a guest with a terminal, under --ptrace or --userns cannot migrate (not yet)")]
+    NotMigratable,
 }
 
 /// Whether `p` is absolute and names no `.`/`..`/empty component.
@@ -110,6 +128,14 @@ impl MxOpen {
         }
         if self.client == self.server {
             return Err(MxOpenError::SameEndpoint(self.client));
+        }
+        if let Some(r) = &self.resume {
+            if r.from == self.server || r.from == self.client {
+                return Err(MxOpenError::SameEndpoint(r.from));
+            }
+            if self.tty.is_some() || self.ptrace || self.userns {
+                return Err(MxOpenError::NotMigratable);
+            }
         }
         let counts = [
             ("argv", self.argv.len(), MAX_MX_ITEMS),
@@ -290,6 +316,40 @@ pub enum MxBody {
     Verdict {
         applied: bool,
     },
+    /// Target server → client, while it sets up a migrating guest: the
+    /// container waits; the source may send the image to `pages` (a page
+    /// stream listener for this migration) opening with `ticket`.
+    ResumeReady {
+        pages: String,
+        ticket: u64,
+    },
+    /// Client → source server: freeze the guest and send it to the target
+    /// (endpoint `target`) at `to`, opening with `ticket`.
+    MigrateOut {
+        to: String,
+        ticket: u64,
+        target: u32,
+        lazy: bool,
+    },
+    /// Source server → client: the guest runs on the target now; this
+    /// server's part in the session is over (its stdout and stderr were all
+    /// pushed before this).
+    Migrated {
+        freeze_us: u64,
+        image_bytes: u64,
+        pages_bytes: u64,
+    },
+    /// Source server → client: the migration failed; the guest runs here still.
+    MigrateFailed {
+        reason: String,
+    },
+    /// Target server → client: every page of a migrated guest is here (at
+    /// once when eager; when the background copy ended when lazy).
+    Resident {
+        bytes: u64,
+        faults: u64,
+        elapsed_us: u64,
+    },
 }
 
 impl MxBody {
@@ -304,8 +364,13 @@ impl MxBody {
             | MxBody::Denied { .. }
             | MxBody::Exit { .. }
             | MxBody::Overlay { .. }
-            | MxBody::OverlayEnd => true,
-            MxBody::Attr { .. }
+            | MxBody::OverlayEnd
+            | MxBody::ResumeReady { .. }
+            | MxBody::Migrated { .. }
+            | MxBody::MigrateFailed { .. }
+            | MxBody::Resident { .. } => true,
+            MxBody::MigrateOut { .. }
+            | MxBody::Attr { .. }
             | MxBody::Entries { .. }
             | MxBody::Target { .. }
             | MxBody::Signal { .. }
@@ -341,6 +406,11 @@ impl MxBody {
             MxBody::Overlay { .. } => "overlay",
             MxBody::OverlayEnd => "overlay-end",
             MxBody::Verdict { .. } => "verdict",
+            MxBody::ResumeReady { .. } => "resume-ready",
+            MxBody::MigrateOut { .. } => "migrate-out",
+            MxBody::Migrated { .. } => "migrated",
+            MxBody::MigrateFailed { .. } => "migrate-failed",
+            MxBody::Resident { .. } => "resident",
         }
     }
 }
@@ -360,6 +430,9 @@ pub enum MxPhase {
     Approving,
     /// The verdict was given.
     Done,
+    /// The guest migrated away (`migrated`): this server's part is over;
+    /// late answers and window updates may still cross.
+    Moved,
 }
 
 impl MxPhase {
@@ -372,6 +445,7 @@ impl MxPhase {
             MxPhase::Exited => "the guest ended and its overlay is being sent",
             MxPhase::Approving => "the overlay awaits the client's verdict",
             MxPhase::Done => "the session is over",
+            MxPhase::Moved => "the guest migrated away",
         }
     }
 
@@ -386,6 +460,16 @@ impl MxPhase {
         match (self, body) {
             (P::Opening, MxBody::Started { .. }) => Some(P::Running),
             (P::Running, MxBody::Exit { .. }) => Some(P::Exited),
+            (P::Running, MxBody::Migrated { .. }) => Some(P::Moved),
+            (
+                P::Moved,
+                MxBody::Disco(_)
+                | MxBody::Attr { .. }
+                | MxBody::Entries { .. }
+                | MxBody::Target { .. }
+                | MxBody::Signal { .. }
+                | MxBody::Winch { .. },
+            ) => Some(P::Moved),
             (P::Exited, MxBody::Overlay { .. }) => Some(P::Exited),
             (P::Exited | P::Approving, MxBody::Disco(_)) => Some(self),
             (P::Exited, MxBody::OverlayEnd) => Some(P::Approving),
@@ -405,6 +489,7 @@ impl MxPhase {
                 | MxBody::Overlay { .. }
                 | MxBody::OverlayEnd
                 | MxBody::Verdict { .. }
+                | MxBody::Migrated { .. }
         )
     }
 }
@@ -426,6 +511,7 @@ mod tests {
             userns: false,
             ptrace: false,
             route: vec![],
+            resume: None,
         }
     }
 
@@ -492,6 +578,60 @@ mod tests {
             None
         );
         assert_eq!(P::Running.next(&MxBody::Signal { sig: 2 }, true), None);
+    }
+
+    #[test]
+    fn migration_bodies_go_their_way() {
+        use MxPhase as P;
+        let out = MxBody::MigrateOut {
+            to: "10.0.0.3:4000".into(),
+            ticket: 1,
+            target: 3,
+            lazy: false,
+        };
+        assert_eq!(P::Running.next(&out, false), Some(P::Running));
+        assert_eq!(
+            P::Running.next(&out, true),
+            None,
+            "a server cannot ask to migrate"
+        );
+        let ready = MxBody::ResumeReady {
+            pages: "10.0.0.3:4000".into(),
+            ticket: 1,
+        };
+        assert_eq!(P::Opening.next(&ready, true), Some(P::Opening));
+        let moved = MxBody::Migrated {
+            freeze_us: 1,
+            image_bytes: 2,
+            pages_bytes: 3,
+        };
+        assert_eq!(P::Running.next(&moved, true), Some(P::Moved));
+        assert_eq!(P::Opening.next(&moved, true), None);
+        // Window updates that crossed the `migrated` still pass; a verdict does not.
+        assert_eq!(
+            P::Moved.next(&MxBody::Signal { sig: 2 }, false),
+            Some(P::Moved)
+        );
+        assert_eq!(
+            P::Moved.next(&MxBody::Verdict { applied: true }, false),
+            None
+        );
+        let mut o = open();
+        o.resume = Some(MxResume {
+            from: 2,
+            lazy: false,
+        });
+        assert_eq!(o.validate(), Err(MxOpenError::SameEndpoint(2)));
+        o.server = 3;
+        o.validate().unwrap();
+        o.tty = Some((24, 80));
+        assert_eq!(o.validate(), Err(MxOpenError::NotMigratable));
+        // Old clients' opens (no `resume`) still decode.
+        let json = r#"{"type":"mx-open","session":1,"client":1,"server":2,"argv":["true"],"env":[],"cwd":"/","project":[],"tty":null,"userns":false,"ptrace":false,"route":[]}"#;
+        assert!(matches!(
+            crate::Message::decode(json.as_bytes()),
+            Ok(crate::Message::MxOpen(MxOpen { resume: None, .. }))
+        ));
     }
 
     fn frame(body: MxBody, src: u32, dst: u32) -> crate::Message {

@@ -201,6 +201,7 @@ pub fn run(opts: &RemoteOptions) -> Result<RemoteOutcome, RemoteError> {
         userns: opts.userns,
         ptrace: opts.ptrace,
         route: opts.route.clone(),
+        resume: None,
     };
     link.send(&Message::MxOpen(open))?;
     let state = Arc::new(State {

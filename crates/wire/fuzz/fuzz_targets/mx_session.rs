@@ -43,6 +43,7 @@ fuzz_target!(|data: &[u8]| {
         userns: false,
         ptrace: false,
         route: vec![],
+        resume: None,
     });
     enc.encode(&open.encode(), &mut bytes);
     for chunk in data.split(|b| *b == 0xff) {
