@@ -141,9 +141,11 @@ impl OffcodeHandle {
         self.restart.restarts() && (!self.stop_requested() || self.watchdog_fired())
     }
 
-    /// Marks it parked: failed, its instance stopped, its ports kept.
+    /// Marks it parked: failed, its instance stopped, its ports kept, a
+    /// restart pending (`Restarting` until the supervisor restarts it or
+    /// gives up and leaves it `Failed`).
     pub(crate) fn park(&self) {
-        self.set_state(OffcodeState::Failed);
+        self.set_state(OffcodeState::Restarting);
         self.parked.store(true, Ordering::Release);
     }
 
@@ -241,7 +243,15 @@ impl OffcodeHandle {
         self.sent.store(o.sent, Ordering::Relaxed);
         self.dropped.store(o.dropped, Ordering::Relaxed);
         self.turns.store(o.turns, Ordering::Relaxed);
-        self.restarts.store(o.restarts, Ordering::Relaxed);
+        // Restarted on the peer since the last report: what stopped the
+        // earlier instance no longer applies.
+        if self.restarts.swap(o.restarts, Ordering::Relaxed) < o.restarts {
+            *self
+                .stop_reason
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            self.stop_requested.store(false, Ordering::Release);
+        }
         for (k, v) in &o.metrics {
             self.metrics.metric(k).set(*v);
         }

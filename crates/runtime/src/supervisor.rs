@@ -19,7 +19,7 @@
 use std::time::Instant;
 
 use crossbeam_channel::Sender;
-use sidecore_types::AppState;
+use sidecore_types::{AppState, OffcodeState};
 
 use crate::app::AppEntry;
 use crate::events::{EventKind, EventLog};
@@ -133,6 +133,7 @@ fn decide(app: &str, h: &OffcodeHandle, d: Decision, tx: &Sender<Command>, event
                 p.window_ms
             );
             h.note_reason(&reason);
+            h.set_state(OffcodeState::Failed);
             let (ack, _) = crossbeam_channel::bounded(1);
             let _ = tx.send(Command::Stop(h.name.clone(), reason, ack));
         }

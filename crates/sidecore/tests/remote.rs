@@ -492,3 +492,67 @@ fn a_peer_answers_bad_deploy_requests_with_what_is_wrong() {
     .unwrap();
     assert_eq!(info.name, "peer");
 }
+
+/// A part's restart policy travels with it, and the peer's supervisor
+/// carries it out: the middle of the chain runs on the peer, fails twice and
+/// is restarted there with its stream channels attached; the origin mirrors
+/// the restarts, and every record still arrives once, in order.
+#[test]
+fn a_failing_offcode_on_a_peer_is_restarted_there() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let addr = format!("127.0.0.1:{}", free_port());
+    let (_peer, peer_sock) = start_peer(dir.path(), &addr, None);
+    const N: u64 = 30_000;
+    let manifest = std::fs::read_to_string(chain_manifest(
+        dir.path(),
+        "node",
+        &format!("record_size = {RECORD}, records = {N}"),
+    ))
+    .unwrap()
+    .replace(
+        "impl = \"inet-checksum\"\ninputs = [\"in\"]\noutputs = [\"out\"]",
+        "impl = \"fault-injector\"\ninputs = [\"in\"]\noutputs = [\"out\"]\n\
+         params = { fail_after = 8000, failing_lives = 2 }\n\
+         restart = \"on-failure\"\nrestart_backoff_ms = 20",
+    );
+    assert!(manifest.contains("fault-injector"), "{manifest}");
+    let m = dir.path().join("flaky-chain.toml");
+    std::fs::write(&m, manifest).unwrap();
+    let o = bin()
+        .args(["up", "--json", "--quiet", "--socket"])
+        .arg(dir.path().join("origin.sock"))
+        .arg("--nodes")
+        .arg(nodes_file(dir.path(), &addr))
+        .arg(&m)
+        .output()
+        .unwrap();
+    let (out, err) = text(&o);
+    assert!(o.status.success(), "{err}\n{out}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["stopped_because"], "every offcode finished", "{v}");
+    let remote = offcode(&v, "remote");
+    assert_eq!(remote["pe"], "node:peer", "{v}");
+    assert_eq!(remote["restarts"], 2, "{v}");
+    assert_eq!(remote["state"], "done", "{v}");
+    assert_eq!(remote["metrics"]["lives"], 3, "{v}");
+    assert_eq!(remote["metrics"]["records"], N, "{v}");
+    // The records came back once each, in order, through the restarts.
+    let back = offcode(&v, "back");
+    assert_eq!(back["state"], "done", "{v}");
+    assert_eq!(back["metrics"]["records"], N, "{v}");
+    assert_eq!(back["metrics"]["sequence_gaps"], 0, "{v}");
+    let mut rec = [0u8; RECORD];
+    let sum: u64 = (0..N)
+        .map(|seq| {
+            fill_record(seq, &mut rec);
+            u64::from(inet_checksum(&rec))
+        })
+        .sum();
+    assert_eq!(back["metrics"]["checksum_sum"], sum, "{v}");
+    assert!(
+        wait_for(|| apps(&peer_sock).is_empty(), 10),
+        "{:?}",
+        apps(&peer_sock)
+    );
+}

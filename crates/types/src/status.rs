@@ -21,6 +21,9 @@ pub enum OffcodeState {
     Done = 3,
     Stopped = 4,
     Failed = 5,
+    /// Failed, and waiting for the supervisor to restart it (its restart
+    /// policy): its instance is stopped, its channels stay attached.
+    Restarting = 6,
 }
 
 impl OffcodeState {
@@ -33,6 +36,7 @@ impl OffcodeState {
             2 => OffcodeState::Running,
             3 => OffcodeState::Done,
             4 => OffcodeState::Stopped,
+            6 => OffcodeState::Restarting,
             _ => OffcodeState::Failed,
         }
     }
@@ -132,9 +136,11 @@ mod tests {
             OffcodeState::Done,
             OffcodeState::Stopped,
             OffcodeState::Failed,
+            OffcodeState::Restarting,
         ] {
             assert_eq!(OffcodeState::from_u8(s as u8), s);
         }
+        assert!(!OffcodeState::Restarting.is_final(), "it will run again");
         assert_eq!(OffcodeState::from_u8(200), OffcodeState::Failed);
         assert!(OffcodeState::Done.is_final() && !OffcodeState::Running.is_final());
     }
