@@ -50,6 +50,13 @@ pub enum KernelError {
         what: &'static str,
         name: String,
     },
+    #[error("BPF object `{object}` has no {what} `{name}` (it has: {have})")]
+    Absent {
+        object: String,
+        what: &'static str,
+        name: String,
+        have: String,
+    },
     #[error("the kernel refused program `{program}`: {detail}{}", hint(.detail))]
     Verify { program: String, detail: String },
     #[error("cannot attach `{program}` at XDP on {iface}{}: {detail}{}", .netns.as_deref().map(|n| format!(" in namespace `{n}`")).unwrap_or_default(), hint(.detail))]

@@ -18,6 +18,8 @@
 //!   `_exec` and `_exit` tracepoints of one cgroup subtree into a ring buffer.
 //! * [`sikker_l4`] — Sikker's L4 mode: cgroup connect4/connect6 and egress
 //!   programs holding plain TCP to service permissions and rate limits.
+//! * [`user_object`] — a user's own BPF object: its programs attached at XDP
+//!   or tc, its ring buffers drained, its arrays and hash maps configured.
 //! * [`xsk`] — AF_XDP receive: IPv4 frames redirected by queue into the
 //!   AF_XDP sockets of `sidecore-packetio`.
 
@@ -26,11 +28,13 @@ pub mod firewall;
 pub mod objects;
 pub mod orion_sched;
 pub mod sikker_l4;
+pub mod user_object;
 pub mod xsk;
 
 pub use error::{KernelError, XdpMode};
 pub use firewall::{FwStats, LogEvent, XdpFirewall};
-pub use xsk::XskRedirect;
 pub use sikker_l4::{
     L4Counters, L4PairCounters, L4Peer, L4Rate, L4Source, L4Tables, L4Totals, L4Update, SikkerL4,
 };
+pub use user_object::{Hook, ObjectError, RingReader, UserObject};
+pub use xsk::XskRedirect;

@@ -10,10 +10,15 @@
 //! | `stream-receiver` | core, host | TiVoPC client: kernel-stamped arrivals, inter-arrival median, mean, deviation and p99; forwards chunks to the decoder |
 //! | `decoder` | core, host | TiVoPC client: a stand-in for MPEG decoding (rounds of an IDCT-like butterfly per chunk), to cost CPU where it runs |
 //!
+//! It also registers `loader:kernel` ([`bpf_object`]): offcodes from a
+//! user's own BPF object (`module = "x.bpf.o"` on a kernel target), their
+//! ring buffers as output channels and their maps as configuration.
+//!
 //! Every one of them runs in a network namespace of the testbed when its
 //! parameters name one (`netns = "sidecore-middlebox"`).
 
 pub mod analyser;
+pub mod bpf_object;
 pub mod decoder;
 pub mod file_source;
 pub mod firewall;
@@ -60,6 +65,7 @@ pub fn register(reg: &mut Registry) {
         validate: Some(Arc::new(|p| analyser::Params::parse(p).map(drop))),
         interfaces: Interfaces::default(),
     });
+    reg.register(bpf_object::loader());
     register_tivo(reg);
 }
 

@@ -456,7 +456,7 @@ impl XskSocket {
         let ring_len = |ro: &libc::xdp_ring_offset, entry: usize| {
             usize::try_from(ro.desc).unwrap_or(usize::MAX) + o.ring as usize * entry
         };
-        let (u64_bytes, desc_bytes) = (8, std::mem::size_of::<libc::xdp_desc>());
+        let u64_bytes = 8;
         let fill = Mmap::ring(
             fd.as_fd(),
             ring_len(&off.fr, u64_bytes),
@@ -487,27 +487,41 @@ impl XskSocket {
             queue: o.queue,
             tx_taken: 0,
         };
-        if o.rx {
-            #[allow(clippy::cast_sign_loss)] // a page offset constant, 0
-            let pg = libc::XDP_PGOFF_RX_RING as u64;
-            let m = Mmap::ring(s.fd.as_fd(), ring_len(&off.rx, desc_bytes), pg)
-                .map_err(err("RX ring mmap"))?;
-            s.rx = Some(Ring::new(m, &off.rx, o.ring));
-            s.stock_fill();
-        }
-        if o.tx {
-            #[allow(clippy::cast_sign_loss)] // a page offset constant, 2^31
-            let pg = libc::XDP_PGOFF_TX_RING as u64;
-            let m = Mmap::ring(s.fd.as_fd(), ring_len(&off.tx, desc_bytes), pg)
-                .map_err(err("TX ring mmap"))?;
-            s.tx = Some(Ring::new(m, &off.tx, o.ring));
-        }
+        s.map_rx_tx(o, &off).map_err(|(what, e)| err(what)(e))?;
         s.bind(o).map_err(err("bind"))?;
         let mut opts = libc::xdp_options { flags: 0 };
         getsockopt(&s.fd, libc::XDP_OPTIONS, &mut opts).map_err(err("XDP_OPTIONS"))?;
         s.zerocopy = opts.flags & libc::XDP_OPTIONS_ZEROCOPY != 0;
         s.mac = crate::raw::hwaddr_of(&name).map_err(err("SIOCGIFHWADDR"))?;
         Ok(s)
+    }
+
+    /// Maps the RX and TX rings asked for (and stocks the fill ring).
+    fn map_rx_tx(
+        &mut self,
+        o: &XskOptions,
+        off: &libc::xdp_mmap_offsets,
+    ) -> Result<(), (&'static str, io::Error)> {
+        let desc_bytes = std::mem::size_of::<libc::xdp_desc>();
+        let len = |ro: &libc::xdp_ring_offset| {
+            usize::try_from(ro.desc).unwrap_or(usize::MAX) + o.ring as usize * desc_bytes
+        };
+        if o.rx {
+            #[allow(clippy::cast_sign_loss)] // a page offset constant, 0
+            let pg = libc::XDP_PGOFF_RX_RING as u64;
+            let m =
+                Mmap::ring(self.fd.as_fd(), len(&off.rx), pg).map_err(|e| ("RX ring mmap", e))?;
+            self.rx = Some(Ring::new(m, &off.rx, o.ring));
+            self.stock_fill();
+        }
+        if o.tx {
+            #[allow(clippy::cast_sign_loss)] // a page offset constant, 2^31
+            let pg = libc::XDP_PGOFF_TX_RING as u64;
+            let m =
+                Mmap::ring(self.fd.as_fd(), len(&off.tx), pg).map_err(|e| ("TX ring mmap", e))?;
+            self.tx = Some(Ring::new(m, &off.tx, o.ring));
+        }
+        Ok(())
     }
 
     fn bind(&self, o: &XskOptions) -> io::Result<()> {
