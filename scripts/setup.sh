@@ -19,6 +19,8 @@ need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 nftables p
 # Metachory (issue 16): sqlite3 for its end-to-end test, criu for process
 # migration (`sidecore migrate`), diffutils for `exec --diff`.
 need_pkgs+=(sqlite3 criu diffutils)
+# TCPServers (issue 14): nginx as the third server of its stream and HTTP benchmarks.
+need_pkgs+=(nginx)
 command -v node >/dev/null || need_pkgs+=(nodejs)
 command -v npm >/dev/null || need_pkgs+=(npm)
 missing=()

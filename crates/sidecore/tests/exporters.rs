@@ -65,15 +65,19 @@ fn tcps_serve_exports_its_ppes_and_queues() {
         http_get(&metrics, "/nope").trim(),
         "no such page; try /metrics"
     );
-    // A daemon told of the service scrapes it, shows it and says it is up;
-    // one that is not there is shown down.
+    daemon_scrapes_tcps(dir.path(), &metrics);
+}
+
+/// A daemon told of the service scrapes it, shows it and says it is up; one
+/// that is not there is shown down.
+fn daemon_scrapes_tcps(dir: &std::path::Path, metrics: &str) {
     let gone = format!("127.0.0.1:{}", free_port());
     let http = format!("127.0.0.1:{}", free_port());
     let _d = Guard(
         bin()
             .arg("daemon")
             .arg("--socket")
-            .arg(dir.path().join("d.sock"))
+            .arg(dir.join("d.sock"))
             .args(["--http", &http, "--service", &format!("tcps={metrics}")])
             .args(["--service", &format!("gone={gone}")])
             .stdout(Stdio::null())

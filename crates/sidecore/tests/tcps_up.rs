@@ -14,7 +14,7 @@ use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use common::*;
@@ -185,7 +185,6 @@ fn a_manifest_with_a_bad_server_setting_is_refused_by_name() {
 /// acknowledges each block, until `stop`.
 struct Clients {
     stop: Arc<AtomicBool>,
-    bytes: Arc<AtomicU64>,
     threads: Vec<std::thread::JoinHandle<Result<u64, String>>>,
 }
 
@@ -195,18 +194,13 @@ const BLOCK: usize = 8192;
 impl Clients {
     fn start(addr: &str, n: usize) -> Clients {
         let stop = Arc::new(AtomicBool::new(false));
-        let bytes = Arc::new(AtomicU64::new(0));
         let threads = (0..n)
             .map(|i| {
-                let (stop, bytes, addr) = (Arc::clone(&stop), Arc::clone(&bytes), addr.to_string());
-                std::thread::spawn(move || stream_client(&addr, i, &stop, &bytes))
+                let (stop, addr) = (Arc::clone(&stop), addr.to_string());
+                std::thread::spawn(move || stream_client(&addr, i, &stop))
             })
             .collect();
-        Clients {
-            stop,
-            bytes,
-            threads,
-        }
+        Clients { stop, threads }
     }
 
     /// Stops them; each one's bytes, or what went wrong.
@@ -219,12 +213,7 @@ impl Clients {
     }
 }
 
-fn stream_client(
-    addr: &str,
-    i: usize,
-    stop: &AtomicBool,
-    total: &AtomicU64,
-) -> Result<u64, String> {
+fn stream_client(addr: &str, i: usize, stop: &AtomicBool) -> Result<u64, String> {
     let mut s = TcpStream::connect(addr).map_err(|e| format!("client {i}: connect: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(20)))
         .map_err(|e| e.to_string())?;
@@ -243,7 +232,6 @@ fn stream_client(
             }
         }
         pos += BLOCK as u64;
-        total.fetch_add(BLOCK as u64, Ordering::Relaxed);
         s.write_all(&[1])
             .map_err(|e| format!("client {i}: ack after {pos} bytes: {e}"))?;
     }

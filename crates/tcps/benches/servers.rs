@@ -35,6 +35,9 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
+#[path = "servers/nginx.rs"]
+mod nginx;
+
 const BLOCK: usize = 8192;
 const FILE_BYTES: usize = 16 << 20;
 const CONNS: [usize; 5] = [1, 4, 16, 64, 256];
@@ -47,6 +50,8 @@ enum Kind {
     Tcps,
     /// sidecore-tcps with `spin`: the PPE never parks (a truly dedicated core).
     TcpsSpin,
+    /// Debian's nginx, 2 workers; the stream as one Range request per block.
+    Nginx,
 }
 
 impl Kind {
@@ -55,8 +60,50 @@ impl Kind {
             Kind::Tokio => "tokio",
             Kind::Tcps => "tcps",
             Kind::TcpsSpin => "tcps-spin",
+            Kind::Nginx => "nginx",
         }
     }
+
+    fn label(self) -> &'static str {
+        match self {
+            Kind::Tokio => "tokio",
+            Kind::Tcps => "sidecore-tcps",
+            Kind::TcpsSpin => "sidecore-tcps --spin",
+            Kind::Nginx => "nginx (Range per block)",
+        }
+    }
+
+    /// The client's protocol for this server's block stream.
+    fn proto(self) -> Proto {
+        if self == Kind::Nginx {
+            Proto::HttpRange
+        } else {
+            Proto::Ack
+        }
+    }
+}
+
+/// How a stream client asks for the next block.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Proto {
+    /// One acknowledgement byte per block (the seed's protocol).
+    Ack,
+    /// One keep-alive `GET` with `Range: bytes=OFF-END` per block: nginx
+    /// cannot speak the acknowledge-each-block protocol, so the request is
+    /// the acknowledgement (80 bytes instead of 1, and a ~250-byte 206
+    /// head with each 8 KB block).
+    HttpRange,
+}
+
+/// The servers of the stream benchmark (`TCPS_KINDS=tokio,nginx` to pick).
+fn kinds_asked(all: &[Kind]) -> Vec<Kind> {
+    let Ok(v) = std::env::var("TCPS_KINDS") else {
+        return all.to_vec();
+    };
+    all.iter()
+        .copied()
+        .filter(|k| v.split(',').any(|n| n.trim() == k.name()))
+        .collect()
 }
 
 /// Connection counts of the stream benchmark (`TCPS_CONNS=64,256` to pick).
@@ -85,6 +132,15 @@ fn child(kind: &str) {
             let mut cfg =
                 sidecore_tcps::Config::new(addr, sidecore_tcps::CoreSet::of(&[ppe]).expect("cpu"));
             cfg.spin = kind == "tcps-spin";
+            if std::env::var("TCPS_BACKEND").as_deref() == Ok("epoll") {
+                cfg.backend = sidecore_tcps::Backend::Epoll;
+            }
+            if let Some(n) = std::env::var("TCPS_SPIN_POLLS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
+                cfg.spin_polls = n;
+            }
             let server = sidecore_tcps::TcpServers::start(cfg).expect("start sidecore-tcps");
             let blob = server.register_blob(file().into());
             let app = server.app();
@@ -177,15 +233,33 @@ fn wait_stdin_eof() {
     }
 }
 
-/// A server child process; it exits when dropped (its stdin closes).
+/// A server process: a child of this bench (it exits when its stdin
+/// closes) or nginx (stopped with SIGTERM).
+enum Proc {
+    Child(Child),
+    Nginx(nginx::Nginx),
+}
+
 struct Server {
-    child: Child,
+    proc: Proc,
     addr: SocketAddr,
 }
 
 impl Server {
-    fn start(kind: Kind) -> Server {
-        Server::start_named(kind.name())
+    fn start(kind: Kind) -> Result<Server, String> {
+        if kind == Kind::Nginx {
+            let f = file();
+            return Server::nginx(&[("stream.bin", &f)]);
+        }
+        Ok(Server::start_named(kind.name()))
+    }
+
+    fn nginx(files: &[(&str, &[u8])]) -> Result<Server, String> {
+        let n = nginx::Nginx::start(files, 2)?;
+        Ok(Server {
+            addr: n.addr,
+            proc: Proc::Nginx(n),
+        })
     }
 
     fn start_named(name: &str) -> Server {
@@ -205,22 +279,35 @@ impl Server {
             .and_then(|p| p.parse().ok())
             .unwrap_or_else(|| panic!("child said {line:?}"));
         Server {
-            child,
+            proc: Proc::Child(child),
             addr: SocketAddr::from(([127, 0, 0, 1], port)),
         }
     }
 
-    /// On-CPU nanoseconds of every thread of the child, split into PPE
-    /// threads (`tcps-ppe*`) and the rest.
+    /// The server's processes.
+    fn pids(&self) -> Vec<u32> {
+        match &self.proc {
+            Proc::Child(c) => vec![c.id()],
+            Proc::Nginx(n) => n.pids(),
+        }
+    }
+
+    /// On-CPU nanoseconds of every thread of the server's processes, split
+    /// into PPE threads (`tcps-ppe*`) and the rest.
     fn cpu_ns(&self) -> (u64, u64) {
-        thread_cpu_ns(self.child.id())
+        self.pids()
+            .into_iter()
+            .map(thread_cpu_ns)
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
     }
 }
 
 impl Drop for Server {
     fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let _ = self.child.wait();
+        if let Proc::Child(c) = &mut self.proc {
+            drop(c.stdin.take());
+            let _ = c.wait();
+        }
     }
 }
 
@@ -251,17 +338,10 @@ struct Perf(Option<Child>);
 impl Perf {
     const EVENTS: &'static str = "task-clock,context-switches,cpu-migrations,page-faults";
 
-    fn start(pid: u32, window: Duration) -> Perf {
+    fn start(pids: &[u32], window: Duration) -> Perf {
+        let pids: Vec<String> = pids.iter().map(u32::to_string).collect();
         let c = Command::new("perf")
-            .args([
-                "stat",
-                "-x",
-                ",",
-                "-e",
-                Self::EVENTS,
-                "-p",
-                &pid.to_string(),
-            ])
+            .args(["stat", "-x", ",", "-e", Self::EVENTS, "-p", &pids.join(",")])
             .args(["--", "sleep", &format!("{:.3}", window.as_secs_f64())])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
@@ -300,7 +380,7 @@ struct Load {
 
 impl Load {
     /// `n` streaming connections to `addr`, on one client thread.
-    fn start(addr: SocketAddr, n: usize, churn_per_s: u64) -> Load {
+    fn start(addr: SocketAddr, n: usize, churn_per_s: u64, proto: Proto) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
         let bytes: Arc<Vec<AtomicU64>> = Arc::new((0..n).map(|_| AtomicU64::new(0)).collect());
         let connected = Arc::new(AtomicU64::new(0));
@@ -326,7 +406,11 @@ impl Load {
                 for i in 0..n {
                     let (b, c, l) = (Arc::clone(&b), Arc::clone(&c), Arc::clone(&l));
                     tokio::spawn(async move {
-                        if stream_client(addr, i, b, c).await.is_err() {
+                        let r = match proto {
+                            Proto::Ack => stream_client(addr, i, b, c).await,
+                            Proto::HttpRange => range_client(addr, i, b, c).await,
+                        };
+                        if r.is_err() {
                             l.fetch_add(1, Ordering::Relaxed);
                         }
                     });
@@ -404,6 +488,69 @@ async fn stream_client(
     }
 }
 
+/// The block stream over HTTP: one keep-alive `GET` with a `Range` of the
+/// next 8 KB per block, the next only after the whole block arrived.
+async fn range_client(
+    addr: SocketAddr,
+    i: usize,
+    bytes: Arc<Vec<AtomicU64>>,
+    connected: Arc<AtomicU64>,
+) -> std::io::Result<()> {
+    let mut s = tokio::net::TcpStream::connect(addr).await?;
+    s.set_nodelay(true)?;
+    connected.fetch_add(1, Ordering::AcqRel);
+    let mut buf = vec![0u8; 4 * BLOCK];
+    let mut offset = 0usize;
+    loop {
+        if offset + BLOCK > FILE_BYTES {
+            offset = 0;
+        }
+        let req = format!(
+            "GET /stream.bin HTTP/1.1\r\nHost: bench\r\nRange: bytes={}-{}\r\n\r\n",
+            offset,
+            offset + BLOCK - 1
+        );
+        s.write_all(req.as_bytes()).await?;
+        let mut have = 0usize;
+        let (head, len) = loop {
+            let n = s.read(&mut buf[have..]).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            have += n;
+            let mut headers = [httparse::EMPTY_HEADER; 16];
+            let mut resp = httparse::Response::new(&mut headers);
+            if let httparse::Status::Complete(h) = resp
+                .parse(&buf[..have])
+                .map_err(|e| std::io::Error::other(e.to_string()))?
+            {
+                if resp.code != Some(206) {
+                    return Err(std::io::Error::other(format!("status {:?}", resp.code)));
+                }
+                let len = resp
+                    .headers
+                    .iter()
+                    .find(|h| h.name.eq_ignore_ascii_case("content-length"))
+                    .and_then(|h| std::str::from_utf8(h.value).ok()?.trim().parse().ok())
+                    .unwrap_or(0usize);
+                break (h, len);
+            }
+        };
+        if len != BLOCK {
+            return Err(std::io::Error::other(format!("a {len}-byte range")));
+        }
+        while have < head + len {
+            let n = s.read(&mut buf[have..head + len]).await?;
+            if n == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            have += n;
+        }
+        bytes[i].fetch_add(BLOCK as u64, Ordering::Relaxed);
+        offset += BLOCK;
+    }
+}
+
 /// Connect-and-close clients at `per_s`, paced in 1 ms ticks; each closes
 /// as soon as it is connected.
 async fn churn(addr: SocketAddr, per_s: u64, stop: Arc<AtomicBool>, done: Arc<AtomicU64>) {
@@ -448,12 +595,12 @@ impl Sample {
     }
 }
 
-fn measure(kind: Kind, n: usize, churn_per_s: u64) -> Sample {
-    let server = Server::start(kind);
-    let load = Load::start(server.addr, n, churn_per_s);
+fn measure(kind: Kind, n: usize, churn_per_s: u64) -> Result<Sample, String> {
+    let server = Server::start(kind)?;
+    let load = Load::start(server.addr, n, churn_per_s, kind.proto());
     load.wait_connected(n);
     std::thread::sleep(WARM);
-    let perf = Perf::start(server.child.id(), MEASURE);
+    let perf = Perf::start(&server.pids(), MEASURE);
     let t0 = Instant::now();
     let b0 = load.per_conn();
     let (p0, r0) = server.cpu_ns();
@@ -473,7 +620,7 @@ fn measure(kind: Kind, n: usize, churn_per_s: u64) -> Sample {
     let total: u64 = per.iter().sum();
     let mean = total as f64 / n as f64;
     let min = per.iter().copied().min().unwrap_or(0) as f64;
-    Sample {
+    Ok(Sample {
         bytes_per_s: total as f64 / dt,
         cpus: ((p1 - p0) + (r1 - r0)) as f64 / 1e9 / dt,
         ppe_cpus: (p1 - p0) as f64 / 1e9 / dt,
@@ -482,7 +629,7 @@ fn measure(kind: Kind, n: usize, churn_per_s: u64) -> Sample {
         perf,
         short_per_s: (s1 - s0) as f64 / dt,
         lost,
-    }
+    })
 }
 
 fn mb(b: f64) -> f64 {
@@ -504,7 +651,7 @@ fn stream() {
         MEASURE.as_secs_f64()
     );
     println!(
-        "sidecore-tcps: 1 PPE (CPU {}, io_uring, adaptive parking) + 1 app thread; tokio: multi-thread, 2 workers; client: 1 tokio current-thread",
+        "sidecore-tcps: 1 PPE (CPU {}, io_uring, adaptive parking) + 1 app thread; tokio: multi-thread, 2 workers; nginx: 2 workers, one Range request per block (the request is the acknowledgement); client: 1 tokio current-thread",
         sidecore_tcps::usable_cpus().last().copied().unwrap_or(0)
     );
     println!();
@@ -512,59 +659,69 @@ fn stream() {
         "| conns | server | MB/s | server CPUs (PPE) | client CPU | µs CPU/MB | MB/s per CPU | slowest conn/mean | lost | ctx-sw/MB, migr/MB | per-CPU ratio vs tokio |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|---|");
-    let mut verdict = None;
+    let kinds = kinds_asked(&[Kind::Tokio, Kind::Tcps, Kind::TcpsSpin, Kind::Nginx]);
+    let mut verdict = Vec::new();
     for n in conns_asked() {
-        let tokio = measure(Kind::Tokio, n, 0);
-        let tcps = measure(Kind::Tcps, n, 0);
-        let spin = measure(Kind::TcpsSpin, n, 0);
-        let ratio = tcps.per_cpu() / tokio.per_cpu();
-        let ratio_spin = spin.per_cpu() / tokio.per_cpu();
-        for (name, s) in [
-            ("tokio", &tokio),
-            ("sidecore-tcps", &tcps),
-            ("sidecore-tcps --spin", &spin),
-        ] {
-            let m = mb(s.bytes_per_s) * MEASURE.as_secs_f64();
-            println!(
-                "| {n} | {name} | {:.0} | {:.2} ({}) | {:.2} | {:.0} | {:.0} | {:.2} | {} | {} | {} |",
-                mb(s.bytes_per_s),
-                s.cpus,
-                if name == "tokio" {
-                    "-".to_string()
-                } else {
-                    format!("{:.2}", s.ppe_cpus)
-                },
-                s.client_cpus,
-                s.cpus * 1e6 / mb(s.bytes_per_s).max(1e-9),
-                mb(s.per_cpu()),
-                s.min_share,
-                s.lost,
-                perf_cell(s, m),
-                if name == "tokio" {
-                    String::new()
-                } else {
-                    format!(
-                        "**{:.2}x** (throughput {:.2}x)",
-                        s.per_cpu() / tokio.per_cpu(),
-                        s.bytes_per_s / tokio.bytes_per_s
-                    )
-                },
-            );
-        }
-        std::io::stdout().flush().ok();
-        if n == 256 {
-            verdict = Some((ratio, ratio_spin));
+        let mut tokio: Option<Sample> = None;
+        for &kind in &kinds {
+            let s = match measure(kind, n, 0) {
+                Ok(s) => s,
+                Err(e) => {
+                    println!("| {n} | {} | not run: {e} |||||||||", kind.label());
+                    continue;
+                }
+            };
+            stream_row(n, kind, &s, tokio.as_ref());
+            if let Some(t) = &tokio
+                && n == 256
+                && matches!(kind, Kind::Tcps | Kind::TcpsSpin)
+            {
+                verdict.push((kind, s.per_cpu() / t.per_cpu()));
+            }
+            if kind == Kind::Tokio {
+                tokio = Some(s);
+            }
         }
     }
-    if let Some((r, rs)) = verdict {
-        let met = |r: f64| if r >= 1.75 { "MET" } else { "NOT MET" };
+    if !verdict.is_empty() {
         println!();
+    }
+    for (kind, r) in verdict {
         println!(
-            "target: >= 1.75x tokio's throughput per CPU at 256 connections: sidecore-tcps {r:.2}x, {}; with --spin {rs:.2}x, {}",
-            met(r),
-            met(rs)
+            "target: >= 1.75x tokio's throughput per CPU at 256 connections: {} {r:.2}x, {}",
+            kind.label(),
+            if r >= 1.75 { "MET" } else { "NOT MET" }
         );
     }
+}
+
+fn stream_row(n: usize, kind: Kind, s: &Sample, tokio: Option<&Sample>) {
+    let m = mb(s.bytes_per_s) * MEASURE.as_secs_f64();
+    let ppe = match kind {
+        Kind::Tcps | Kind::TcpsSpin => format!("{:.2}", s.ppe_cpus),
+        _ => "-".to_string(),
+    };
+    let ratio = match tokio {
+        Some(t) if kind != Kind::Tokio => format!(
+            "**{:.2}x** (throughput {:.2}x)",
+            s.per_cpu() / t.per_cpu(),
+            s.bytes_per_s / t.bytes_per_s
+        ),
+        _ => String::new(),
+    };
+    println!(
+        "| {n} | {} | {:.0} | {:.2} ({ppe}) | {:.2} | {:.0} | {:.0} | {:.2} | {} | {} | {ratio} |",
+        kind.label(),
+        mb(s.bytes_per_s),
+        s.cpus,
+        s.client_cpus,
+        s.cpus * 1e6 / mb(s.bytes_per_s).max(1e-9),
+        mb(s.per_cpu()),
+        s.min_share,
+        s.lost,
+        perf_cell(s, m),
+    );
+    std::io::stdout().flush().ok();
 }
 
 fn churn_bench(rates: &[u64]) {
@@ -581,7 +738,10 @@ fn churn_bench(rates: &[u64]) {
     let mut worst = [1f64; 2];
     for &rate in rates {
         for (k, kind) in [Kind::Tokio, Kind::Tcps].into_iter().enumerate() {
-            let s = measure(kind, 8, rate);
+            let s = match measure(kind, 8, rate) {
+                Ok(s) => s,
+                Err(e) => panic!("{}: {e}", kind.label()),
+            };
             if rate == 0 {
                 base[k] = s.bytes_per_s;
             }
@@ -589,11 +749,7 @@ fn churn_bench(rates: &[u64]) {
             worst[k] = worst[k].min(kept);
             println!(
                 "| {rate} | {} | {:.0} | {:.0} | {:.0}% | {} | {:.2} | {:.0} |",
-                match kind {
-                    Kind::Tokio => "tokio",
-                    Kind::Tcps => "sidecore-tcps",
-                    Kind::TcpsSpin => "sidecore-tcps --spin",
-                },
+                kind.label(),
                 s.short_per_s,
                 mb(s.bytes_per_s),
                 kept * 100.0,
@@ -1008,7 +1164,18 @@ fn fmt_lat(d: Option<Duration>) -> String {
 /// Runs the rate ladder against one server kind, then one step at twice its
 /// knee; prints the rows and returns (peak, knee, replies/s at 2x knee).
 fn http_server_run(name: &str, label: &str) -> (f64, Option<u64>, Option<f64>) {
-    let server = Server::start_named(name);
+    let server = if name == "nginx" {
+        let p = page();
+        match Server::nginx(&[(&PAGE_PATH[1..], &p)]) {
+            Ok(s) => s,
+            Err(e) => {
+                println!("| - | {label} | not run: {e} |||||||");
+                return (0.0, None, None);
+            }
+        }
+    } else {
+        Server::start_named(name)
+    };
     let mut steps = Vec::new();
     for rate in HTTP_RATES {
         let st = http_step(server.addr, rate);
@@ -1058,7 +1225,7 @@ fn http_bench() {
         HTTP_GRACE.as_secs_f64()
     );
     println!(
-        "sidecore-tcps: what `sidecore tcps serve --root` runs, 1 PPE (CPU {}) + 1 file-server thread; tokio: multi-thread, 2 workers; client: 1 tokio current-thread",
+        "sidecore-tcps: what `sidecore tcps serve --root` runs, 1 PPE (CPU {}) + 1 file-server thread; tokio: multi-thread, 2 workers; nginx (Debian): 2 workers, sendfile; client: 1 tokio current-thread",
         sidecore_tcps::usable_cpus().last().copied().unwrap_or(0)
     );
     println!();
@@ -1067,7 +1234,19 @@ fn http_bench() {
     );
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut verdicts = Vec::new();
-    for (name, label) in [("tokio-http", "tokio"), ("tcps-http", "sidecore-tcps")] {
+    let servers = [
+        ("tokio-http", "tokio"),
+        ("tcps-http", "sidecore-tcps"),
+        ("nginx", "nginx"),
+    ];
+    let wanted = std::env::var("TCPS_KINDS").ok();
+    for (name, label) in servers {
+        if wanted
+            .as_deref()
+            .is_some_and(|w| !w.split(',').any(|k| k.trim() == name))
+        {
+            continue;
+        }
         verdicts.push((label, http_server_run(name, label)));
     }
     println!();

@@ -4,11 +4,12 @@
 //! seed's block streamer (§2.6: 8 KB blocks from an in-memory file, the
 //! client acknowledges each block, the next goes out on the acknowledgement).
 
-use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
+
+use rustc_hash::FxHashMap as HashMap;
 
 use crate::conn::{App, AppEvent, BlobId, Conn, RecvStatus};
 use crate::http::{self, HttpError};
@@ -16,7 +17,8 @@ use crate::server::{Counters, TcpServers};
 
 /// Files served by path ("/name"), each a registered blob.
 pub struct Site {
-    files: HashMap<String, (BlobId, u64)>,
+    /// Looked up by request paths (the peer's bytes): std's keyed hash.
+    files: std::collections::HashMap<String, (BlobId, u64)>,
 }
 
 /// Files read into memory, by path ("/name"), not yet registered with a server.
@@ -151,7 +153,7 @@ pub struct HttpApp {
 impl HttpApp {
     pub fn new(limits: HttpLimits, counters: Counters) -> HttpApp {
         HttpApp {
-            conns: HashMap::new(),
+            conns: HashMap::default(),
             responses: 0,
             limits,
             counters,
@@ -375,7 +377,7 @@ pub struct StreamApp {
 impl StreamApp {
     pub fn new(file: BlobId, file_len: u64, block: u64) -> StreamApp {
         StreamApp {
-            conns: HashMap::new(),
+            conns: HashMap::default(),
             blocks: 0,
             file,
             file_len,

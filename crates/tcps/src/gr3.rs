@@ -23,8 +23,10 @@
 //! * **Several PPEs** (§2.4.4): the master PPE serves every queue
 //!   ([`Role::Master`]); the others serve only Ready ([`Role::Helper`]).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::Hash;
+
+use rustc_hash::FxHashMap as HashMap;
 
 /// Packet classes, highest priority first (§2.4.4). `Ord` follows priority:
 /// a smaller value is served first.
@@ -195,6 +197,8 @@ pub struct Gr3<K> {
     /// i of Alg. 1, an index into `sorted`.
     current: usize,
     rule: GroupRule,
+    /// `resort`'s working list, kept to avoid an allocation per update.
+    scratch: Vec<u32>,
 }
 
 impl<K: Copy + Eq + Hash> Default for Gr3<K> {
@@ -217,9 +221,10 @@ impl<K: Copy + Eq + Hash> Gr3<K> {
                 })
                 .collect(),
             sorted: Vec::new(),
-            at: HashMap::new(),
+            at: HashMap::default(),
             current: 0,
             rule,
+            scratch: Vec::with_capacity(32),
         }
     }
 
@@ -298,14 +303,18 @@ impl<K: Copy + Eq + Hash> Gr3<K> {
     /// ratio test compares neighbours. A weight change that keeps the order
     /// keeps the frame.
     fn resort(&mut self) {
-        let mut sorted: Vec<u32> = self
-            .groups
-            .iter()
-            .filter(|g| !g.members.is_empty())
-            .map(|g| g.order)
-            .collect();
+        // Into a buffer kept between calls: this runs on every update, and
+        // allocating a fresh list each time was a measurable share of a PPE.
+        let mut sorted = std::mem::take(&mut self.scratch);
+        sorted.clear();
+        sorted.extend(
+            self.groups
+                .iter()
+                .filter(|g| !g.members.is_empty())
+                .map(|g| g.order),
+        );
         let groups = &self.groups;
-        sorted.sort_by(|a, b| {
+        sorted.sort_unstable_by(|a, b| {
             groups[*b as usize]
                 .phi
                 .cmp(&groups[*a as usize].phi)
@@ -315,9 +324,10 @@ impl<K: Copy + Eq + Hash> Gr3<K> {
             for g in &mut self.groups {
                 g.work = 0;
             }
-            self.sorted = sorted;
+            std::mem::swap(&mut self.sorted, &mut sorted);
             self.current = 0;
         }
+        self.scratch = sorted;
     }
 
     /// TCPServerSchedule (Alg. 1 with E1): the next client to serve.
@@ -404,9 +414,9 @@ impl<K: Copy + Eq + Hash> Scheduler<K> {
         Scheduler {
             role,
             control: VecDeque::new(),
-            in_control: HashMap::new(),
+            in_control: HashMap::default(),
             ready: Gr3::default(),
-            wait: HashMap::new(),
+            wait: HashMap::default(),
             syn_pending: false,
             counts: SchedCounts::default(),
             accepted_this_round: false,

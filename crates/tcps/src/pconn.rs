@@ -55,6 +55,12 @@ pub struct PConn {
     blob: Option<(Arc<[u8]>, usize, usize)>,
     /// The last `send` took messages off the send queue (room for the app).
     tx_taken: bool,
+    /// The send ring may hold messages: the application rang (a doorbell
+    /// message reached this PPE), or the last `send` stopped before the ring
+    /// was empty. While false the PPE neither reads the ring nor clears the
+    /// shared doorbell flag: both live on cache lines the application
+    /// writes, and reading them for nothing cost a cache miss each.
+    pub tx_pending: bool,
     pub accepted_at: Instant,
     pub last_activity: Instant,
     pub got_bytes: bool,
@@ -102,6 +108,7 @@ impl PConn {
             out_pos: 0,
             blob: None,
             tx_taken: false,
+            tx_pending: false,
             accepted_at: now,
             last_activity: now,
             got_bytes: false,
@@ -128,6 +135,8 @@ impl PConn {
     pub fn on_adopt(&mut self) {
         self.readable = true;
         self.writable = true;
+        // Doorbells may have gone to the old owner.
+        self.tx_pending = true;
         self.pending_events += 1;
     }
 
@@ -143,8 +152,19 @@ impl PConn {
 
     fn send_backlog(&self) -> u64 {
         let blob = self.blob.as_ref().map_or(0, |(_, a, b)| b - a);
-        (self.out.len() - self.out_pos + blob) as u64
-            + self.tx.available() * self.tx_payload() as u64
+        let local = (self.out.len() - self.out_pos + blob) as u64;
+        // The ring's messages only when there may be some (one shared read).
+        let ring = if self.tx_pending {
+            self.tx.available() * self.tx_payload() as u64
+        } else {
+            0
+        };
+        local + ring
+    }
+
+    /// The application rang: its send ring has news.
+    pub fn on_doorbell(&mut self) {
+        self.tx_pending = true;
     }
 
     fn tx_payload(&self) -> usize {
@@ -154,16 +174,19 @@ impl PConn {
     }
 
     /// W(i) when the connection has work it can do now, else 0 (Wait).
-    pub fn weight(&self, limits: &Limits, rq_bytes: u64, rq_slots: u64, tx_bytes: u64) -> u64 {
+    pub fn weight(&mut self, limits: &Limits, rq_bytes: u64, rq_slots: u64, tx_bytes: u64) -> u64 {
         let backlog = self.send_backlog();
         let can_read = self.readable && !self.paused && !self.peer_eof;
         let can_send = self.writable && backlog > 0;
-        let tx_news = self.shared.doorbell.load(Ordering::Acquire);
+        let tx_news = self.tx_pending;
         let finishing = self.app_closed && self.closing_since.is_none() && backlog == 0;
         if !(can_read || can_send || tx_news || finishing) {
             return 0;
         }
-        let in_rq = self.rq.in_flight();
+        // Messages the application has not released, as far as the
+        // producer's cached view of its head says (no shared read unless
+        // the ring looks full): PendingRcv of Eq. 2.2, approximately.
+        let in_rq = rq_slots.saturating_sub(self.rq.free_slots());
         let load = Load {
             pending_send_bytes: backlog,
             max_snd_bytes: tx_bytes,
@@ -208,11 +231,21 @@ impl PConn {
                     s.notify = true;
                 }
                 n if n > 0 => {
-                    slot.commit(n as usize);
+                    let n = n as usize;
+                    // A short read emptied the socket: what arrives later
+                    // raises a new readiness edge, so no second recv just to
+                    // hear EAGAIN. Not once the peer's FIN was seen: its
+                    // edge has come already, and the end of file is still
+                    // to be read.
+                    let drained = n < slot.len() && !self.fin_seen;
+                    slot.commit(n);
                     s.bytes_in += n as u64;
                     s.notify = true;
                     self.got_bytes = true;
                     self.last_activity = now;
+                    if drained {
+                        self.readable = false;
+                    }
                 }
                 _ => {
                     // The reserved slot is abandoned uncommitted.
@@ -273,10 +306,16 @@ impl PConn {
         now: Instant,
     ) -> Served {
         let mut s = Served::default();
-        // Cleared before the ring is read; see `Conn::after_send`.
-        self.shared.doorbell.store(false, Ordering::Relaxed);
-        fence(Ordering::SeqCst);
         self.tx_taken = false;
+        let local = self.out_pos < self.out.len() || self.blob.is_some();
+        if !local && !self.tx_pending {
+            return s;
+        }
+        if self.tx_pending {
+            // Cleared before the ring is read; see `Conn::after_send`.
+            self.shared.doorbell.store(false, Ordering::Relaxed);
+            fence(Ordering::SeqCst);
+        }
         while (s.bytes_out as usize) < quantum && self.writable && !self.error {
             if self.out_pos == self.out.len() && self.blob.is_none() && !self.refill(blobs) {
                 break;
@@ -364,7 +403,12 @@ impl PConn {
             _ => true,
         });
         self.tx.release();
-        self.tx_taken |= matches!(res, Ok(n) if n > 0);
+        let took = matches!(res, Ok(n) if n > 0);
+        self.tx_taken |= took;
+        if !took {
+            // Empty (or closed): nothing more until the application rings.
+            self.tx_pending = false;
+        }
         if matches!(res, Err(Recv::Closed)) {
             closed = true;
         }

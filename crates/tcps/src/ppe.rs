@@ -14,12 +14,13 @@
 //! A helper PPE (not the master) serves only Ready: a connection of its that
 //! needs teardown is handed to the master, which serves Control.
 
-use std::collections::{HashMap, HashSet};
 use std::net::{TcpListener, TcpStream};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
+
+use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::conn::{AppEvent, CloseReason, Conn, ConnShared};
 use crate::gr3::{Limits, Pending, Pick, Role, Scheduler};
@@ -48,10 +49,10 @@ pub struct Ppe {
     cpu: usize,
     poller: Poller,
     sched: Scheduler<u64>,
-    conns: HashMap<u64, PConn>,
+    conns: FxHashMap<u64, PConn>,
     listener: Option<TcpListener>,
     events: Vec<(u64, Ready)>,
-    paused: HashSet<u64>,
+    paused: FxHashSet<u64>,
     touched: Vec<u64>,
     limits: Limits,
     syn_pending: bool,
@@ -113,10 +114,10 @@ impl Ppe {
             cpu,
             poller,
             sched: Scheduler::new(role),
-            conns: HashMap::new(),
+            conns: FxHashMap::default(),
             listener,
             events: Vec::with_capacity(256),
-            paused: HashSet::new(),
+            paused: FxHashSet::default(),
             touched: Vec::new(),
             limits,
             syn_pending: true,
@@ -271,7 +272,8 @@ impl Ppe {
             match msg {
                 PpeMsg::Adopt(c) => self.adopt(*c),
                 PpeMsg::Doorbell(id) => {
-                    if self.conns.contains_key(&id) {
+                    if let Some(c) = self.conns.get_mut(&id) {
+                        c.on_doorbell();
                         self.touched.push(id);
                     }
                 }
@@ -400,6 +402,7 @@ impl Ppe {
     fn timers(&mut self, now: Instant) {
         let cfg = &self.shared.config;
         let mut expired = Vec::new();
+        let mut unheard = Vec::new();
         for (id, c) in &self.conns {
             if let Some(t) = c.closing_since
                 && now.duration_since(t) >= cfg.linger
@@ -410,7 +413,14 @@ impl Ppe {
             } else if now.duration_since(c.last_activity) >= cfg.idle_timeout {
                 expired.push((*id, CloseReason::IdleTimeout));
             } else if !c.app_closed && c.tx.is_producer_closed() {
-                self.touched.push(*id);
+                // The application's end is gone and its bell unheard.
+                unheard.push(*id);
+            }
+        }
+        for id in unheard {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.on_doorbell();
+                self.touched.push(id);
             }
         }
         for (id, why) in expired {
@@ -458,11 +468,12 @@ impl Ppe {
 
     fn refile(&mut self, id: u64) {
         let cfg = &self.shared.config;
-        let Some(c) = self.conns.get(&id) else {
+        let Some(c) = self.conns.get_mut(&id) else {
             self.sched.remove(&id);
             return;
         };
-        if c.teardown_pending() && self.sched.role() == Role::Helper {
+        let teardown = c.teardown_pending();
+        if teardown && self.sched.role() == Role::Helper {
             let master = cfg.master;
             self.hand_off(id, master);
             return;
@@ -476,7 +487,7 @@ impl Ppe {
         self.sched.update(
             id,
             Pending {
-                teardown: c.teardown_pending(),
+                teardown,
                 weight: w,
             },
         );

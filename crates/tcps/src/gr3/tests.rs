@@ -164,7 +164,7 @@ fn gr3_gives_exact_ratios_over_a_frame() {
     s.set('a', 6);
     s.set('b', 3);
     s.set('c', 1);
-    let mut n = HashMap::new();
+    let mut n = HashMap::default();
     for _ in 0..10 {
         *n.entry(s.pick().expect("scheduled")).or_insert(0) += 1;
     }
