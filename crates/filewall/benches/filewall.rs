@@ -210,9 +210,29 @@ fn run_postmark(g: &Ganesha, systems: &[System]) {
     );
     println!("|---|---|---|---|---|---|");
     let mut base = None;
+    let mut inside = Vec::new();
     for (i, s) in systems.iter().enumerate() {
         let (mut c, root, _, _) = handles(s, &export);
+        let before = s._proxy.as_ref().map(Proxy::stats);
         let r = postmark(&mut c, &root, &format!("postmark-{i}"), Postmark::default()).unwrap();
+        if let (Some(p), Some(b)) = (&s._proxy, before) {
+            // Time from a call reaching the proxy to its reply leaving it (the
+            // server's time included), against what the client saw per call.
+            let after = p.stats();
+            let (mut n, mut ns) = (0u64, 0u64);
+            for (op, h) in &after.latency {
+                let prev = b.latency.get(op).map_or((0, 0), |x| (x.count, x.sum_ns));
+                n += h.count - prev.0;
+                ns += h.sum_ns - prev.1;
+            }
+            inside.push((
+                s.name,
+                ns as f64 / n.max(1) as f64 / 1e3,
+                r.total_secs * 1e6 / r.calls as f64,
+            ));
+        } else {
+            inside.push((s.name, f64::NAN, r.total_secs * 1e6 / r.calls as f64));
+        }
         let b = *base.get_or_insert(r.tps());
         println!(
             "| {} | {:.0} | {:.2} | {:.2} | {} | {:.3} |",
@@ -223,6 +243,13 @@ fn run_postmark(g: &Ganesha, systems: &[System]) {
             r.calls,
             r.tps() / b
         );
+    }
+    println!(
+        "\n| system | client-seen µs per call | inside the proxy (call in → reply out, server included) µs |"
+    );
+    println!("|---|---|---|");
+    for (name, inside, seen) in inside {
+        println!("| {name} | {seen:.1} | {inside:.1} |");
     }
 }
 
@@ -348,6 +375,8 @@ fn main() {
             Some(key()),
         ),
     ];
+    let load = || std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    println!("load average at start: {}", load().trim());
     println!(
         "## FileWall benchmarks ({} CPUs)",
         std::thread::available_parallelism().map_or(0, std::num::NonZero::get)
@@ -364,4 +393,5 @@ fn main() {
     if want("policies") {
         policies(&g);
     }
+    println!("\nload average at the end: {}", load().trim());
 }
