@@ -38,34 +38,63 @@ pub fn default_path() -> PathBuf {
     base.join("sidecore").join("calibration.json")
 }
 
+/// Why a calibration file could not be read or written; every message names the file
+/// (and, for bad JSON, the position).
+#[derive(Debug, thiserror::Error)]
+pub enum CalibrationFileError {
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: line {line}, column {column}: {source}")]
+    Json {
+        path: String,
+        line: usize,
+        column: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path}: tsc_per_ns must be positive, got {tsc_per_ns}")]
+    BadTsc { path: String, tsc_per_ns: f64 },
+    #[error(transparent)]
+    Serialise(serde_json::Error),
+}
+
+fn io_error(path: &Path) -> impl FnOnce(std::io::Error) -> CalibrationFileError + '_ {
+    move |source| CalibrationFileError::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
 /// Loads a calibration file, with a message saying what is wrong and where.
-pub fn load(path: &Path) -> Result<Calibration, String> {
-    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let cal: Calibration = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "{}: line {}, column {}: {e}",
-            path.display(),
-            e.line(),
-            e.column()
-        )
-    })?;
+pub fn load(path: &Path) -> Result<Calibration, CalibrationFileError> {
+    let text = std::fs::read_to_string(path).map_err(io_error(path))?;
+    let cal: Calibration =
+        serde_json::from_str(&text).map_err(|source| CalibrationFileError::Json {
+            path: path.display().to_string(),
+            line: source.line(),
+            column: source.column(),
+            source,
+        })?;
     if cal.tsc_per_ns.is_nan() || cal.tsc_per_ns <= 0.0 {
-        return Err(format!(
-            "{}: tsc_per_ns must be positive, got {}",
-            path.display(),
-            cal.tsc_per_ns
-        ));
+        return Err(CalibrationFileError::BadTsc {
+            path: path.display().to_string(),
+            tsc_per_ns: cal.tsc_per_ns,
+        });
     }
     Ok(cal)
 }
 
 /// Writes a calibration file (creating its directory).
-pub fn save(cal: &Calibration, path: &Path) -> Result<(), String> {
+pub fn save(cal: &Calibration, path: &Path) -> Result<(), CalibrationFileError> {
     if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d).map_err(|e| format!("{}: {e}", d.display()))?;
+        std::fs::create_dir_all(d).map_err(io_error(d))?;
     }
-    let text = serde_json::to_string_pretty(cal).map_err(|e| e.to_string())?;
-    std::fs::write(path, text).map_err(|e| format!("{}: {e}", path.display()))
+    let text = serde_json::to_string_pretty(cal).map_err(CalibrationFileError::Serialise)?;
+    std::fs::write(path, text).map_err(io_error(path))
 }
 
 /// How thorough a calibration run is.

@@ -27,7 +27,7 @@ use wasmtime::{
 };
 
 use crate::host::{self, BoundExceeded, DrainHook, HostState, SharedAreas};
-use crate::policy::{Tracker, UnloadReason, ViolationPolicy};
+use crate::policy::{BadPolicy, Tracker, UnloadReason, ViolationPolicy};
 use crate::preempt::Preemptions;
 use crate::tsc;
 
@@ -144,6 +144,21 @@ pub enum LoadError {
     Instantiate(String),
     #[error("host ABI: {0}")]
     Abi(String),
+    #[error("host ABI: {0}")]
+    Policy(#[from] BadPolicy),
+}
+
+/// Why a control-plane write into an offcode's linear memory was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MemoryWriteError {
+    #[error("offcode unloaded")]
+    Unloaded,
+    #[error("write of {len} bytes at {offset} is outside linear memory ({size} bytes)")]
+    OutOfBounds {
+        len: usize,
+        offset: usize,
+        size: usize,
+    },
 }
 
 /// Why an invocation did not run.
@@ -290,7 +305,7 @@ impl WasmExtension {
         cal: &Calibration,
         shared: SharedAreas,
     ) -> Result<WasmExtension, LoadError> {
-        cfg.violations.validate().map_err(LoadError::Abi)?;
+        cfg.violations.validate()?;
         let admission = verify(wasm, &cfg.policy, cal).map_err(LoadError::Rejected)?;
         let bytes = if engine.mode == ExecMode::Hybrid {
             admission.module.clone()
@@ -795,18 +810,16 @@ impl WasmExtension {
 
     /// Control-plane write into the offcode's linear memory (region 'C), e.g. to preload
     /// a table. Bounds-checked.
-    pub fn memory_write(&mut self, offset: usize, bytes: &[u8]) -> Result<(), String> {
-        let l = self.live.as_mut().ok_or("offcode unloaded")?;
+    pub fn memory_write(&mut self, offset: usize, bytes: &[u8]) -> Result<(), MemoryWriteError> {
+        let l = self.live.as_mut().ok_or(MemoryWriteError::Unloaded)?;
         let data = l.memory.data_mut(&mut l.store);
         let end = offset
             .checked_add(bytes.len())
             .filter(|e| *e <= data.len())
-            .ok_or_else(|| {
-                format!(
-                    "write of {} bytes at {offset} is outside linear memory ({} bytes)",
-                    bytes.len(),
-                    data.len()
-                )
+            .ok_or(MemoryWriteError::OutOfBounds {
+                len: bytes.len(),
+                offset,
+                size: data.len(),
             })?;
         data[offset..end].copy_from_slice(bytes);
         Ok(())

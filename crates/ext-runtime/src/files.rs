@@ -19,9 +19,11 @@ pub enum FileError {
     },
     #[error("{path}: neither a Wasm binary nor valid Wasm text: {detail}")]
     NotWasm { path: String, detail: String },
-    /// The calibration file's own message (it names the file and position).
+    /// The calibration file's own message (it names the file and position, and
+    /// already ends with the cause, so it is not chained as a source: `{:#}` would
+    /// print the cause twice).
     #[error("{0}")]
-    Calibration(String),
+    Calibration(calibrate::CalibrationFileError),
 }
 
 /// Reads a module, accepting Wasm binary or text.

@@ -399,14 +399,24 @@ pub fn store_limits(caps: &RegionCaps) -> StoreLimits {
         .build()
 }
 
+/// Why [`probe_memory_cap`] could not run the module.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// Compiling, linking or instantiating failed, in wasmtime's words (with its causes).
+    #[error("{0:?}")]
+    Wasm(wasmtime::Error),
+    #[error("no memory")]
+    NoMemory,
+}
+
 /// Diagnostics: instantiates `wasm` *without* verification under the store limits for
 /// `caps`, calls its `handle(0)` (traps ignored) and returns the linear memory size
 /// afterwards — shows that the dynamic memory cap holds on its own.
-pub fn probe_memory_cap(caps: &RegionCaps, wasm: &[u8]) -> Result<usize, String> {
+pub fn probe_memory_cap(caps: &RegionCaps, wasm: &[u8]) -> Result<usize, ProbeError> {
     let engine = wasmtime::Engine::default();
-    let module = wasmtime::Module::new(&engine, wasm).map_err(|e| format!("{e:?}"))?;
+    let module = wasmtime::Module::new(&engine, wasm).map_err(ProbeError::Wasm)?;
     let mut linker = Linker::new(&engine);
-    link(&mut linker).map_err(|e| format!("{e:?}"))?;
+    link(&mut linker).map_err(ProbeError::Wasm)?;
     let st = HostState::new(
         caps.clone(),
         vec!["out".into()],
@@ -417,10 +427,12 @@ pub fn probe_memory_cap(caps: &RegionCaps, wasm: &[u8]) -> Result<usize, String>
     store.limiter(|s| &mut s.limits);
     let inst = linker
         .instantiate(&mut store, &module)
-        .map_err(|e| format!("{e:?}"))?;
+        .map_err(ProbeError::Wasm)?;
     if let Ok(h) = inst.get_typed_func::<i32, i32>(&mut store, "handle") {
         let _ = h.call(&mut store, 0);
     }
-    let mem = inst.get_memory(&mut store, "memory").ok_or("no memory")?;
+    let mem = inst
+        .get_memory(&mut store, "memory")
+        .ok_or(ProbeError::NoMemory)?;
     Ok(mem.data_size(&store))
 }

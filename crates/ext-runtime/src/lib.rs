@@ -16,8 +16,8 @@ pub mod tsc;
 
 pub use ext::{
     BadVerdict, BatchItem, EngineError, ExecMode, ExtConfig, ExtEngine, InvokeError, LoadError,
-    Outcome, WasmExtension,
+    MemoryWriteError, Outcome, WasmExtension,
 };
 pub use host::{BoundExceeded, SharedAreas};
-pub use policy::{Tracker, UnloadReason, ViolationPolicy};
+pub use policy::{BadPolicy, Tracker, UnloadReason, ViolationPolicy};
 pub use sidecore_ext_verify as verify;

@@ -31,8 +31,10 @@ use sidecore_offcode::{
 };
 use sidecore_types::PeKind;
 
-use crate::ext::{ExecMode, ExtConfig, ExtEngine, InvokeError, Outcome, WasmExtension};
-use crate::policy::ViolationPolicy;
+use crate::ext::{
+    EngineError, ExecMode, ExtConfig, ExtEngine, InvokeError, Outcome, WasmExtension,
+};
+use crate::policy::{BadPolicy, ViolationPolicy};
 
 /// Admission and runtime parameters of a Wasm offcode (the manifest's `params`).
 #[derive(Debug, Clone, Default, Deserialize)]
@@ -48,18 +50,29 @@ pub struct WasmParams {
     pub calibration: Option<PathBuf>,
 }
 
+/// Why a Wasm offcode's `params` cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
+pub enum BadParams {
+    #[error("min_interarrival_ns must be positive, got {0}")]
+    MinInterarrival(f64),
+    #[error("inflation must be at least 1, got {0}")]
+    Inflation(f64),
+    #[error(transparent)]
+    Violations(#[from] BadPolicy),
+}
+
 impl WasmParams {
-    pub fn config(&self) -> Result<ExtConfig, String> {
+    pub fn config(&self) -> Result<ExtConfig, BadParams> {
         let mut cfg = ExtConfig::default();
         if let Some(v) = self.min_interarrival_ns {
             if v.is_nan() || v <= 0.0 {
-                return Err(format!("min_interarrival_ns must be positive, got {v}"));
+                return Err(BadParams::MinInterarrival(v));
             }
             cfg.policy.acceptable_limit_ns = v;
         }
         if let Some(v) = self.inflation {
             if v.is_nan() || v < 1.0 {
-                return Err(format!("inflation must be at least 1, got {v}"));
+                return Err(BadParams::Inflation(v));
             }
             cfg.policy.inflation = v;
         }
@@ -78,12 +91,9 @@ impl WasmParams {
 }
 
 fn engine() -> Result<&'static ExtEngine, OffcodeError> {
-    static ENGINE: OnceLock<Result<ExtEngine, String>> = OnceLock::new();
+    static ENGINE: OnceLock<Result<ExtEngine, EngineError>> = OnceLock::new();
     ENGINE
-        .get_or_init(|| {
-            ExtEngine::new(ExecMode::Hybrid, 256 << 10, Duration::from_millis(1))
-                .map_err(|e| e.to_string())
-        })
+        .get_or_init(|| ExtEngine::new(ExecMode::Hybrid, 256 << 10, Duration::from_millis(1)))
         .as_ref()
         .map_err(|e| OffcodeError::failed(format!("wasm engine: {e}")))
 }
@@ -119,7 +129,9 @@ impl WasmOffcode {
         params: &toml::Table,
     ) -> Result<WasmOffcode, OffcodeError> {
         let p: WasmParams = sidecore_offcode::parse_params(params)?;
-        let cfg = p.config().map_err(OffcodeError::Params)?;
+        let cfg = p
+            .config()
+            .map_err(|e| OffcodeError::Params(e.to_string()))?;
         let bytes =
             crate::files::read_module(module).map_err(|e| OffcodeError::failed(e.to_string()))?;
         let (cal, _) = crate::files::load_calibration(p.calibration.as_deref())
@@ -341,7 +353,9 @@ pub fn loader() -> Implementation {
         }),
         validate: Some(Arc::new(|params: &toml::Table| {
             let p: WasmParams = sidecore_offcode::parse_params(params)?;
-            p.config().map(|_| ()).map_err(OffcodeError::Params)
+            p.config()
+                .map(|_| ())
+                .map_err(|e| OffcodeError::Params(e.to_string()))
         })),
         interfaces: Interfaces::default(),
     }

@@ -26,18 +26,27 @@ impl Default for ViolationPolicy {
 }
 
 impl ViolationPolicy {
-    pub fn validate(&self) -> Result<(), String> {
+    pub fn validate(&self) -> Result<(), BadPolicy> {
         if self.k == 0 {
-            return Err("violation policy: k must be at least 1".into());
+            return Err(BadPolicy::ZeroK);
         }
         if self.window < self.k {
-            return Err(format!(
-                "violation policy: window ({}) must be at least k ({})",
-                self.window, self.k
-            ));
+            return Err(BadPolicy::WindowBelowK {
+                window: self.window,
+                k: self.k,
+            });
         }
         Ok(())
     }
+}
+
+/// Why a violation policy cannot be used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum BadPolicy {
+    #[error("violation policy: k must be at least 1")]
+    ZeroK,
+    #[error("violation policy: window ({window}) must be at least k ({k})")]
+    WindowBelowK { window: u32, k: u32 },
 }
 
 /// Why an offcode is to be unloaded.
@@ -161,12 +170,14 @@ mod tests {
             ViolationPolicy { k: 0, window: 4 }
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("k must be at least 1")
         );
         assert!(
             ViolationPolicy { k: 5, window: 4 }
                 .validate()
                 .unwrap_err()
+                .to_string()
                 .contains("window (4) must be at least k (5)")
         );
     }

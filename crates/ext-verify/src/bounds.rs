@@ -53,6 +53,38 @@ pub struct DeclaredBound {
     pub line: usize,
 }
 
+/// What is wrong with the section's text or one of its bounds; every message says where.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BoundsError {
+    #[error("{SECTION}: not UTF-8 text ({0})")]
+    NotUtf8(std::str::Utf8Error),
+    #[error("{SECTION} line {line}: expected `FUNC LOOP MAX`, got `{entry}` ({fields} fields)")]
+    FieldCount {
+        line: usize,
+        entry: String,
+        fields: usize,
+    },
+    #[error("{SECTION} line {line}: function index `{index}` too large")]
+    FuncIndexTooLarge { line: usize, index: String },
+    #[error("{SECTION} line {line}: loop `{ordinal}` is neither an ordinal nor `*`")]
+    BadLoop { line: usize, ordinal: String },
+    #[error("{SECTION} line {line}: {what} `{text}` is not a non-negative integer")]
+    NotInteger {
+        line: usize,
+        what: &'static str,
+        text: String,
+    },
+    #[error("{SECTION} line {line}: divisor is zero in `{expr}`")]
+    ZeroDivisor { line: usize, expr: String },
+    #[error("{SECTION} line {line}: empty bound in `{expr}`")]
+    EmptyBound { line: usize, expr: String },
+    #[error("{SECTION} line {line}: bound `{base}` is neither an integer nor a symbol")]
+    NotIntegerOrSymbol { line: usize, base: String },
+    /// `known` lists the deployment's symbols, comma-separated.
+    #[error("unknown bound symbol `{symbol}` (this deployment defines: {known})")]
+    UnknownSymbol { symbol: String, known: String },
+}
+
 /// `BASE[/DIV][+ADD]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BoundExpr {
@@ -69,15 +101,15 @@ pub enum BoundBase {
 
 impl BoundExpr {
     /// Resolves symbols against the deployment's table.
-    pub fn resolve(&self, symbols: &BTreeMap<String, u64>) -> Result<u64, String> {
+    pub fn resolve(&self, symbols: &BTreeMap<String, u64>) -> Result<u64, BoundsError> {
         let base = match &self.base {
             BoundBase::Int(v) => *v,
             BoundBase::Symbol(s) => *symbols.get(s).ok_or_else(|| {
                 let known: Vec<&str> = symbols.keys().map(String::as_str).collect();
-                format!(
-                    "unknown bound symbol `{s}` (this deployment defines: {})",
-                    known.join(", ")
-                )
+                BoundsError::UnknownSymbol {
+                    symbol: s.clone(),
+                    known: known.join(", "),
+                }
             })?,
         };
         Ok(base.div_ceil(self.div).saturating_add(self.add))
@@ -100,12 +132,15 @@ impl std::fmt::Display for BoundExpr {
     }
 }
 
-fn parse_u64(s: &str, what: &str, line: usize) -> Result<u64, String> {
-    s.parse::<u64>()
-        .map_err(|_| format!("{SECTION} line {line}: {what} `{s}` is not a non-negative integer"))
+fn parse_u64(s: &str, what: &'static str, line: usize) -> Result<u64, BoundsError> {
+    s.parse::<u64>().map_err(|_| BoundsError::NotInteger {
+        line,
+        what,
+        text: s.to_string(),
+    })
 }
 
-fn parse_expr(s: &str, line: usize) -> Result<BoundExpr, String> {
+fn parse_expr(s: &str, line: usize) -> Result<BoundExpr, BoundsError> {
     let (rest, add) = match s.split_once('+') {
         Some((a, b)) => (a, parse_u64(b, "addend", line)?),
         None => (s, 0),
@@ -114,30 +149,37 @@ fn parse_expr(s: &str, line: usize) -> Result<BoundExpr, String> {
         Some((a, b)) => {
             let d = parse_u64(b, "divisor", line)?;
             if d == 0 {
-                return Err(format!("{SECTION} line {line}: divisor is zero in `{s}`"));
+                return Err(BoundsError::ZeroDivisor {
+                    line,
+                    expr: s.to_string(),
+                });
             }
             (a, d)
         }
         None => (rest, 1),
     };
     if base.is_empty() {
-        return Err(format!("{SECTION} line {line}: empty bound in `{s}`"));
+        return Err(BoundsError::EmptyBound {
+            line,
+            expr: s.to_string(),
+        });
     }
     let base = if base.bytes().all(|b| b.is_ascii_digit()) {
         BoundBase::Int(parse_u64(base, "bound", line)?)
     } else if base.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
         BoundBase::Symbol(base.to_string())
     } else {
-        return Err(format!(
-            "{SECTION} line {line}: bound `{base}` is neither an integer nor a symbol"
-        ));
+        return Err(BoundsError::NotIntegerOrSymbol {
+            line,
+            base: base.to_string(),
+        });
     };
     Ok(BoundExpr { base, div, add })
 }
 
 /// Parses the section's bytes.
-pub fn parse(data: &[u8]) -> Result<Vec<DeclaredBound>, String> {
-    let text = std::str::from_utf8(data).map_err(|e| format!("{SECTION}: not UTF-8 text ({e})"))?;
+pub fn parse(data: &[u8]) -> Result<Vec<DeclaredBound>, BoundsError> {
+    let text = std::str::from_utf8(data).map_err(BoundsError::NotUtf8)?;
     let mut out = Vec::new();
     for (i, raw_line) in text.lines().enumerate() {
         let line = i + 1;
@@ -148,29 +190,29 @@ pub fn parse(data: &[u8]) -> Result<Vec<DeclaredBound>, String> {
             }
             let fields: Vec<&str> = entry.split_whitespace().collect();
             if fields.len() != 3 {
-                return Err(format!(
-                    "{SECTION} line {line}: expected `FUNC LOOP MAX`, got `{entry}` ({} fields)",
-                    fields.len()
-                ));
+                return Err(BoundsError::FieldCount {
+                    line,
+                    entry: entry.to_string(),
+                    fields: fields.len(),
+                });
             }
-            let func = if fields[0].bytes().all(|b| b.is_ascii_digit()) {
-                FuncSel::Index(fields[0].parse().map_err(|_| {
-                    format!(
-                        "{SECTION} line {line}: function index `{}` too large",
-                        fields[0]
-                    )
-                })?)
-            } else {
-                FuncSel::Name(fields[0].to_string())
-            };
+            let func =
+                if fields[0].bytes().all(|b| b.is_ascii_digit()) {
+                    FuncSel::Index(fields[0].parse().map_err(|_| {
+                        BoundsError::FuncIndexTooLarge {
+                            line,
+                            index: fields[0].to_string(),
+                        }
+                    })?)
+                } else {
+                    FuncSel::Name(fields[0].to_string())
+                };
             let lp = if fields[1] == "*" {
                 LoopSel::All
             } else {
-                LoopSel::Ordinal(fields[1].parse().map_err(|_| {
-                    format!(
-                        "{SECTION} line {line}: loop `{}` is neither an ordinal nor `*`",
-                        fields[1]
-                    )
+                LoopSel::Ordinal(fields[1].parse().map_err(|_| BoundsError::BadLoop {
+                    line,
+                    ordinal: fields[1].to_string(),
                 })?)
             };
             let max = parse_expr(fields[2], line)?;
@@ -213,25 +255,52 @@ mod tests {
     }
 
     #[test]
+    fn messages_keep_their_wording() {
+        assert_eq!(
+            parse(b"a 0\n").unwrap_err().to_string(),
+            "sidecore.bounds line 1: expected `FUNC LOOP MAX`, got `a 0` (2 fields)"
+        );
+        assert_eq!(
+            parse(b"a 0 5+x\n").unwrap_err().to_string(),
+            "sidecore.bounds line 1: addend `x` is not a non-negative integer"
+        );
+        let mut syms = BTreeMap::new();
+        syms.insert("MTU".to_string(), 1500);
+        syms.insert("N".to_string(), 4);
+        assert_eq!(
+            parse(b"a 0 FOO\n").unwrap()[0]
+                .max
+                .resolve(&syms)
+                .unwrap_err()
+                .to_string(),
+            "unknown bound symbol `FOO` (this deployment defines: MTU, N)"
+        );
+    }
+
+    #[test]
     fn bad_entries_say_where() {
         assert!(
             parse(b"a 0\n")
                 .unwrap_err()
+                .to_string()
                 .contains("line 1: expected `FUNC LOOP MAX`")
         );
         assert!(
             parse(b"\na x 3\n")
                 .unwrap_err()
+                .to_string()
                 .contains("line 2: loop `x`")
         );
         assert!(
             parse(b"a 0 MTU/0\n")
                 .unwrap_err()
+                .to_string()
                 .contains("divisor is zero")
         );
         assert!(
             parse(b"a 0 1-2\n")
                 .unwrap_err()
+                .to_string()
                 .contains("neither an integer nor a symbol")
         );
         let e = parse(b"a 0 FOO\n").unwrap();
@@ -239,8 +308,14 @@ mod tests {
             e[0].max
                 .resolve(&BTreeMap::new())
                 .unwrap_err()
+                .to_string()
                 .contains("unknown bound symbol `FOO`")
         );
-        assert!(parse(&[0xff, 0xfe]).unwrap_err().contains("not UTF-8"));
+        assert!(
+            parse(&[0xff, 0xfe])
+                .unwrap_err()
+                .to_string()
+                .contains("not UTF-8")
+        );
     }
 }

@@ -19,7 +19,7 @@ pub enum Reason {
     #[error("import `{import}`: {why}")]
     BadImport { import: String, why: String },
     #[error("invalid declared bounds: {0}")]
-    BadBoundsSection(String),
+    BadBoundsSection(crate::bounds::BoundsError),
     #[error("declared bound: {0}")]
     BadDeclaredBound(String),
     #[error("recursion: {cycle} (the call graph must be acyclic)")]

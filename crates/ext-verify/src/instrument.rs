@@ -17,6 +17,7 @@
 //! would be stale) and the `sidecore.bounds` section (already applied) are dropped.
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 
 use wasm_encoder::reencode::{Error as ReError, Reencode, utils};
 use wasm_encoder::{BlockType, EntityType, Function, Instruction, ValType};
@@ -89,7 +90,7 @@ impl Rewriter<'_> {
         fidx: u32,
         func: &wasmparser::FunctionBody<'_>,
         next_local: &mut u32,
-    ) -> Result<LoopCounters, ReError<String>> {
+    ) -> Result<LoopCounters, ReError<Infallible>> {
         let mut counters = BTreeMap::new();
         let mut rd = func.get_operators_reader()?;
         let mut ord = 0u32;
@@ -121,9 +122,9 @@ impl Rewriter<'_> {
 }
 
 impl Reencode for Rewriter<'_> {
-    type Error = String;
+    type Error = Infallible;
 
-    fn function_index(&mut self, func: u32) -> Result<u32, ReError<String>> {
+    fn function_index(&mut self, func: u32) -> Result<u32, ReError<Infallible>> {
         Ok(if func >= self.plan.n_imported {
             func + 2
         } else {
@@ -135,7 +136,7 @@ impl Reencode for Rewriter<'_> {
         &mut self,
         types: &mut wasm_encoder::TypeSection,
         section: wasmparser::TypeSectionReader<'_>,
-    ) -> Result<(), ReError<String>> {
+    ) -> Result<(), ReError<Infallible>> {
         utils::parse_type_section(self, types, section)?;
         types.ty().function([], []);
         types.ty().function([ValType::I32], []);
@@ -146,7 +147,7 @@ impl Reencode for Rewriter<'_> {
         &mut self,
         imports: &mut wasm_encoder::ImportSection,
         section: wasmparser::ImportSectionReader<'_>,
-    ) -> Result<(), ReError<String>> {
+    ) -> Result<(), ReError<Infallible>> {
         utils::parse_import_section(self, imports, section)?;
         self.add_imports(imports);
         self.imports_done = true;
@@ -158,7 +159,7 @@ impl Reencode for Rewriter<'_> {
         module: &mut wasm_encoder::Module,
         _after: Option<wasm_encoder::SectionId>,
         before: Option<wasm_encoder::SectionId>,
-    ) -> Result<(), ReError<String>> {
+    ) -> Result<(), ReError<Infallible>> {
         use wasm_encoder::SectionId as S;
         if self.had_imports || self.imports_done {
             return Ok(());
@@ -181,7 +182,7 @@ impl Reencode for Rewriter<'_> {
         &mut self,
         module: &mut wasm_encoder::Module,
         section: wasmparser::CustomSectionReader<'_>,
-    ) -> Result<(), ReError<String>> {
+    ) -> Result<(), ReError<Infallible>> {
         if section.name() == "name" || section.name() == crate::bounds::SECTION {
             return Ok(());
         }
@@ -192,7 +193,7 @@ impl Reencode for Rewriter<'_> {
         &mut self,
         code: &mut wasm_encoder::CodeSection,
         func: wasmparser::FunctionBody<'_>,
-    ) -> Result<(), ReError<String>> {
+    ) -> Result<(), ReError<Infallible>> {
         let fidx = self.next_defined;
         self.next_defined += 1;
         let mut locals = Vec::new();
@@ -330,8 +331,18 @@ fn entry_check(f: &mut Function, c: &crate::loops::Counted, bound: u64, id: u32,
     f.instruction(&Instruction::End);
 }
 
+/// Why a module could not be rewritten.
+#[derive(Debug, thiserror::Error)]
+pub enum RewriteError {
+    #[error(transparent)]
+    Parse(#[from] wasmparser::BinaryReaderError),
+    /// The re-encoder's error, in its debug form (it says which item failed).
+    #[error("instrumentation failed: {0:?}")]
+    Reencode(ReError<Infallible>),
+}
+
 /// Rewrites `bytes` according to `plan`.
-pub fn rewrite(bytes: &[u8], plan: &Plan) -> Result<Vec<u8>, String> {
+pub fn rewrite(bytes: &[u8], plan: &Plan) -> Result<Vec<u8>, RewriteError> {
     // Facts needed up front: number of types, whether there is an import section, and
     // each defined function's parameter count.
     let mut n_types = 0u32;
@@ -339,10 +350,10 @@ pub fn rewrite(bytes: &[u8], plan: &Plan) -> Result<Vec<u8>, String> {
     let mut type_params: Vec<u32> = Vec::new();
     let mut func_types: Vec<u32> = Vec::new();
     for p in wasmparser::Parser::new(0).parse_all(bytes) {
-        match p.map_err(|e| e.to_string())? {
+        match p? {
             wasmparser::Payload::TypeSection(r) => {
                 for rg in r {
-                    for st in rg.map_err(|e| e.to_string())?.types() {
+                    for st in rg?.types() {
                         n_types += 1;
                         let n = match &st.composite_type.inner {
                             wasmparser::CompositeInnerType::Func(f) => f.params().len() as u32,
@@ -355,7 +366,7 @@ pub fn rewrite(bytes: &[u8], plan: &Plan) -> Result<Vec<u8>, String> {
             wasmparser::Payload::ImportSection(_) => had_imports = true,
             wasmparser::Payload::FunctionSection(r) => {
                 for t in r {
-                    func_types.push(t.map_err(|e| e.to_string())?);
+                    func_types.push(t?);
                 }
             }
             _ => {}
@@ -381,7 +392,7 @@ pub fn rewrite(bytes: &[u8], plan: &Plan) -> Result<Vec<u8>, String> {
     };
     let mut module = wasm_encoder::Module::new();
     rw.parse_core_module(&mut module, wasmparser::Parser::new(0), bytes)
-        .map_err(|e| format!("instrumentation failed: {e:?}"))?;
+        .map_err(RewriteError::Reencode)?;
     Ok(module.finish())
 }
 

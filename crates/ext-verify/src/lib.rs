@@ -301,7 +301,9 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     let order = match topo_order(&m, &edges) {
         Ok(o) => o,
         Err(cycle) => {
-            reasons.push(Reason::Recursion { cycle });
+            reasons.push(Reason::Recursion {
+                cycle: cycle.to_string(),
+            });
             return Err(reject(reasons));
         }
     };
@@ -343,8 +345,8 @@ pub fn verify(bytes: &[u8], policy: &Policy, cal: &Calibration) -> Result<Admiss
     if plan.is_empty() {
         adm.module = bytes.to_vec();
     } else {
-        adm.module =
-            instrument::rewrite(bytes, &plan).map_err(|e| reject(vec![Reason::Malformed(e)]))?;
+        adm.module = instrument::rewrite(bytes, &plan)
+            .map_err(|e| reject(vec![Reason::Malformed(e.to_string())]))?;
         adm.instrumented = true;
     }
     Ok(adm)
@@ -1300,14 +1302,25 @@ fn batch_size(m: &ModuleInfo<'_>, reasons: &mut Vec<Reason>) -> Option<u32> {
     Some(b as u32)
 }
 
-/// Callees-first order of the defined functions, or the description of a cycle.
+/// A cycle of the call graph, by function names (the first one repeated at the end).
+#[derive(Debug)]
+struct Cycle(Vec<String>);
+
+impl std::fmt::Display for Cycle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.len() == 2 {
+            write!(f, "{} calls itself", self.0[0])
+        } else {
+            f.write_str(&self.0.join(" → "))
+        }
+    }
+}
+
+/// Callees-first order of the defined functions, or a cycle.
 ///
 /// Hand-written iterative DFS (a few lines) rather than a graph crate: the graph is
 /// small and we need the cycle's path for the message.
-fn topo_order(
-    m: &ModuleInfo<'_>,
-    edges: &BTreeMap<u32, BTreeSet<u32>>,
-) -> Result<Vec<u32>, String> {
+fn topo_order(m: &ModuleInfo<'_>, edges: &BTreeMap<u32, BTreeSet<u32>>) -> Result<Vec<u32>, Cycle> {
     #[derive(Clone, Copy, PartialEq)]
     enum Color {
         White,
@@ -1338,11 +1351,7 @@ fn topo_order(
                         let mut names: Vec<String> =
                             stack[pos..].iter().map(|(n, _)| m.func_name(*n)).collect();
                         names.push(m.func_name(next));
-                        return Err(if names.len() == 2 {
-                            format!("{} calls itself", names[0])
-                        } else {
-                            names.join(" → ")
-                        });
+                        return Err(Cycle(names));
                     }
                     Color::Black => {}
                 }

@@ -274,7 +274,8 @@ impl CalibrateCommand {
             Effort::FULL
         })?;
         drop(spin);
-        calibrate::save(&cal, &out).map_err(|e| anyhow::anyhow!(e))?;
+        // The message names the file and ends with the cause: printed flat, as before.
+        calibrate::save(&cal, &out).map_err(|e| anyhow::anyhow!("{e}"))?;
         println!(
             "calibration of {} written to {}",
             cal.machine,

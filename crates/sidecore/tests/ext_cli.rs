@@ -154,6 +154,6 @@ fn calibrate_writes_a_loadable_file() {
     );
     // A corrupt file is reported with its position.
     std::fs::write(&out, "{ \"machine\": 3 }").unwrap();
-    let e = sidecore_ext::calibrate::load(&out).unwrap_err();
+    let e = sidecore_ext::calibrate::load(&out).unwrap_err().to_string();
     assert!(e.contains("cal.json: line 1"), "{e}");
 }
