@@ -83,6 +83,36 @@ pub enum AgentError {
     Rate(#[from] crate::rate::RateError),
 }
 
+/// Why a connection was given no identity (the process hears this reason).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum AttachError {
+    #[error(transparent)]
+    Attest(#[from] crate::attest::AttestError),
+    #[error("{identity} is placed on host {placed}, not on this agent's host {here}")]
+    OtherHost {
+        identity: Identity,
+        placed: String,
+        here: String,
+    },
+    #[error("{0} is not placed on any host")]
+    Unplaced(Identity),
+}
+
+/// Why a policy update was refused (the last good policy keeps enforcing).
+#[derive(Debug, thiserror::Error)]
+pub enum PolicyRefused {
+    #[error(transparent)]
+    Nos(#[from] sidecore_sikker_policy::NosError),
+    #[error("rate limits: {0}")]
+    Rates(#[source] crate::rate::RateError),
+    #[error("rate limits: {rates} (and restoring the last good policy failed: {restore})")]
+    RatesAndRestore {
+        #[source]
+        rates: crate::rate::RateError,
+        restore: sidecore_sikker_policy::NosError,
+    },
+}
+
 /// A message waiting for its rate limit's tokens.
 #[derive(Clone, Debug)]
 struct Held {
@@ -196,17 +226,17 @@ impl AgentCore {
 
     /// Attests a new connection from the process `facts` describe: its
     /// identity, which must be placed on this host.
-    pub fn attach(&mut self, conn: ConnId, facts: &ProcessFacts) -> Result<Identity, String> {
+    pub fn attach(&mut self, conn: ConnId, facts: &ProcessFacts) -> Result<Identity, AttachError> {
         let r = attest(self.nos.policy(), facts)
-            .map_err(|e| e.to_string())
+            .map_err(AttachError::from)
             .and_then(|(s, p)| match self.nos.locate(s, p) {
                 Some((h, _, li)) if h == self.host => Ok((s, p, li)),
-                Some((h, ..)) => Err(format!(
-                    "{} is placed on host {h}, not on this agent's host {}",
-                    self.identity(s, p),
-                    self.host
-                )),
-                None => Err(format!("{} is not placed on any host", self.identity(s, p))),
+                Some((h, ..)) => Err(AttachError::OtherHost {
+                    identity: self.identity(s, p),
+                    placed: h,
+                    here: self.host.clone(),
+                }),
+                None => Err(AttachError::Unplaced(self.identity(s, p))),
             });
         match r {
             Ok((svc, proc, li)) => {
@@ -567,12 +597,12 @@ impl AgentCore {
     pub fn update_policy(
         &mut self,
         p: sidecore_sikker_policy::Policy,
-    ) -> Result<sidecore_sikker_policy::Delta, String> {
+    ) -> Result<sidecore_sikker_policy::Delta, PolicyRefused> {
         let old = self.nos.policy().clone();
         let rates_before = rate_shape(&self.nos);
         let d = match self.nos.update_policy(p) {
             Ok(d) => d,
-            Err(e) => return Err(self.policy_refused(&e.to_string())),
+            Err(e) => return Err(self.refused(e.into())),
         };
         if rate_shape(&self.nos) != rates_before {
             match RateControl::new(&self.nos, &self.host, 0.0) {
@@ -583,14 +613,11 @@ impl AgentCore {
                 Err(e) => {
                     // The last good policy compiled against this placement
                     // before, so it does again.
-                    let back = self.nos.update_policy(old).err();
-                    let why = match back {
-                        None => format!("rate limits: {e}"),
-                        Some(b) => format!(
-                            "rate limits: {e} (and restoring the last good policy failed: {b})"
-                        ),
+                    let why = match self.nos.update_policy(old).err() {
+                        None => PolicyRefused::Rates(e),
+                        Some(restore) => PolicyRefused::RatesAndRestore { rates: e, restore },
                     };
-                    return Err(self.policy_refused(&why));
+                    return Err(self.refused(why));
                 }
             }
         }
@@ -601,6 +628,11 @@ impl AgentCore {
 
     /// Counts and logs a refused policy update (from [`AgentCore::update_policy`],
     /// or a policy text the I/O layer could not parse); returns the reason.
+    fn refused(&mut self, why: PolicyRefused) -> PolicyRefused {
+        self.policy_refused(&why.to_string());
+        why
+    }
+
     pub fn policy_refused(&mut self, why: &str) -> String {
         self.counters.policy_refused += 1;
         eprintln!(

@@ -37,5 +37,5 @@ pub mod store;
 pub mod tls;
 
 pub use client::{Client, ClientError};
-pub use core::{AgentCore, AgentError, ConnId, Counters, Effect};
-pub use proto::{Denied, Dest, FromAgent, Identity, ToAgent};
+pub use core::{AgentCore, AgentError, AttachError, ConnId, Counters, Effect, PolicyRefused};
+pub use proto::{BadDest, Denied, Dest, FromAgent, Identity, ToAgent};

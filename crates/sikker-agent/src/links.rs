@@ -24,7 +24,7 @@ use nix::poll::{PollFd, PollFlags};
 use rustls::{ClientConnection, Connection, ServerConnection};
 use sidecore_wire::{AgentHello, AgentLink, Message};
 
-use crate::tls::{Tls, names, server_name};
+use crate::tls::{Tls, TlsError, names, server_name};
 
 /// How often a down link is dialed again.
 pub const REDIAL: Duration = Duration::from_millis(200);
@@ -341,7 +341,7 @@ fn pump(c: &mut Conn, me: &str, known: &BTreeSet<String>, now: Instant, out: &mu
                     out.push(LinkEvent::Up(h.host));
                 }
                 Err(why) => {
-                    c.closed = Some(why);
+                    c.closed = Some(why.to_string());
                     break;
                 }
             },
@@ -362,28 +362,48 @@ fn pump(c: &mut Conn, me: &str, known: &BTreeSet<String>, now: Instant, out: &mu
     flush(c);
 }
 
+/// Why a peer's hello was not believed (the link is closed with this reason).
+#[derive(Debug, thiserror::Error)]
+enum Unproved {
+    #[error("it says it is host `{0}`, which is this agent's own name")]
+    OwnName(String),
+    #[error("it says it is host `{0}`, which is not in the placement")]
+    NotPlaced(String),
+    #[error("dialed host `{dialed}` but it says it is `{host}`")]
+    NotDialed { dialed: String, host: String },
+    #[error("it presented no certificate")]
+    NoCertificate,
+    #[error("it says it is host `{host}`, but {reason}")]
+    Certificate {
+        host: String,
+        #[source]
+        reason: TlsError,
+    },
+}
+
 /// Whether the hello's host is what the certificate proves.
-fn prove(c: &Conn, h: &AgentHello, me: &str, known: &BTreeSet<String>) -> Result<(), String> {
+fn prove(c: &Conn, h: &AgentHello, me: &str, known: &BTreeSet<String>) -> Result<(), Unproved> {
     if h.host == me {
-        return Err(format!(
-            "it says it is host `{me}`, which is this agent's own name"
-        ));
+        return Err(Unproved::OwnName(me.to_string()));
     }
     if !known.contains(&h.host) {
-        return Err(format!(
-            "it says it is host `{}`, which is not in the placement",
-            h.host
-        ));
+        return Err(Unproved::NotPlaced(h.host.clone()));
     }
     if let Some(d) = &c.dialed
         && *d != h.host
     {
-        return Err(format!("dialed host `{d}` but it says it is `{}`", h.host));
+        return Err(Unproved::NotDialed {
+            dialed: d.clone(),
+            host: h.host.clone(),
+        });
     }
     let cert = c
         .tls
         .peer_certificates()
         .and_then(|v| v.first())
-        .ok_or("it presented no certificate")?;
-    names(cert, &h.host).map_err(|e| format!("it says it is host `{}`, but {e}", h.host))
+        .ok_or(Unproved::NoCertificate)?;
+    names(cert, &h.host).map_err(|reason| Unproved::Certificate {
+        host: h.host.clone(),
+        reason,
+    })
 }

@@ -23,16 +23,26 @@ impl std::fmt::Display for Dest {
     }
 }
 
+/// Why a text is not a `SERVICE:PROCESS:DOMAIN` destination.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BadDest {
+    #[error("`{0}` is not SERVICE:PROCESS:DOMAIN")]
+    Shape(String),
+    #[error("`{process}` in `{dest}` is not a process number")]
+    Process { process: String, dest: String },
+}
+
 impl std::str::FromStr for Dest {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = BadDest;
+    fn from_str(s: &str) -> Result<Self, BadDest> {
         let parts: Vec<&str> = s.split(':').collect();
         let [service, process, domain] = parts.as_slice() else {
-            return Err(format!("`{s}` is not SERVICE:PROCESS:DOMAIN"));
+            return Err(BadDest::Shape(s.to_string()));
         };
-        let process = process
-            .parse()
-            .map_err(|_| format!("`{process}` in `{s}` is not a process number"))?;
+        let process = process.parse().map_err(|_| BadDest::Process {
+            process: (*process).to_string(),
+            dest: s.to_string(),
+        })?;
         Ok(Dest {
             service: (*service).to_string(),
             process,

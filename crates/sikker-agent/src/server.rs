@@ -25,6 +25,17 @@ use crate::core::{AgentCore, ConnId, Effect};
 use crate::links::{LinkEvent, Links};
 use crate::proto::{self, Denied, FromAgent, MAX_MESSAGE_BYTES, Request};
 
+/// Why a new connection is refused (sent to it as its reason, then closed).
+#[derive(Debug, thiserror::Error)]
+enum Refusal {
+    #[error("cannot read the peer's credentials: {0}")]
+    Credentials(nix::Error),
+    #[error(transparent)]
+    Facts(#[from] crate::attest::AttestError),
+    #[error(transparent)]
+    Attach(#[from] crate::core::AttachError),
+}
+
 /// How long one `poll` waits before the loop checks its stop flag.
 const POLL_MS: u16 = 100;
 /// Connections waiting to be accepted.
@@ -282,12 +293,12 @@ impl Server {
         let conn = self.next;
         self.next += 1;
         let attested = getsockopt(&fd, sockopt::PeerCredentials)
-            .map_err(|e| format!("cannot read the peer's credentials: {e}"))
+            .map_err(Refusal::Credentials)
             .and_then(|cred| {
                 let _ = setsockopt(&fd, sockopt::PassCred, &true);
-                read_facts(&self.proc_root, cred.pid(), cred.uid()).map_err(|e| e.to_string())
+                Ok(read_facts(&self.proc_root, cred.pid(), cred.uid())?)
             })
-            .and_then(|facts| self.core.attach(conn, &facts));
+            .and_then(|facts| Ok(self.core.attach(conn, &facts)?));
         match attested {
             Ok(id) => {
                 send(&fd, &FromAgent::Attached(id));
@@ -295,7 +306,7 @@ impl Server {
             }
             // Refused: say why, then close.
             Err(why) => {
-                send(&fd, &FromAgent::Refused(why));
+                send(&fd, &FromAgent::Refused(why.to_string()));
             }
         }
     }

@@ -107,12 +107,23 @@ pub fn watch(src: PolicySource, tx: Sender<PolicyUpdate>) -> JoinHandle<()> {
     })
 }
 
+/// Why a policy file's text could not be had.
+#[derive(Debug, thiserror::Error)]
+enum ReadError {
+    /// The file is unavailable (for now, perhaps).
+    #[error("{0}")]
+    Io(std::io::Error),
+    /// The file is there but its text is invalid.
+    #[error("not UTF-8 text")]
+    NotUtf8,
+}
+
 /// A file's text, once two reads a moment apart agree (a writer may be
 /// half-way through); `Err` says why it cannot be read.
-fn read_settled(path: &std::path::Path, last: Option<&str>) -> Result<String, String> {
+fn read_settled(path: &std::path::Path, last: Option<&str>) -> Result<String, ReadError> {
     let read = || {
-        let bytes = std::fs::read(path).map_err(|e| e.to_string())?;
-        String::from_utf8(bytes).map_err(|_| "not UTF-8 text".to_string())
+        let bytes = std::fs::read(path).map_err(ReadError::Io)?;
+        String::from_utf8(bytes).map_err(|_| ReadError::NotUtf8)
     };
     let mut text = read()?;
     if Some(text.as_str()) == last {
@@ -151,18 +162,18 @@ fn watch_file(path: &std::path::Path, tx: &Sender<PolicyUpdate>) {
                     u
                 })
             }
-            Err(why) if why == "not UTF-8 text" => {
+            Err(why @ ReadError::NotUtf8) => {
                 last = None;
                 Some(PolicyUpdate::Invalid {
                     source: name.clone(),
                     errors: format!("{name}: {why}"),
                 })
             }
-            Err(why) => (!down).then(|| {
+            Err(why @ ReadError::Io(_)) => (!down).then(|| {
                 down = true;
                 PolicyUpdate::Unavailable {
                     source: name.clone(),
-                    why,
+                    why: why.to_string(),
                 }
             }),
         };
@@ -485,18 +496,50 @@ pub struct LocalEtcd {
     child: Option<std::process::Child>,
 }
 
+/// Why a [`LocalEtcd`] could not be started.
+#[derive(Debug, thiserror::Error)]
+pub enum LocalEtcdError {
+    #[error("no free loopback port: {0}")]
+    NoPort(#[source] std::io::Error),
+    #[error("{}: {source}", path.display())]
+    File {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Log(#[source] std::io::Error),
+    #[error(
+        "cannot start {} ({source}); scripts/setup.sh installs Debian's etcd-server",
+        bin.display()
+    )]
+    Spawn {
+        bin: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("etcd exited ({status}) before answering; see {}", log.display())]
+    Exited {
+        status: std::process::ExitStatus,
+        log: PathBuf,
+    },
+    #[error("etcd did not answer at {endpoint} within 15 s; see {}", log.display())]
+    Silent { endpoint: String, log: PathBuf },
+}
+
 /// A loopback port free right now.
-fn free_port() -> Result<u16, String> {
+fn free_port() -> Result<u16, LocalEtcdError> {
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
-        .map_err(|e| format!("no free loopback port: {e}"))
+        .map_err(LocalEtcdError::NoPort)
 }
 
 impl LocalEtcd {
     /// Starts one with its data in `dir` (created), and waits until it answers.
-    pub fn start(dir: &std::path::Path) -> Result<LocalEtcd, String> {
-        std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    pub fn start(dir: &std::path::Path) -> Result<LocalEtcd, LocalEtcdError> {
+        std::fs::create_dir_all(dir).map_err(|source| LocalEtcdError::File {
+            path: dir.to_path_buf(),
+            source,
+        })?;
         let mut e = LocalEtcd {
             dir: dir.to_path_buf(),
             client: free_port()?,
@@ -521,15 +564,18 @@ impl LocalEtcd {
     }
 
     /// Starts it (again) on the same ports and data, and waits until it answers.
-    pub fn restart(&mut self) -> Result<(), String> {
+    pub fn restart(&mut self) -> Result<(), LocalEtcdError> {
         self.stop();
         let bin = std::env::var_os("ETCD").unwrap_or_else(|| "etcd".into());
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(self.dir.join("etcd.log"))
-            .map_err(|e| format!("{}: {e}", self.dir.join("etcd.log").display()))?;
-        let log2 = log.try_clone().map_err(|e| e.to_string())?;
+            .map_err(|source| LocalEtcdError::File {
+                path: self.dir.join("etcd.log"),
+                source,
+            })?;
+        let log2 = log.try_clone().map_err(LocalEtcdError::Log)?;
         let peer = format!("http://127.0.0.1:{}", self.peer);
         let child = std::process::Command::new(&bin)
             .arg("--name=default")
@@ -543,11 +589,9 @@ impl LocalEtcd {
             .stdout(log)
             .stderr(log2)
             .spawn()
-            .map_err(|e| {
-                format!(
-                    "cannot start {} ({e}); scripts/setup.sh installs Debian's etcd-server",
-                    std::path::Path::new(&bin).display()
-                )
+            .map_err(|source| LocalEtcdError::Spawn {
+                bin: PathBuf::from(&bin),
+                source,
             })?;
         self.child = Some(child);
         let mut probe = Etcd::new(&[self.endpoint()]);
@@ -558,19 +602,18 @@ impl LocalEtcd {
             }
             if let Some(Ok(Some(st))) = self.child.as_mut().map(std::process::Child::try_wait) {
                 self.child = None;
-                return Err(format!(
-                    "etcd exited ({st}) before answering; see {}",
-                    self.dir.join("etcd.log").display()
-                ));
+                return Err(LocalEtcdError::Exited {
+                    status: st,
+                    log: self.dir.join("etcd.log"),
+                });
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         self.stop();
-        Err(format!(
-            "etcd did not answer at {} within 15 s; see {}",
-            self.endpoint(),
-            self.dir.join("etcd.log").display()
-        ))
+        Err(LocalEtcdError::Silent {
+            endpoint: self.endpoint(),
+            log: self.dir.join("etcd.log"),
+        })
     }
 }
 

@@ -51,6 +51,15 @@ pub enum TlsError {
     Config(String),
     #[error("`{0}` is not a host name a certificate can carry")]
     BadName(String),
+    /// The peer's certificate could not be parsed (webpki's words).
+    #[error("{0:?}")]
+    BadCertificate(#[source] webpki::Error),
+    #[error("its certificate does not name host `{host}` ({reason:?})")]
+    NotNamed {
+        host: String,
+        #[source]
+        reason: webpki::Error,
+    },
 }
 
 fn file_err(path: &Path, what: impl std::fmt::Display) -> TlsError {
@@ -117,11 +126,14 @@ pub fn server_name(host: &str) -> Result<ServerName<'static>, TlsError> {
 }
 
 /// Whether the (already chain-verified) certificate `der` names `host`.
-pub fn names(der: &CertificateDer<'_>, host: &str) -> Result<(), String> {
-    let name = server_name(host).map_err(|e| e.to_string())?;
-    let cert = webpki::EndEntityCert::try_from(der).map_err(|e| format!("{e:?}"))?;
+pub fn names(der: &CertificateDer<'_>, host: &str) -> Result<(), TlsError> {
+    let name = server_name(host)?;
+    let cert = webpki::EndEntityCert::try_from(der).map_err(TlsError::BadCertificate)?;
     cert.verify_is_valid_for_subject_name(&name)
-        .map_err(|e| format!("its certificate does not name host `{host}` ({e:?})"))
+        .map_err(|reason| TlsError::NotNamed {
+            host: host.to_string(),
+            reason,
+        })
 }
 
 /// Writes a new authority (`ca.pem`, `ca.key`) and a certificate and key for

@@ -936,19 +936,28 @@ fn l4_addresses(
     }
 }
 
+/// Why a text is not an L4 address (the policy error says whose it is).
+#[derive(Debug, thiserror::Error)]
+enum BadL4Address {
+    #[error("`{0}` is not IP:PORT (for IPv6, `[fd00::2]:8080`)")]
+    Syntax(String),
+    #[error("`{0}` has no specific address; give the one clients connect to")]
+    Unspecified(String),
+    #[error("`{0}` has port 0")]
+    PortZero(String),
+}
+
 /// An L4 address a client connects to: `IP:PORT` (`[IPv6]:PORT`), with a
 /// specific IP and a port other than 0.
-fn l4_address(text: &str) -> Result<SocketAddr, String> {
+fn l4_address(text: &str) -> Result<SocketAddr, BadL4Address> {
     let a: SocketAddr = text
         .parse()
-        .map_err(|_| format!("`{text}` is not IP:PORT (for IPv6, `[fd00::2]:8080`)"))?;
+        .map_err(|_| BadL4Address::Syntax(text.to_string()))?;
     if a.ip().is_unspecified() {
-        return Err(format!(
-            "`{text}` has no specific address; give the one clients connect to"
-        ));
+        return Err(BadL4Address::Unspecified(text.to_string()));
     }
     if a.port() == 0 {
-        return Err(format!("`{text}` has port 0"));
+        return Err(BadL4Address::PortZero(text.to_string()));
     }
     Ok(a)
 }
