@@ -25,16 +25,19 @@ impl XdpMode {
     }
 }
 
+/// A text that names no XDP mode.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{0}` is not an XDP mode (auto, generic or native)")]
+pub struct BadXdpMode(pub String);
+
 impl std::str::FromStr for XdpMode {
-    type Err = String;
+    type Err = BadXdpMode;
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "auto" => Ok(XdpMode::Auto),
             "generic" | "skb" => Ok(XdpMode::Generic),
             "native" | "driver" => Ok(XdpMode::Native),
-            _ => Err(format!(
-                "`{s}` is not an XDP mode (auto, generic or native)"
-            )),
+            _ => Err(BadXdpMode(s.to_string())),
         }
     }
 }

@@ -31,7 +31,7 @@ pub mod sikker_l4;
 pub mod user_object;
 pub mod xsk;
 
-pub use error::{KernelError, XdpMode};
+pub use error::{BadXdpMode, KernelError, XdpMode};
 pub use firewall::{FwStats, LogEvent, XdpFirewall};
 pub use sikker_l4::{
     L4Counters, L4PairCounters, L4Peer, L4Rate, L4Source, L4Tables, L4Totals, L4Update, SikkerL4,

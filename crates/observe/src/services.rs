@@ -30,24 +30,38 @@ pub struct ServiceSpec {
     pub addr: SocketAddr,
 }
 
+/// Why a `NAME=ADDR` service spec was refused (clap and the config file show it).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadServiceSpec {
+    #[error("`{0}`: expected NAME=ADDR, e.g. filewall=127.0.0.1:9465")]
+    NoEquals(String),
+    #[error("`{0}`: a service name is letters, digits, `-` and `_`")]
+    BadName(String),
+    #[error("`{addr}` is not an address: {source}")]
+    BadAddr {
+        addr: String,
+        #[source]
+        source: std::net::AddrParseError,
+    },
+}
+
 impl FromStr for ServiceSpec {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = BadServiceSpec;
+    fn from_str(s: &str) -> Result<Self, BadServiceSpec> {
         let (name, addr) = s
             .split_once('=')
-            .ok_or_else(|| format!("`{s}`: expected NAME=ADDR, e.g. filewall=127.0.0.1:9465"))?;
+            .ok_or_else(|| BadServiceSpec::NoEquals(s.to_string()))?;
         if name.is_empty()
             || !name
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
-            return Err(format!(
-                "`{name}`: a service name is letters, digits, `-` and `_`"
-            ));
+            return Err(BadServiceSpec::BadName(name.to_string()));
         }
-        let addr = addr
-            .parse()
-            .map_err(|e| format!("`{addr}` is not an address: {e}"))?;
+        let addr = addr.parse().map_err(|source| BadServiceSpec::BadAddr {
+            addr: addr.to_string(),
+            source,
+        })?;
         Ok(ServiceSpec {
             name: name.to_string(),
             addr,
@@ -87,7 +101,7 @@ pub fn scrape(s: &ServiceSpec, last: &mut Scraped) -> ServiceView {
     let now = Instant::now();
     let (up, error, samples, parsed) = match fetch(s.addr) {
         Ok(body) => (true, None, parse_samples(&body), parse_full(&body)),
-        Err(e) => (false, Some(e), Vec::new(), Vec::new()),
+        Err(e) => (false, Some(e.to_string()), Vec::new(), Vec::new()),
     };
     let dt_s = last
         .at
@@ -131,27 +145,41 @@ fn parse_full(text: &str) -> Vec<Sample> {
         .collect()
 }
 
+/// Why one scrape failed (shown as the service's `error`).
+#[derive(Debug, thiserror::Error)]
+enum ScrapeError {
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("{0}")]
+    Timeouts(std::io::Error),
+    #[error("send: {0}")]
+    Send(std::io::Error),
+    #[error("read: {0}")]
+    Read(std::io::Error),
+    #[error("not an HTTP answer")]
+    NotHttp,
+    #[error("HTTP {0}")]
+    Status(String),
+}
+
 /// GET /metrics with HTTP/1.0 (the service closes after the answer).
-fn fetch(addr: SocketAddr) -> Result<String, String> {
-    let mut c =
-        TcpStream::connect_timeout(&addr, SCRAPE_TIMEOUT).map_err(|e| format!("connect: {e}"))?;
+fn fetch(addr: SocketAddr) -> Result<String, ScrapeError> {
+    let mut c = TcpStream::connect_timeout(&addr, SCRAPE_TIMEOUT).map_err(ScrapeError::Connect)?;
     c.set_read_timeout(Some(SCRAPE_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+        .map_err(ScrapeError::Timeouts)?;
     c.set_write_timeout(Some(SCRAPE_TIMEOUT))
-        .map_err(|e| e.to_string())?;
+        .map_err(ScrapeError::Timeouts)?;
     c.write_all(b"GET /metrics HTTP/1.0\r\nHost: sidecore\r\n\r\n")
-        .map_err(|e| format!("send: {e}"))?;
+        .map_err(ScrapeError::Send)?;
     let mut raw = Vec::new();
     c.take(MAX_BODY)
         .read_to_end(&mut raw)
-        .map_err(|e| format!("read: {e}"))?;
+        .map_err(ScrapeError::Read)?;
     let text = String::from_utf8_lossy(&raw);
-    let (head, body) = text
-        .split_once("\r\n\r\n")
-        .ok_or_else(|| "not an HTTP answer".to_string())?;
+    let (head, body) = text.split_once("\r\n\r\n").ok_or(ScrapeError::NotHttp)?;
     let status = head.split_whitespace().nth(1).unwrap_or("?");
     if status != "200" {
-        return Err(format!("HTTP {status}"));
+        return Err(ScrapeError::Status(status.to_string()));
     }
     Ok(body.to_string())
 }
@@ -185,19 +213,26 @@ mod tests {
             "filewall"
                 .parse::<ServiceSpec>()
                 .unwrap_err()
+                .to_string()
                 .contains("NAME=ADDR")
         );
         assert!(
             "a b=127.0.0.1:1"
                 .parse::<ServiceSpec>()
                 .unwrap_err()
+                .to_string()
                 .contains("service name")
         );
         assert!(
             "x=nowhere"
                 .parse::<ServiceSpec>()
                 .unwrap_err()
+                .to_string()
                 .contains("not an address")
+        );
+        assert_eq!(
+            "x=nowhere".parse::<ServiceSpec>().unwrap_err().to_string(),
+            "`nowhere` is not an address: invalid socket address syntax"
         );
     }
 

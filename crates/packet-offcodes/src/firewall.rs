@@ -213,15 +213,14 @@ impl Common {
     }
 
     /// Loads and compiles a new rule file.
-    fn reload(&mut self, path: &str) -> Result<Classifier, String> {
-        let rules =
-            sidecore_firewall::load(std::path::Path::new(path)).map_err(|e| e.to_string())?;
-        let c = Classifier::compile(&rules).map_err(|e| e.to_string())?;
+    fn reload(&mut self, path: &str) -> Result<Classifier, ReloadError> {
+        let rules = sidecore_firewall::load(std::path::Path::new(path))?;
+        let c = Classifier::compile(&rules)?;
         self.rules = rules;
         Ok(c)
     }
 
-    fn answer(&self, r: Result<(), String>) -> Option<serde_json::Value> {
+    fn answer(&self, r: Result<(), ReloadError>) -> Option<serde_json::Value> {
         match r {
             Ok(()) => {
                 self.reloads.add(1);
@@ -229,10 +228,26 @@ impl Common {
             }
             Err(e) => {
                 self.reload_errors.add(1);
-                Some(serde_json::json!({"error": e}))
+                Some(serde_json::json!({"error": e.to_string()}))
             }
         }
     }
+}
+
+/// Why a `{"rules": PATH}` reload was refused (answered as `{"error": MESSAGE}`; the
+/// rules in force stay).
+#[derive(Debug, thiserror::Error)]
+enum ReloadError {
+    #[error(transparent)]
+    Rules(#[from] sidecore_firewall::RulesError),
+    #[error(transparent)]
+    Compile(#[from] sidecore_firewall::CompileError),
+    #[error("not loaded")]
+    NotLoaded,
+    #[error(transparent)]
+    Kernel(#[from] sidecore_kernel::KernelError),
+    #[error(transparent)]
+    Apply(OffcodeError),
 }
 
 fn failed(e: impl std::fmt::Display) -> OffcodeError {
@@ -315,8 +330,8 @@ impl Offcode for XdpOffcode {
             return Ok(None);
         };
         let r = self.common.reload(&path).and_then(|c| {
-            let fw = self.fw.as_mut().ok_or("not loaded")?;
-            fw.install(&c).map_err(|e| e.to_string())
+            let fw = self.fw.as_mut().ok_or(ReloadError::NotLoaded)?;
+            Ok(fw.install(&c)?)
         });
         Ok(self.common.answer(r))
     }
@@ -765,7 +780,7 @@ impl Offcode for NftOffcode {
         let r = self
             .common
             .reload(&path)
-            .and_then(|_| self.apply().map_err(|e| e.to_string()));
+            .and_then(|_| self.apply().map_err(ReloadError::Apply));
         Ok(self.common.answer(r))
     }
 
@@ -845,5 +860,28 @@ mod tests {
         assert!(e.to_string().contains("r.rules:1:"), "{e}");
         let e = Params::parse(&t(format!("rules = \"{r}\"\ningres = \"x\""))).unwrap_err();
         assert!(e.to_string().contains("unknown field `ingres`"), "{e}");
+    }
+
+    /// A live reload of a bad file is answered with the rule loader's own
+    /// message, and the rules in force stay.
+    #[test]
+    fn a_bad_reload_is_answered_with_its_reason_and_keeps_the_rules() {
+        let dir = tempfile::tempdir().unwrap();
+        let good = dir.path().join("good.rules");
+        std::fs::write(&good, "1 udp any any any 53 accept\n").unwrap();
+        let t: toml::Table =
+            toml::from_str(&format!("rules = \"{}\"\ningress = \"x\"", good.display())).unwrap();
+        let (p, rules) = Params::parse(&t).unwrap();
+        let mut c = Common::new(p, rules);
+        let bad = dir.path().join("bad.rules");
+        std::fs::write(&bad, "1 udp any any any 99999 accept\n").unwrap();
+        let want = sidecore_firewall::load(&bad).unwrap_err().to_string();
+        assert!(want.contains("bad.rules:1"), "{want}");
+        let r = c.reload(bad.to_str().unwrap()).map(drop);
+        assert!(matches!(r, Err(ReloadError::Rules(_))));
+        assert_eq!(c.answer(r), Some(serde_json::json!({ "error": want })));
+        assert_eq!(c.rules.rules.len(), 1, "the rules in force stay");
+        let r = c.reload(good.to_str().unwrap()).map(drop);
+        assert_eq!(c.answer(r), Some(serde_json::json!({ "reloaded": 1 })));
     }
 }

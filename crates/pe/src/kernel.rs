@@ -10,6 +10,7 @@
 //! compiled with clang and loaded through a BPF loader library.
 
 use std::os::fd::{FromRawFd, OwnedFd};
+use std::sync::Arc;
 
 const BPF_PROG_LOAD: libc::c_long = 5;
 const BPF_LINK_CREATE: libc::c_long = 28;
@@ -24,10 +25,21 @@ pub struct KernelInfo {
     pub jit: Option<bool>,
     pub btf: bool,
     /// Ok if an XDP program could be attached to `lo` (and was detached again).
-    pub xdp_attach: Result<(), String>,
+    pub xdp_attach: Result<(), XdpAttachError>,
     /// RLIMIT_MEMLOCK, if finite and this kernel still charges BPF memory to
     /// it (before 5.11; later kernels use the memory cgroup).
     pub memlock: Option<u64>,
+}
+
+/// Why the probe's XDP program could not be attached to `lo` (the kernel stays
+/// usable as a PE, without XDP).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum XdpAttachError {
+    #[error("no loopback device to attach to")]
+    NoLoopback,
+    /// `BPF_LINK_CREATE` refused (shared so that the probe's result stays `Clone`).
+    #[error("{0}")]
+    Link(Arc<std::io::Error>),
 }
 
 impl KernelInfo {
@@ -134,9 +146,11 @@ pub fn probe() -> Result<KernelInfo, KernelUnusable> {
     // SAFETY: the argument is a NUL-terminated C string literal.
     let lo = unsafe { libc::if_nametoindex(c"lo".as_ptr()) };
     let xdp_attach = if lo == 0 {
-        Err("no loopback device to attach to".to_string())
+        Err(XdpAttachError::NoLoopback)
     } else {
-        attach_xdp(&prog, lo).map(drop).map_err(|e| e.to_string())
+        attach_xdp(&prog, lo)
+            .map(drop)
+            .map_err(|e| XdpAttachError::Link(Arc::new(e)))
     };
     drop(prog);
     let jit = std::fs::read_to_string("/proc/sys/net/core/bpf_jit_enable")
@@ -220,7 +234,7 @@ mod tests {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let (progs, links) = (count_ids(11), count_ids(31));
         let k = probe().unwrap();
-        assert_eq!(k.xdp_attach, Ok(()));
+        assert!(k.xdp_attach.is_ok(), "{:?}", k.xdp_attach);
         // The kernel frees programs after an RCU grace period: wait for it.
         let t0 = std::time::Instant::now();
         while (count_ids(11), count_ids(31)) != (progs, links)
@@ -245,7 +259,11 @@ mod tests {
             Ok(k) => {
                 assert!(!k.release.is_empty());
                 if root {
-                    assert_eq!(k.xdp_attach, Ok(()), "root can attach XDP to lo");
+                    assert!(
+                        k.xdp_attach.is_ok(),
+                        "root can attach XDP to lo: {:?}",
+                        k.xdp_attach
+                    );
                 }
                 assert!(k.describe().contains("eBPF on Linux"));
             }
@@ -254,5 +272,29 @@ mod tests {
                 assert!(e.to_string().contains("cannot load a BPF program"));
             }
         }
+    }
+
+    /// `sidecore devices` prints `describe()`: a failed attach reads as the
+    /// system's message after "failed: ".
+    #[test]
+    fn a_failed_attach_is_described_with_its_reason() {
+        let mut k = KernelInfo {
+            release: "6.1.0".into(),
+            jit: Some(true),
+            btf: true,
+            xdp_attach: Err(XdpAttachError::NoLoopback),
+            memlock: None,
+        };
+        assert_eq!(
+            k.describe(),
+            "eBPF on Linux 6.1.0 (JIT on, BTF yes, XDP attach failed: no loopback device to attach to)"
+        );
+        k.xdp_attach = Err(XdpAttachError::Link(Arc::new(
+            std::io::Error::from_raw_os_error(libc::EPERM),
+        )));
+        assert_eq!(
+            k.describe(),
+            "eBPF on Linux 6.1.0 (JIT on, BTF yes, XDP attach failed: Operation not permitted (os error 1))"
+        );
     }
 }

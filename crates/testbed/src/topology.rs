@@ -72,6 +72,28 @@ fn default_subnet() -> String {
     DEFAULT_SUBNET.to_string()
 }
 
+/// What is wrong with a topology's contents (numbers are 1-based positions in
+/// the file's lists).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TopologyProblem {
+    #[error("subnet `{0}` is not an IPv4 /16 (or larger) range such as {DEFAULT_SUBNET}")]
+    Subnet(String),
+    #[error(
+        "host #{host} has an invalid name `{name}` (1 to {MAX_HOST_NAME} letters, digits or `-`)"
+    )]
+    HostName { host: usize, name: String },
+    #[error("host `{0}` is listed twice")]
+    HostTwice(String),
+    #[error("{0} links (at most {MAX_LINKS})")]
+    TooManyLinks(usize),
+    #[error("link #{link} names unknown host `{host}`")]
+    UnknownHost { link: usize, host: String },
+    #[error("link #{link} joins `{host}` to itself")]
+    SelfLink { link: usize, host: String },
+    #[error("`{0}` and `{1}` are linked twice")]
+    LinkedTwice(String, String),
+}
+
 /// What is wrong with a topology or its testbed.
 #[derive(Debug, thiserror::Error)]
 pub enum TestbedError {
@@ -88,8 +110,11 @@ pub enum TestbedError {
         column: usize,
         message: String,
     },
-    #[error("{path}: {message}")]
-    Invalid { path: String, message: String },
+    #[error("{path}: {problem}")]
+    Invalid {
+        path: String,
+        problem: TopologyProblem,
+    },
     #[error("`{command}` failed: {stderr}")]
     Command { command: String, stderr: String },
     #[error("cannot run `ip` (install iproute2): {0}")]
@@ -131,18 +156,13 @@ impl Topology {
             }
         })?;
         t.check()
-            .map_err(|message| TestbedError::Invalid { path: p, message })?;
+            .map_err(|problem| TestbedError::Invalid { path: p, problem })?;
         Ok(t)
     }
 
     /// The base address and length of the subnet.
-    fn subnet(&self) -> Result<(u32, u8), String> {
-        let bad = || {
-            format!(
-                "subnet `{}` is not an IPv4 /16 (or larger) range such as {DEFAULT_SUBNET}",
-                self.subnet
-            )
-        };
+    fn subnet(&self) -> Result<(u32, u8), TopologyProblem> {
+        let bad = || TopologyProblem::Subnet(self.subnet.clone());
         let (a, l) = self.subnet.split_once('/').ok_or_else(bad)?;
         let addr: Ipv4Addr = a.parse().map_err(|_| bad())?;
         let len: u8 = l.parse().map_err(|_| bad())?;
@@ -156,7 +176,7 @@ impl Topology {
     }
 
     /// Checks names, links and the subnet.
-    pub fn check(&self) -> Result<(), String> {
+    pub fn check(&self) -> Result<(), TopologyProblem> {
         self.subnet()?;
         for (i, h) in self.hosts.iter().enumerate() {
             if h.name.is_empty()
@@ -166,34 +186,39 @@ impl Topology {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || c == '-')
             {
-                return Err(format!(
-                    "host #{} has an invalid name `{}` (1 to {MAX_HOST_NAME} letters, digits or `-`)",
-                    i + 1,
-                    h.name
-                ));
+                return Err(TopologyProblem::HostName {
+                    host: i + 1,
+                    name: h.name.clone(),
+                });
             }
             if self.hosts[..i].iter().any(|o| o.name == h.name) {
-                return Err(format!("host `{}` is listed twice", h.name));
+                return Err(TopologyProblem::HostTwice(h.name.clone()));
             }
         }
         if self.links.len() > MAX_LINKS {
-            return Err(format!("{} links (at most {MAX_LINKS})", self.links.len()));
+            return Err(TopologyProblem::TooManyLinks(self.links.len()));
         }
         for (i, l) in self.links.iter().enumerate() {
             for h in &l.hosts {
                 if !self.hosts.iter().any(|x| &x.name == h) {
-                    return Err(format!("link #{} names unknown host `{h}`", i + 1));
+                    return Err(TopologyProblem::UnknownHost {
+                        link: i + 1,
+                        host: h.clone(),
+                    });
                 }
             }
             if l.hosts[0] == l.hosts[1] {
-                return Err(format!("link #{} joins `{}` to itself", i + 1, l.hosts[0]));
+                return Err(TopologyProblem::SelfLink {
+                    link: i + 1,
+                    host: l.hosts[0].clone(),
+                });
             }
             if self.links[..i].iter().any(|o| {
                 o.hosts == l.hosts || (o.hosts[0] == l.hosts[1] && o.hosts[1] == l.hosts[0])
             }) {
-                return Err(format!(
-                    "`{}` and `{}` are linked twice",
-                    l.hosts[0], l.hosts[1]
+                return Err(TopologyProblem::LinkedTwice(
+                    l.hosts[0].clone(),
+                    l.hosts[1].clone(),
                 ));
             }
         }
@@ -288,9 +313,9 @@ impl Testbed {
     /// Builds `topo` with namespace prefix `prefix`. On any error, what was made
     /// is removed and the error returned.
     pub fn up(topo: &Topology, prefix: &str) -> Result<Testbed, TestbedError> {
-        topo.check().map_err(|message| TestbedError::Invalid {
+        topo.check().map_err(|problem| TestbedError::Invalid {
             path: "topology".into(),
-            message,
+            problem,
         })?;
         if !namespaces(prefix).is_empty() {
             return Err(TestbedError::AlreadyUp(prefix.to_string()));
@@ -322,9 +347,9 @@ impl Testbed {
         prefix: &str,
         fail_after: Option<usize>,
     ) -> Result<Testbed, TestbedError> {
-        let (base, _) = topo.subnet().map_err(|message| TestbedError::Invalid {
+        let (base, _) = topo.subnet().map_err(|problem| TestbedError::Invalid {
             path: "topology".into(),
-            message,
+            problem,
         })?;
         let mut tb = Testbed {
             prefix: prefix.to_string(),
@@ -531,21 +556,36 @@ mod tests {
         assert!(
             t.check()
                 .unwrap_err()
+                .to_string()
                 .contains("invalid name `a-very-long-host`")
         );
         let mut t = Topology::default();
         t.links[1].hosts[1] = "nowhere".into();
-        assert!(t.check().unwrap_err().contains("unknown host `nowhere`"));
+        assert!(
+            t.check()
+                .unwrap_err()
+                .to_string()
+                .contains("unknown host `nowhere`")
+        );
         let mut t = Topology::default();
         t.links.push(LinkSpec {
             hosts: ["server".into(), "middlebox".into()],
         });
-        assert!(t.check().unwrap_err().contains("linked twice"));
+        assert!(t.check().unwrap_err().to_string().contains("linked twice"));
         let t = Topology {
             subnet: "10.1.2.0/24".into(),
             ..Topology::default()
         };
-        assert!(t.check().unwrap_err().contains("is not an IPv4 /16"));
+        assert!(
+            t.check()
+                .unwrap_err()
+                .to_string()
+                .contains("is not an IPv4 /16")
+        );
+        assert_eq!(
+            t.check().unwrap_err().to_string(),
+            "subnet `10.1.2.0/24` is not an IPv4 /16 (or larger) range such as 10.201.0.0/16"
+        );
     }
 
     #[test]

@@ -41,7 +41,7 @@ pub enum BedError {
         percent: f64,
         netns: String,
         iface: String,
-        why: String,
+        why: CommandError,
     },
     #[error("a mesh of {0} nodes (between 2 and 8)")]
     Size(usize),
@@ -57,23 +57,36 @@ pub struct Bed {
     pub loss: LossMethod,
 }
 
+/// Why a command of the loss setup failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CommandError {
+    /// It could not be started, fed or waited for.
+    #[error("{0}")]
+    Io(#[source] std::io::Error),
+    /// It ran and failed: its stderr.
+    #[error("{0}")]
+    Failed(String),
+}
+
 /// Runs a command; its stderr on failure.
-fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<(), String> {
+fn run(cmd: &mut Command, stdin: Option<&str>) -> Result<(), CommandError> {
     use std::io::Write as _;
     let mut child = cmd
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
-        .map_err(|e| e.to_string())?;
+        .map_err(CommandError::Io)?;
     if let (Some(text), Some(mut i)) = (stdin, child.stdin.take()) {
-        i.write_all(text.as_bytes()).map_err(|e| e.to_string())?;
+        i.write_all(text.as_bytes()).map_err(CommandError::Io)?;
     }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    let out = child.wait_with_output().map_err(CommandError::Io)?;
     if out.status.success() {
         Ok(())
     } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
+        Err(CommandError::Failed(
+            String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        ))
     }
 }
 

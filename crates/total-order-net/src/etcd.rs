@@ -51,19 +51,64 @@ fn agent(whole: Duration) -> ureq::Agent {
     ureq::Agent::new_with_config(cfg)
 }
 
-fn post(a: &ureq::Agent, url: &str, body: &Value) -> Result<Value, String> {
+/// What went wrong with the etcd baseline; each message names the URL or file.
+#[derive(Debug, thiserror::Error)]
+pub enum EtcdError {
+    #[error("{url}: {source}")]
+    Http { url: String, source: ureq::Error },
+    #[error("{url}: HTTP {status}: {body}")]
+    Status {
+        url: String,
+        status: ureq::http::StatusCode,
+        body: String,
+    },
+    #[error("{url}: not JSON ({source})")]
+    NotJson {
+        url: String,
+        source: serde_json::Error,
+    },
+    #[error("{}: {source}", path.display())]
+    Dir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// etcd's log file could not be made.
+    #[error("{0}")]
+    Log(#[source] std::io::Error),
+    #[error("cannot start {bin} ({source}); scripts/setup.sh installs etcd-server")]
+    Spawn { bin: String, source: std::io::Error },
+    #[error("etcd exited ({status}); see {}", log.display())]
+    Exited {
+        status: std::process::ExitStatus,
+        log: PathBuf,
+    },
+    #[error("etcd did not answer within 15 s; see {}", log.display())]
+    Silent { log: PathBuf },
+    #[error("{0}")]
+    Netns(#[source] sidecore_testbed::NetnsError),
+}
+
+fn post(a: &ureq::Agent, url: &str, body: &Value) -> Result<Value, EtcdError> {
+    let http = |source| EtcdError::Http {
+        url: url.to_string(),
+        source,
+    };
     let mut r = a
         .post(url)
         .send(body.to_string().as_bytes())
-        .map_err(|e| format!("{url}: {e}"))?;
-    let text = r
-        .body_mut()
-        .read_to_string()
-        .map_err(|e| format!("{url}: {e}"))?;
+        .map_err(http)?;
+    let text = r.body_mut().read_to_string().map_err(http)?;
     if !r.status().is_success() {
-        return Err(format!("{url}: HTTP {}: {text}", r.status()));
+        return Err(EtcdError::Status {
+            url: url.to_string(),
+            status: r.status(),
+            body: text,
+        });
     }
-    serde_json::from_str(&text).map_err(|e| format!("{url}: not JSON ({e})"))
+    serde_json::from_str(&text).map_err(|source| EtcdError::NotJson {
+        url: url.to_string(),
+        source,
+    })
 }
 
 /// The endpoint node `i` reaches etcd at.
@@ -74,12 +119,15 @@ fn endpoint(bed: &Bed, i: usize) -> String {
 impl EtcdServer {
     /// Starts etcd in node 0's namespace with its data under `dir`, and
     /// waits until it answers.
-    pub fn start(bed: &Bed, dir: &Path) -> Result<EtcdServer, String> {
+    pub fn start(bed: &Bed, dir: &Path) -> Result<EtcdServer, EtcdError> {
         let dir = dir.join(format!("etcd-{}", bed.testbed.prefix));
         let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        let log = std::fs::File::create(dir.join("etcd.log")).map_err(|e| e.to_string())?;
-        let log2 = log.try_clone().map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&dir).map_err(|source| EtcdError::Dir {
+            path: dir.clone(),
+            source,
+        })?;
+        let log = std::fs::File::create(dir.join("etcd.log")).map_err(EtcdError::Log)?;
+        let log2 = log.try_clone().map_err(EtcdError::Log)?;
         let bin = std::env::var("ETCD").unwrap_or_else(|_| "etcd".into());
         let peer = "http://127.0.0.1:2380";
         let child = Command::new("ip")
@@ -95,8 +143,9 @@ impl EtcdServer {
             .stdout(log)
             .stderr(log2)
             .spawn()
-            .map_err(|e| {
-                format!("cannot start {bin} ({e}); scripts/setup.sh installs etcd-server")
+            .map_err(|source| EtcdError::Spawn {
+                bin: bin.clone(),
+                source,
             })?;
         let mut s = EtcdServer { child, dir };
         let a = agent(Duration::from_secs(2));
@@ -110,18 +159,17 @@ impl EtcdServer {
                 return Ok(s);
             }
             if let Ok(Some(st)) = s.child.try_wait() {
-                return Err(format!(
-                    "etcd exited ({st}); see {}",
-                    s.dir.join("etcd.log").display()
-                ));
+                return Err(EtcdError::Exited {
+                    status: st,
+                    log: s.dir.join("etcd.log"),
+                });
             }
             std::thread::sleep(Duration::from_millis(50));
         }
         s.stop();
-        Err(format!(
-            "etcd did not answer within 15 s; see {}",
-            s.dir.join("etcd.log").display()
-        ))
+        Err(EtcdError::Silent {
+            log: s.dir.join("etcd.log"),
+        })
     }
 
     /// Kills it and removes its data.
@@ -139,13 +187,13 @@ impl Drop for EtcdServer {
 }
 
 /// The store's revision now, read from node `i`.
-pub fn revision(bed: &Bed, i: usize) -> Result<i64, String> {
+pub fn revision(bed: &Bed, i: usize) -> Result<i64, EtcdError> {
     let a = agent(Duration::from_secs(5));
     let url = format!("{}/v3/kv/range", endpoint(bed, i));
     let v = sidecore_testbed::within(Some(bed.netns(i)), || {
         post(&a, &url, &json!({"key": B64.encode(PREFIX), "range_end": B64.encode(PREFIX_END), "count_only": true}))
     })
-    .map_err(|e| e.to_string())??;
+    .map_err(EtcdError::Netns)??;
     Ok(int(&v["header"]["revision"]))
 }
 
@@ -163,7 +211,7 @@ const PUT_ATTEMPTS: usize = 5;
 /// transaction that creates the key only if it does not exist, so a put
 /// retried after a timeout (whose first attempt may have landed) never
 /// orders a message twice. Returns the puts that failed every attempt.
-pub fn putter(bed: &Bed, i: usize, t: usize, load: Load, clock: Clock) -> Result<u64, String> {
+pub fn putter(bed: &Bed, i: usize, t: usize, load: Load, clock: Clock) -> Result<u64, EtcdError> {
     let a = agent(Duration::from_secs(10));
     let url = format!("{}/v3/kv/txn", endpoint(bed, i));
     sidecore_testbed::within(Some(bed.netns(i)), || {
@@ -184,7 +232,7 @@ pub fn putter(bed: &Bed, i: usize, t: usize, load: Load, clock: Clock) -> Result
         }
         failed
     })
-    .map_err(|e| e.to_string())
+    .map_err(EtcdError::Netns)
 }
 
 /// Node `i`'s watch from revision `from`: the order, until every message is here.
@@ -195,7 +243,7 @@ pub fn watcher(
     load: Load,
     clock: Clock,
     done: &AtomicUsize,
-) -> Result<NodeLog, String> {
+) -> Result<NodeLog, EtcdError> {
     let total = bed.nodes() * load.per_node;
     let left = load.deadline_ns.saturating_sub(clock.now_ns());
     let a = agent(Duration::from_nanos(left.max(1)));
@@ -206,7 +254,13 @@ pub fn watcher(
         let resp = a.post(&url).send(body.to_string().as_bytes());
         let resp = match resp {
             Ok(r) => r,
-            Err(e) => return (log, Some(format!("{url}: {e}"))),
+            Err(source) => {
+                let e = EtcdError::Http {
+                    url: url.clone(),
+                    source,
+                };
+                return (log, Some(e));
+            }
         };
         let lines = BufReader::new(resp.into_body().into_reader()).lines();
         for line in lines {
@@ -232,7 +286,7 @@ pub fn watcher(
         }
         (log, None)
     })
-    .map_err(|e| e.to_string());
+    .map_err(EtcdError::Netns);
     done.fetch_add(1, Ordering::SeqCst);
     let (log, err) = r?;
     match err {

@@ -92,8 +92,9 @@ pub enum RunError {
     Params(String),
     #[error("node {node}: {why}")]
     Node { node: usize, why: String },
+    /// Not chained as a source: the message already ends with the cause.
     #[error("etcd: {0}")]
-    Etcd(String),
+    Etcd(etcd::EtcdError),
 }
 
 /// What a run measured.
