@@ -97,22 +97,27 @@ impl std::fmt::Debug for HandleKey {
     }
 }
 
+/// Why a handle key was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum BadKey {
+    #[error("a handle key needs at least {MIN_KEY_LEN} bytes, {0} given")]
+    Short(usize),
+    #[error("reading: {0}")]
+    Read(#[from] std::io::Error),
+}
+
 impl HandleKey {
-    pub fn new(key: Vec<u8>) -> Result<Self, String> {
+    pub fn new(key: Vec<u8>) -> Result<Self, BadKey> {
         if key.len() < MIN_KEY_LEN {
-            return Err(format!(
-                "a handle key needs at least {MIN_KEY_LEN} bytes, {} given",
-                key.len()
-            ));
+            return Err(BadKey::Short(key.len()));
         }
         let keyed = Arc::new(Keyed::new(&key));
         Ok(Self(Arc::new(key), keyed))
     }
 
-    /// Reads a key file (its bytes, as they are).
-    pub fn load(path: &std::path::Path) -> Result<Self, String> {
-        let bytes = std::fs::read(path).map_err(|e| format!("{}: reading: {e}", path.display()))?;
-        Self::new(bytes).map_err(|e| format!("{}: {e}", path.display()))
+    /// Reads a key file (its bytes, as they are); the caller names the file.
+    pub fn load(path: &std::path::Path) -> Result<Self, BadKey> {
+        Self::new(std::fs::read(path)?)
     }
 
     fn mac(&self, real: &[u8]) -> [u8; MAC_LEN] {

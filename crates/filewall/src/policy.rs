@@ -272,7 +272,7 @@ fn temporal_rules(
     let at = |s: &toml::Spanned<String>| line_of(text, s.span().start);
     let mut rules = TemporalRules::default();
     if let Some(o) = &entry.utc_offset {
-        rules.utc_offset_min = parse_offset(o.get_ref()).map_err(|m| err(at(o), m))?;
+        rules.utc_offset_min = parse_offset(o.get_ref()).map_err(|m| err(at(o), m.to_string()))?;
     }
     let Some(list) = entry.rule.as_ref().filter(|l| !l.get_ref().is_empty()) else {
         return Err(err(
@@ -291,12 +291,15 @@ fn temporal_rule(text: &str, r: &RuleToml, err: ErrFn<'_>) -> Result<TemporalRul
     let line = line_of(text, r.deny.span().start);
     let mut ops = ProcSet::default();
     for name in r.deny.get_ref() {
-        ops.add_name(name.get_ref()).map_err(|m| err(at(name), m))?;
+        ops.add_name(name.get_ref())
+            .map_err(|m| err(at(name), m.to_string()))?;
     }
     if ops == ProcSet::default() {
         return Err(err(line, "deny lists no operation".into()));
     }
-    let window = |w: &toml::Spanned<String>| Window::parse(w.get_ref()).map_err(|m| err(at(w), m));
+    let window = |w: &toml::Spanned<String>| {
+        Window::parse(w.get_ref()).map_err(|m| err(at(w), m.to_string()))
+    };
     let when = match (&r.outside, &r.during) {
         (Some(w), None) => When::Outside(window(w)?),
         (None, Some(w)) => When::During(window(w)?),

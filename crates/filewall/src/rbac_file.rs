@@ -273,7 +273,7 @@ fn matrix(
     ordered.sort_by_key(|(k, _)| !matches!(k.as_str(), "*" | "read" | "write" | "all"));
     for (op, v) in ordered {
         let line = cx.line(v);
-        let ts = targets(op).map_err(|e| cx.err(line, e))?;
+        let ts = targets(op).map_err(|e| cx.err(line, e.to_string()))?;
         let edit =
             parse_cell(v.get_ref(), &resolve).map_err(|e| cx.err(line, format!("{op}: {e}")))?;
         let cell: Cell = edit
@@ -292,10 +292,10 @@ fn matrix(
 fn delegations(cx: &Cx<'_>, list: &[DelegationToml]) -> Result<Vec<Delegation>, ConfigError> {
     let mut out = Vec::new();
     for d in list {
-        let window =
-            Window::parse(d.window.get_ref()).map_err(|e| cx.err(cx.line(&d.window), e))?;
+        let window = Window::parse(d.window.get_ref())
+            .map_err(|e| cx.err(cx.line(&d.window), e.to_string()))?;
         let utc_offset_min = match &d.utc_offset {
-            Some(o) => parse_offset(o.get_ref()).map_err(|e| cx.err(cx.line(o), e))?,
+            Some(o) => parse_offset(o.get_ref()).map_err(|e| cx.err(cx.line(o), e.to_string()))?,
             None => 0,
         };
         out.push(Delegation {

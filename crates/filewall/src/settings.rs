@@ -92,7 +92,7 @@ impl Settings {
         if let Some(k) = &self.key {
             c.key = Some(HandleKey::load(k).map_err(|why| SettingsError::Key {
                 path: k.display().to_string(),
-                why,
+                why: why.to_string(),
             })?);
         }
         Ok(c)

@@ -59,7 +59,7 @@ impl ProcSet {
 
     /// Adds a class ("read", "write", "all") or a procedure name ("WRITE",
     /// case-insensitive). NULL cannot be denied: its reply has no status.
-    pub fn add_name(&mut self, name: &str) -> Result<(), String> {
+    pub fn add_name(&mut self, name: &str) -> Result<(), BadOp> {
         let lower = name.to_ascii_lowercase();
         match lower.as_str() {
             "read" => READ_CLASS.iter().for_each(|&p| self.insert(p)),
@@ -68,16 +68,13 @@ impl ProcSet {
                 .iter()
                 .chain(WRITE_CLASS)
                 .for_each(|&p| self.insert(p)),
-            "null" => return Err("NULL cannot be denied (its reply carries no status)".into()),
+            "null" => return Err(BadOp::Null),
             _ => {
                 let Some(&p) = Nfs3Proc::ALL
                     .iter()
                     .find(|p| format!("{p:?}").eq_ignore_ascii_case(name))
                 else {
-                    return Err(format!(
-                        "unknown operation {name:?} (a class: read, write, all; or an NFSv3 \
-                         procedure such as WRITE, REMOVE, READDIRPLUS)"
-                    ));
+                    return Err(BadOp::Unknown(name.to_string()));
                 };
                 self.insert(p);
             }
@@ -94,8 +91,35 @@ pub struct Window {
     pub end: u32,
 }
 
-fn parse_hhmm(s: &str, end: bool) -> Result<u32, String> {
-    let bad = || format!("{s:?} is not a time HH:MM (00:00 to 23:59, or 24:00 as an end)");
+/// Why an operation name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadOp {
+    #[error("NULL cannot be denied (its reply carries no status)")]
+    Null,
+    #[error(
+        "unknown operation {0:?} (a class: read, write, all; or an NFSv3 procedure such as \
+         WRITE, REMOVE, READDIRPLUS)"
+    )]
+    Unknown(String),
+}
+
+/// Why a time, window or UTC offset was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadTime {
+    #[error("{0:?} is not a time HH:MM (00:00 to 23:59, or 24:00 as an end)")]
+    Time(String),
+    #[error("{0:?} is not a window \"HH:MM-HH:MM\"")]
+    NoDash(String),
+    #[error("window {window:?}: {time}")]
+    InWindow { window: String, time: Box<BadTime> },
+    #[error("window {0:?} is empty")]
+    Empty(String),
+    #[error("{0:?} is not a UTC offset (\"+01:00\", \"-05:30\" or \"Z\")")]
+    Offset(String),
+}
+
+fn parse_hhmm(s: &str, end: bool) -> Result<u32, BadTime> {
+    let bad = || BadTime::Time(s.to_string());
     let (h, m) = s.split_once(':').ok_or_else(bad)?;
     if h.len() != 2 || m.len() != 2 {
         return Err(bad());
@@ -110,17 +134,20 @@ fn parse_hhmm(s: &str, end: bool) -> Result<u32, String> {
 
 impl Window {
     /// Parses "HH:MM-HH:MM".
-    pub fn parse(s: &str) -> Result<Self, String> {
+    pub fn parse(s: &str) -> Result<Self, BadTime> {
         let (a, b) = s
             .split_once('-')
-            .ok_or_else(|| format!("{s:?} is not a window \"HH:MM-HH:MM\""))?;
-        let in_window = |e: String| format!("window {s:?}: {e}");
+            .ok_or_else(|| BadTime::NoDash(s.to_string()))?;
+        let in_window = |e: BadTime| BadTime::InWindow {
+            window: s.to_string(),
+            time: Box::new(e),
+        };
         let w = Window {
             start: parse_hhmm(a.trim(), false).map_err(in_window)?,
             end: parse_hhmm(b.trim(), true).map_err(in_window)?,
         };
         if w.start == w.end {
-            return Err(format!("window {s:?} is empty"));
+            return Err(BadTime::Empty(s.to_string()));
         }
         Ok(w)
     }
@@ -138,11 +165,11 @@ impl Window {
 pub const DAYS: [&str; 7] = ["mon", "tue", "wed", "thu", "fri", "sat", "sun"];
 
 /// Parses a UTC offset "+HH:MM" / "-HH:MM" / "Z" into minutes.
-pub fn parse_offset(s: &str) -> Result<i32, String> {
+pub fn parse_offset(s: &str) -> Result<i32, BadTime> {
     if s == "Z" || s == "UTC" {
         return Ok(0);
     }
-    let bad = || format!("{s:?} is not a UTC offset (\"+01:00\", \"-05:30\" or \"Z\")");
+    let bad = || BadTime::Offset(s.to_string());
     let (sign, rest) = match s.as_bytes().first() {
         Some(b'+') => (1, &s[1..]),
         Some(b'-') => (-1, &s[1..]),
@@ -379,6 +406,7 @@ mod tests {
         assert!(
             s.add_name("frobnicate")
                 .unwrap_err()
+                .to_string()
                 .contains("unknown operation")
         );
         let mut all = ProcSet::default();

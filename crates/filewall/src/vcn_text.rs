@@ -84,24 +84,45 @@ pub enum MatrixEdit {
     },
 }
 
-fn role_ref(value: &str, roles: Roles<'_>) -> Result<Option<RoleId>, String> {
+/// Why an operation or a cell's permissions were refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadCell {
+    #[error("{0:?} is not KEY=VALUE (allow, deny, log, alarm)")]
+    NotKeyValue(String),
+    #[error("{0} given twice")]
+    Twice(String),
+    #[error("no role {0:?} (or owner, mode, anyone, nobody)")]
+    NoAllowRole(String),
+    #[error("no role {0:?}")]
+    NoRole(String),
+    #[error("unknown key {0:?} (allow, deny, log, alarm)")]
+    UnknownKey(String),
+    #[error("no permission given (allow=, deny=, log=, alarm=)")]
+    Nothing,
+    #[error("unknown operation {0:?} (an NFSv3 procedure, read, write, all or *)")]
+    UnknownOp(String),
+    #[error("NULL carries no object and is always allowed")]
+    Null,
+}
+
+fn role_ref(value: &str, roles: Roles<'_>) -> Result<Option<RoleId>, BadCell> {
     if value == "-" {
         return Ok(None);
     }
     roles(value)
         .map(Some)
-        .ok_or_else(|| format!("no role {value:?}"))
+        .ok_or_else(|| BadCell::NoRole(value.to_string()))
 }
 
 /// Parses a cell's `key=value` words.
-pub fn parse_cell(text: &str, roles: Roles<'_>) -> Result<CellEdit, String> {
+pub fn parse_cell(text: &str, roles: Roles<'_>) -> Result<CellEdit, BadCell> {
     let mut e = CellEdit::default();
     let mut any = false;
     for word in text.split_whitespace() {
         let (k, v) = word
             .split_once('=')
-            .ok_or_else(|| format!("{word:?} is not KEY=VALUE (allow, deny, log, alarm)"))?;
-        let dup = || format!("{k} given twice");
+            .ok_or_else(|| BadCell::NotKeyValue(word.to_string()))?;
+        let dup = || BadCell::Twice(k.to_string());
         match k {
             "allow" => {
                 let a = match v {
@@ -109,9 +130,9 @@ pub fn parse_cell(text: &str, roles: Roles<'_>) -> Result<CellEdit, String> {
                     "mode" => Allow::Mode,
                     "anyone" => Allow::Anyone,
                     "nobody" => Allow::Nobody,
-                    role => Allow::Role(roles(role).ok_or_else(|| {
-                        format!("no role {role:?} (or owner, mode, anyone, nobody)")
-                    })?),
+                    role => Allow::Role(
+                        roles(role).ok_or_else(|| BadCell::NoAllowRole(role.to_string()))?,
+                    ),
                 };
                 if e.allow.replace(a).is_some() {
                     return Err(dup());
@@ -128,18 +149,18 @@ pub fn parse_cell(text: &str, roles: Roles<'_>) -> Result<CellEdit, String> {
                     return Err(dup());
                 }
             }
-            other => return Err(format!("unknown key {other:?} (allow, deny, log, alarm)")),
+            other => return Err(BadCell::UnknownKey(other.to_string())),
         }
         any = true;
     }
     if !any {
-        return Err("no permission given (allow=, deny=, log=, alarm=)".into());
+        return Err(BadCell::Nothing);
     }
     Ok(e)
 }
 
 /// The cells an operation name covers.
-pub fn targets(op: &str) -> Result<Vec<Target>, String> {
+pub fn targets(op: &str) -> Result<Vec<Target>, BadCell> {
     let procs = |ps: &[Nfs3Proc]| ps.iter().map(|&p| Target::Proc(p)).collect();
     // Classes are lower case; procedures any case ("READ" is the procedure, "read"
     // the class).
@@ -152,11 +173,9 @@ pub fn targets(op: &str) -> Result<Vec<Target>, String> {
             let p = Nfs3Proc::ALL
                 .iter()
                 .find(|p| format!("{p:?}").eq_ignore_ascii_case(op))
-                .ok_or_else(|| {
-                    format!("unknown operation {op:?} (an NFSv3 procedure, read, write, all or *)")
-                })?;
+                .ok_or_else(|| BadCell::UnknownOp(op.to_string()))?;
             if *p == Nfs3Proc::Null {
-                return Err("NULL carries no object and is always allowed".into());
+                return Err(BadCell::Null);
             }
             vec![Target::Proc(*p)]
         }
@@ -186,7 +205,10 @@ pub fn parse_matrix_edits(text: &str, roles: Roles<'_>) -> Result<Vec<MatrixEdit
     check_size(text)?;
     let mut out = Vec::new();
     for (line, l) in lines(text) {
-        let err = |message| TextError { line, message };
+        let err = |e: BadCell| TextError {
+            line,
+            message: e.to_string(),
+        };
         if l.eq_ignore_ascii_case("reset") {
             out.push(MatrixEdit::Reset);
             continue;

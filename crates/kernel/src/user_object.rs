@@ -366,7 +366,7 @@ fn attach_program(
                 TcAttachType::Ingress
             };
             let r = sidecore_testbed::within(netns, || attach_tc(t, iface, at))?;
-            Ok(Link::Tc(r.map_err(attach_err)?))
+            Ok(Link::Tc(r.map_err(|e| attach_err(chain(&e)))?))
         }
         (p, _) => Err(attach_err(format!(
             "it is a {} program, which cannot attach there",
@@ -393,14 +393,14 @@ fn attach_tc(
     t: &mut SchedClassifier,
     iface: &str,
     at: TcAttachType,
-) -> Result<SchedClassifierLinkId, String> {
+) -> Result<SchedClassifierLinkId, aya::programs::ProgramError> {
     match t.attach(iface, at) {
         Ok(id) => Ok(id),
         Err(first) => {
             // Older kernels: netlink needs the clsact qdisc (adding it twice
-            // is refused, which is fine).
+            // is refused, which is fine). The first refusal is the one shown.
             let _ = aya::programs::tc::qdisc_add_clsact(iface);
-            t.attach(iface, at).map_err(|_| chain(&first))
+            t.attach(iface, at).map_err(|_| first)
         }
     }
 }

@@ -76,7 +76,7 @@ impl SensorSpec {
             name: shown.clone(),
             why,
         };
-        check_name(name, SENSOR_NAME_MAX).map_err(bad)?;
+        check_name(name, SENSOR_NAME_MAX).map_err(|e| bad(e.to_string()))?;
         let kind = SensorKind::from_code(kind_code).ok_or_else(|| OrionError::BadSensor {
             sb: sb.to_owned(),
             name: shown.clone(),
@@ -96,25 +96,36 @@ impl SensorSpec {
     }
 }
 
+/// Why a sensor or box name was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadName {
+    #[error("the name is empty")]
+    Empty,
+    #[error("the name is {len} bytes long; at most {max} are allowed")]
+    TooLong { len: usize, max: usize },
+    #[error("byte {pos} ({byte:#04x}) is not allowed; names use A-Z a-z 0-9 _ . : -")]
+    Byte { pos: usize, byte: u8 },
+}
+
 /// Checks a sensor or box name: non-empty, at most `max` bytes, `[A-Za-z0-9_.:-]` only.
-pub fn check_name(name: &[u8], max: usize) -> Result<(), String> {
+pub fn check_name(name: &[u8], max: usize) -> Result<(), BadName> {
     if name.is_empty() {
-        return Err("the name is empty".to_owned());
+        return Err(BadName::Empty);
     }
     if name.len() > max {
-        return Err(format!(
-            "the name is {} bytes long; at most {max} are allowed",
-            name.len()
-        ));
+        return Err(BadName::TooLong {
+            len: name.len(),
+            max,
+        });
     }
     if let Some(pos) = name
         .iter()
         .position(|b| !(b.is_ascii_alphanumeric() || b"_.:-".contains(b)))
     {
-        return Err(format!(
-            "byte {pos} ({:#04x}) is not allowed; names use A-Z a-z 0-9 _ . : -",
-            name[pos]
-        ));
+        return Err(BadName::Byte {
+            pos,
+            byte: name[pos],
+        });
     }
     Ok(())
 }

@@ -160,43 +160,61 @@ enum Value {
     Bytes(Vec<u8>),
 }
 
+/// Why a map key or value from the parameters or a control message was
+/// refused (the caller names the field).
+#[derive(Debug, thiserror::Error)]
+enum BadValue {
+    #[error("{0} is negative")]
+    Negative(i64),
+    #[error("{0} is not a byte (0..=255)")]
+    NotByte(toml::Value),
+    #[error("{0} is neither an integer nor an array of bytes")]
+    Kind(toml::Value),
+    #[error("{0}")]
+    Json(#[from] serde_json::Error),
+    #[error("the map's field is {0} bytes: give an array of {0} bytes")]
+    WideField(usize),
+    #[error("{n} does not fit in {size} bytes")]
+    TooBig { n: u64, size: usize },
+    #[error("{given} bytes given for a {size}-byte field")]
+    Length { given: usize, size: usize },
+    #[error("key `{0}` is not an integer (decimal or 0x hex)")]
+    Key(String),
+}
+
 impl Value {
-    fn from_toml(v: &toml::Value) -> Result<Value, String> {
+    fn from_toml(v: &toml::Value) -> Result<Value, BadValue> {
         match v {
             toml::Value::Integer(i) => u64::try_from(*i)
                 .map(Value::Int)
-                .map_err(|_| format!("{i} is negative")),
+                .map_err(|_| BadValue::Negative(*i)),
             toml::Value::Array(a) => a
                 .iter()
                 .map(|b| {
                     b.as_integer()
                         .and_then(|b| u8::try_from(b).ok())
-                        .ok_or_else(|| format!("{b} is not a byte (0..=255)"))
+                        .ok_or_else(|| BadValue::NotByte(b.clone()))
                 })
                 .collect::<Result<Vec<u8>, _>>()
                 .map(Value::Bytes),
-            other => Err(format!(
-                "{other} is neither an integer nor an array of bytes"
-            )),
+            other => Err(BadValue::Kind(other.clone())),
         }
     }
 
-    fn from_json(v: &serde_json::Value) -> Result<Value, String> {
-        let t: toml::Value = serde_json::from_value(v.clone()).map_err(|e| e.to_string())?;
+    fn from_json(v: &serde_json::Value) -> Result<Value, BadValue> {
+        let t: toml::Value = serde_json::from_value(v.clone())?;
         Value::from_toml(&t)
     }
 
     /// The value's bytes for a field of `size` bytes.
-    fn encode(&self, size: usize) -> Result<Vec<u8>, String> {
+    fn encode(&self, size: usize) -> Result<Vec<u8>, BadValue> {
         match self {
             Value::Int(n) => {
                 if !(1..=8).contains(&size) {
-                    return Err(format!(
-                        "the map's field is {size} bytes: give an array of {size} bytes"
-                    ));
+                    return Err(BadValue::WideField(size));
                 }
                 if size < 8 && *n >> (8 * size) != 0 {
-                    return Err(format!("{n} does not fit in {size} bytes"));
+                    return Err(BadValue::TooBig { n: *n, size });
                 }
                 // The low `size` bytes, in the machine's order.
                 let b = n.to_ne_bytes();
@@ -207,7 +225,10 @@ impl Value {
                 })
             }
             Value::Bytes(b) if b.len() == size => Ok(b.clone()),
-            Value::Bytes(b) => Err(format!("{} bytes given for a {size}-byte field", b.len())),
+            Value::Bytes(b) => Err(BadValue::Length {
+                given: b.len(),
+                size,
+            }),
         }
     }
 }
@@ -216,12 +237,12 @@ impl Value {
 type Entries = Vec<(String, Value)>;
 
 /// A key as TOML and JSON tables write it: a string holding an integer.
-fn key_number(k: &str) -> Result<u64, String> {
+fn key_number(k: &str) -> Result<u64, BadValue> {
     let r = match k.strip_prefix("0x") {
         Some(hex) => u64::from_str_radix(hex, 16),
         None => k.parse(),
     };
-    r.map_err(|_| format!("key `{k}` is not an integer (decimal or 0x hex)"))
+    r.map_err(|_| BadValue::Key(k.to_string()))
 }
 
 /// One ring buffer drained into one output.
@@ -489,12 +510,14 @@ mod tests {
             Value::Int(256)
                 .encode(1)
                 .unwrap_err()
+                .to_string()
                 .contains("does not fit in 1 bytes")
         );
         assert!(
             Value::Int(1)
                 .encode(16)
                 .unwrap_err()
+                .to_string()
                 .contains("array of 16 bytes")
         );
         assert_eq!(Value::Bytes(vec![1, 2]).encode(2).unwrap(), vec![1, 2]);
@@ -502,10 +525,16 @@ mod tests {
             Value::Bytes(vec![1])
                 .encode(2)
                 .unwrap_err()
+                .to_string()
                 .contains("1 bytes given for a 2-byte")
         );
-        assert_eq!(key_number("0x10"), Ok(16));
-        assert!(key_number("ten").unwrap_err().contains("key `ten`"));
+        assert_eq!(key_number("0x10").unwrap(), 16);
+        assert!(
+            key_number("ten")
+                .unwrap_err()
+                .to_string()
+                .contains("key `ten`")
+        );
     }
 
     #[test]

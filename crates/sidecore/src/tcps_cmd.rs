@@ -80,8 +80,7 @@ pub enum TcpsCommand {
 pub fn run(cmd: TcpsCommand) -> anyhow::Result<ExitCode> {
     match cmd {
         TcpsCommand::Ppe { op, cpu, control } => {
-            let a =
-                ctl::request(&control, &format!("ppe {op} {cpu}")).map_err(anyhow::Error::msg)?;
+            let a = ctl::request(&control, &format!("ppe {op} {cpu}"))?;
             println!("{a}");
             Ok(if a.starts_with("ok") {
                 ExitCode::SUCCESS
@@ -90,7 +89,7 @@ pub fn run(cmd: TcpsCommand) -> anyhow::Result<ExitCode> {
             })
         }
         TcpsCommand::Stats { control, json } => {
-            let a = ctl::request(&control, "stats").map_err(anyhow::Error::msg)?;
+            let a = ctl::request(&control, "stats")?;
             if json || a.starts_with("error") {
                 println!("{a}");
                 return Ok(ExitCode::SUCCESS);
@@ -155,9 +154,7 @@ fn run_serve(cmd: TcpsCommand) -> anyhow::Result<ExitCode> {
     let usable = sidecore_tcps::usable_cpus();
     let allowed = match allowed {
         Some(a) => CoreSet::parse(&a).map_err(|e| anyhow::anyhow!("--allowed: {e}"))?,
-        None => {
-            CoreSet::of(&usable[usable.len().saturating_sub(1)..]).map_err(anyhow::Error::msg)?
-        }
+        None => CoreSet::of(&usable[usable.len().saturating_sub(1)..])?,
     };
     let mut cfg = Config::new(listen, allowed);
     if let Some(m) = master {

@@ -74,19 +74,40 @@ pub fn serve(
     }))
 }
 
+/// Why a request to a running server's control socket failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CtlError {
+    #[error("connecting to {}: {source} (is `sidecore tcps serve` running?)", .path.display())]
+    Connect {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{what} {}: {source}", .path.display())]
+    Io {
+        what: &'static str,
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+}
+
 /// Sends one request to the server at `path` and returns its answer.
-pub fn request(path: &Path, line: &str) -> Result<String, String> {
-    let mut s = UnixStream::connect(path).map_err(|e| {
-        format!(
-            "connecting to {}: {e} (is `sidecore tcps serve` running?)",
-            path.display()
-        )
+pub fn request(path: &Path, line: &str) -> Result<String, CtlError> {
+    let io = |what| {
+        move |source| CtlError::Io {
+            what,
+            path: path.to_path_buf(),
+            source,
+        }
+    };
+    let mut s = UnixStream::connect(path).map_err(|source| CtlError::Connect {
+        path: path.to_path_buf(),
+        source,
     })?;
     s.write_all(format!("{line}\n").as_bytes())
-        .map_err(|e| format!("writing to {}: {e}", path.display()))?;
+        .map_err(io("writing to"))?;
     let mut out = String::new();
     BufReader::new(&s)
         .read_line(&mut out)
-        .map_err(|e| format!("reading from {}: {e}", path.display()))?;
+        .map_err(io("reading from"))?;
     Ok(out.trim_end().to_string())
 }

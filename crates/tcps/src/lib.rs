@@ -43,5 +43,5 @@ pub mod stats;
 pub use conn::{App, AppEvent, BlobId, CloseReason, Conn, RecvStatus};
 pub use poller::Backend;
 pub use server::{Counters, Error, TcpServers, usable_cpus};
-pub use shared::{Config, CoreSet};
+pub use shared::{BadCoreSet, Config, CoreSet};
 pub use stats::{PpeSnapshot, Snapshot};

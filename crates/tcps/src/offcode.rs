@@ -299,7 +299,7 @@ impl PpeOffcode {
         let listen = s
             .listen
             .ok_or_else(|| bad("`listen` is missing on the master PPE".into()))?;
-        let allowed = CoreSet::of(&[self.cpu]).map_err(OffcodeError::failed)?;
+        let allowed = CoreSet::of(&[self.cpu]).map_err(|e| OffcodeError::failed(e.to_string()))?;
         let mut cfg = Config::new(listen, allowed);
         cfg.master = self.cpu;
         // The executor already runs pinned to this core.

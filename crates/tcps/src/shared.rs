@@ -16,6 +16,15 @@ use crate::pconn::{Blobs, PConn};
 use crate::poller::{Backend, Waker};
 use crate::stats::PpeStats;
 
+/// Why a set of CPUs was refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BadCoreSet {
+    #[error("CPU {0} is beyond CPU {max}", max = CoreSet::MAX_CPU)]
+    Beyond(usize),
+    #[error("`{part}` in CPU list `{list}` is not a CPU number or range a-b")]
+    Syntax { part: String, list: String },
+}
+
 /// A set of CPUs, as a bitmap (the seed's AllowedPPE and ActivePPE).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CoreSet(pub u64);
@@ -25,11 +34,11 @@ impl CoreSet {
     pub const MAX_CPU: usize = 63;
 
     /// The set of the given CPUs; an error names the first one out of range.
-    pub fn of(cpus: &[usize]) -> Result<CoreSet, String> {
+    pub fn of(cpus: &[usize]) -> Result<CoreSet, BadCoreSet> {
         let mut s = 0u64;
         for &c in cpus {
             if c > Self::MAX_CPU {
-                return Err(format!("CPU {c} is beyond CPU {}", Self::MAX_CPU));
+                return Err(BadCoreSet::Beyond(c));
             }
             s |= 1 << c;
         }
@@ -37,10 +46,13 @@ impl CoreSet {
     }
 
     /// Parses `0,2-3`.
-    pub fn parse(text: &str) -> Result<CoreSet, String> {
+    pub fn parse(text: &str) -> Result<CoreSet, BadCoreSet> {
         let mut cpus = Vec::new();
         for part in text.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let bad = || format!("`{part}` in CPU list `{text}` is not a CPU number or range a-b");
+            let bad = || BadCoreSet::Syntax {
+                part: part.to_string(),
+                list: text.to_string(),
+            };
             if let Some((a, b)) = part.split_once('-') {
                 let (a, b): (usize, usize) = (
                     a.trim().parse().map_err(|_| bad())?,
