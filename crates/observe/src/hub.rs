@@ -215,6 +215,7 @@ pub fn kind_name(k: &EventKind) -> &'static str {
         EventKind::Started => "started",
         EventKind::Done => "done",
         EventKind::WatchdogExpired { .. } => "watchdog-expired",
+        EventKind::DeadlineMissed { .. } => "deadline-missed",
         EventKind::Obsolete { .. } => "obsolete",
         EventKind::Stopped { .. } => "stopped",
         EventKind::Failed { .. } => "failed",

@@ -27,6 +27,7 @@ pub const FAMILIES: &[(&str, &str, &str)] = &[
     ("sidecore_offcode_messages_sent_total", "counter", ""),
     ("sidecore_offcode_messages_dropped_total", "counter", ""),
     ("sidecore_offcode_turns_total", "counter", ""),
+    ("sidecore_offcode_deadline_misses_total", "counter", ""),
     ("sidecore_offcode_records_total", "counter", ""),
     ("sidecore_offcode_bytes_total", "counter", ""),
     ("sidecore_offcode_overruns_total", "counter", ""),
@@ -235,6 +236,12 @@ fn offcode(e: &mut Exposition, snap: &Snapshot, app: &str, o: &sidecore_types::O
         "Executor turns the offcode had",
         l(),
         o.turns,
+    );
+    e.counter(
+        "offcode_deadline_misses",
+        "Periodic jobs of the offcode that ended after their deadline (it ran past its WCET)",
+        l(),
+        o.deadline_misses,
     );
     e.counter(
         "offcode_restarts",

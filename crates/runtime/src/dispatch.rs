@@ -300,10 +300,17 @@ impl Dispatcher {
 
     /// Slot `slot`'s turn ended at `now_ns` after `took_ns`; `progress` says
     /// whether it did work (a non-periodic offcode that did stays ready).
-    pub fn ran(&mut self, slot: usize, now_ns: u64, took_ns: u64, progress: bool) {
+    /// Returns the deadline a periodic job finished after, if it missed it:
+    /// admission makes that impossible when tickets hold, so a miss means an
+    /// offcode ran longer than it declared, and the executor reports it.
+    pub fn ran(&mut self, slot: usize, now_ns: u64, took_ns: u64, progress: bool) -> Option<u64> {
         match self.ids[slot] {
             TaskId::Periodic(i) => {
                 let (s, t) = (&mut self.periodic[i], &self.tasks.periodic[i]);
+                let missed = s
+                    .oldest_pending
+                    .map(|j| j.deadline_ns)
+                    .filter(|&d| now_ns > d);
                 s.pending_jobs = s.pending_jobs.saturating_sub(1);
                 s.oldest_pending = s.oldest_pending.and_then(|j| {
                     (s.pending_jobs > 0).then(|| sidecore_sched::Job {
@@ -311,12 +318,14 @@ impl Dispatcher {
                         deadline_ns: j.deadline_ns + t.period_ns,
                     })
                 });
+                missed
             }
             TaskId::NonPeriodic(j) => {
                 let m = &mut self.measured_ns[j];
                 *m = took_ns.max(*m - *m / 64);
                 self.last_run_ns[j] = now_ns;
                 self.non_periodic[j].ready_since_ns = progress.then_some(now_ns);
+                None
             }
         }
     }
@@ -371,6 +380,26 @@ mod tests {
         // Without its history the rebuilt set would run the ticker at once.
         let mut fresh = Dispatcher::new(SchedPolicy::EdfPlusPlus, &specs, 200_000).unwrap();
         assert_eq!(fresh.next(200_000, |_| false, |_| Some(10_000)), Ok(1));
+    }
+
+    #[test]
+    fn a_job_that_ends_after_its_deadline_is_reported_as_a_miss() {
+        let specs = [spec("tick", Some((1_000_000, 100_000))), spec("work", None)];
+        let mut d = Dispatcher::new(SchedPolicy::EdfPlusPlus, &specs, 0).unwrap();
+        assert_eq!(d.next(0, |_| false, |_| None), Ok(0));
+        assert_eq!(d.ran(0, 100_000, 100_000, false), None, "in time");
+        assert_eq!(
+            d.ran(1, 150_000, 50_000, true),
+            None,
+            "non-periodic: no deadline"
+        );
+        // The job released at 1 ms is due at 2 ms; it overran its ticket and
+        // ends at 2.5 ms.
+        assert_eq!(d.next(1_000_000, |_| false, |_| Some(1)), Ok(0));
+        assert_eq!(d.ran(0, 2_500_000, 1_500_000, false), Some(2_000_000));
+        // The job released at 2 ms (due at 3 ms) still has time.
+        assert_eq!(d.next(2_500_000, |_| false, |_| Some(1)), Ok(0));
+        assert_eq!(d.ran(0, 2_600_000, 100_000, false), None);
     }
 
     #[test]

@@ -30,6 +30,13 @@ pub enum EventKind {
         period_ms: u64,
         elapsed_ms: u64,
     },
+    /// A periodic job of it ended `late_us` after its deadline (it ran
+    /// past its WCET); `misses` so far. Logged for the 1st, 2nd, 4th, 8th…
+    /// miss; `sidecore_offcode_deadline_misses_total` counts every one.
+    DeadlineMissed {
+        late_us: u64,
+        misses: u64,
+    },
     /// Its obsolete time elapsed.
     Obsolete {
         lifetime_ms: u64,
@@ -109,6 +116,10 @@ impl std::fmt::Display for Event {
                     "watchdog expired: no progress for {elapsed_ms} ms (period {period_ms} ms); stopping it"
                 )
             }
+            EventKind::DeadlineMissed { late_us, misses } => write!(
+                f,
+                "missed a deadline by {late_us} us (miss {misses}): a turn ran past its declared WCET"
+            ),
             EventKind::Obsolete { lifetime_ms } => {
                 write!(f, "obsolete after {lifetime_ms} ms; reaping it")
             }

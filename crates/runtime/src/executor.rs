@@ -547,14 +547,33 @@ impl Executor {
         let i = self.started[k];
         let turned = self.turn_one(i);
         let end = self.now_ns();
-        if let Some(d) = self.dispatcher.as_mut() {
-            match turned {
-                Turned::Progress(took) => d.ran(k, end, took, true),
-                Turned::Idle(took) => d.ran(k, end, took, false),
-                Turned::NotStarted | Turned::Removed => {}
-            }
+        let missed = self.dispatcher.as_mut().and_then(|d| match turned {
+            Turned::Progress(took) => d.ran(k, end, took, true),
+            Turned::Idle(took) => d.ran(k, end, took, false),
+            Turned::NotStarted | Turned::Removed => None,
+        });
+        if let Some(deadline) = missed {
+            self.deadline_missed(i, end - deadline);
         }
         matches!(turned, Turned::Progress(_) | Turned::Removed)
+    }
+
+    /// Counts a periodic job of slot `i` that ended `late_ns` after its
+    /// deadline, and says so in the event log for the 1st, 2nd, 4th, 8th…
+    /// miss (never silently, never a flood).
+    fn deadline_missed(&self, i: usize, late_ns: u64) {
+        let handle = &self.slots[i].slot.handle;
+        let misses = handle.deadline_misses.fetch_add(1, Ordering::Relaxed) + 1;
+        if misses.is_power_of_two() {
+            self.events.emit(
+                &self.app,
+                &handle.name,
+                EventKind::DeadlineMissed {
+                    late_us: late_ns / 1_000,
+                    misses,
+                },
+            );
+        }
     }
 
     fn now_ns(&self) -> u64 {

@@ -41,6 +41,9 @@ pub struct OffcodeHandle {
     pub landed_at: Instant,
     pub handled: AtomicU64,
     pub turns: AtomicU64,
+    /// Periodic jobs that ended after their deadline (see
+    /// `Dispatcher::ran`).
+    pub deadline_misses: AtomicU64,
     /// Outlet counters: (sent, dropped) summed over outputs.
     pub sent: AtomicU64,
     pub dropped: AtomicU64,
@@ -74,6 +77,7 @@ impl OffcodeHandle {
             landed_at: Instant::now(),
             handled: AtomicU64::new(0),
             turns: AtomicU64::new(0),
+            deadline_misses: AtomicU64::new(0),
             sent: AtomicU64::new(0),
             dropped: AtomicU64::new(0),
         }
@@ -231,6 +235,7 @@ impl OffcodeHandle {
             sent: self.sent.load(Ordering::Relaxed),
             dropped: self.dropped.load(Ordering::Relaxed),
             turns: self.turns.load(Ordering::Relaxed),
+            deadline_misses: self.deadline_misses.load(Ordering::Relaxed),
             metrics: self.metrics.snapshot().into_iter().collect(),
             stop_reason: self.stop_reason(),
             restarts: self.restarts(),
@@ -243,6 +248,8 @@ impl OffcodeHandle {
         self.sent.store(o.sent, Ordering::Relaxed);
         self.dropped.store(o.dropped, Ordering::Relaxed);
         self.turns.store(o.turns, Ordering::Relaxed);
+        self.deadline_misses
+            .store(o.deadline_misses, Ordering::Relaxed);
         // Restarted on the peer since the last report: what stopped the
         // earlier instance no longer applies.
         if self.restarts.swap(o.restarts, Ordering::Relaxed) < o.restarts {

@@ -11,9 +11,9 @@ use std::path::Path;
 
 use common::*;
 
-/// A `ticker` every `period_ms` beside a busy record source, both pinned to
-/// CPU 1, under `scheduler`.
-fn manifest(dir: &Path, scheduler: &str) -> std::path::PathBuf {
+/// A `ticker` every 5 ms (declaring 500 us, working `work_us`) beside a
+/// busy record source, both pinned to CPU 1, under `scheduler`.
+fn manifest(dir: &Path, scheduler: &str, work_us: u64) -> std::path::PathBuf {
     let p = dir.join("sched.toml");
     std::fs::write(
         &p,
@@ -29,7 +29,7 @@ id = "4b1c2d3e-0000-4000-8000-000000000001"
 impl = "ticker"
 period_ms = 5
 wcet_us = 500
-params = {{ work_us = 200 }}
+params = {{ work_us = {work_us} }}
   [[offcode.target]]
   kind = "core"
   require = {{ cpu = 1 }}
@@ -55,7 +55,23 @@ params = {{ records = 0, batch = 16 }}
 /// uptime in seconds: from when it landed, before its first release, to the
 /// final status, after its last job).
 fn run_for(dir: &Path, scheduler: &str, secs: u64) -> (u64, u64, f64) {
-    let m = manifest(dir, scheduler);
+    let (tick, busy) = statuses(dir, scheduler, secs, 200);
+    (
+        tick["metrics"]["jobs"].as_u64().unwrap(),
+        busy["turns"].as_u64().unwrap(),
+        // ms, rounded down: one more covers the rest.
+        (tick["uptime_ms"].as_u64().unwrap() + 1) as f64 / 1000.0,
+    )
+}
+
+/// Runs it for `secs`; the final status of the ticker and of the busy one.
+fn statuses(
+    dir: &Path,
+    scheduler: &str,
+    secs: u64,
+    work_us: u64,
+) -> (serde_json::Value, serde_json::Value) {
+    let m = manifest(dir, scheduler, work_us);
     let o = bin()
         .args([
             "up",
@@ -84,12 +100,23 @@ fn run_for(dir: &Path, scheduler: &str, secs: u64) -> (u64, u64, f64) {
     let (tick, busy) = (find("tick"), find("busy"));
     assert_eq!(tick["pe"], "core:1", "{v}");
     assert_eq!(busy["pe"], "core:1", "{v}");
-    (
-        tick["metrics"]["jobs"].as_u64().unwrap(),
-        busy["turns"].as_u64().unwrap(),
-        // ms, rounded down: one more covers the rest.
-        (tick["uptime_ms"].as_u64().unwrap() + 1) as f64 / 1000.0,
-    )
+    (tick, busy)
+}
+
+#[test]
+fn a_periodic_offcode_that_runs_past_its_wcet_is_counted_missing_deadlines() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    // It declares 500 us and works 8 ms per 5 ms period: admission passes,
+    // every job ends late, and the misses are counted, not hidden.
+    let (tick, _) = statuses(dir.path(), "edf++", 1, 8_000);
+    let jobs = tick["metrics"]["jobs"].as_u64().unwrap();
+    let misses = tick["deadline_misses"].as_u64().unwrap();
+    assert!(jobs >= 2, "{tick}");
+    assert!(
+        misses >= jobs - 1 && misses <= jobs,
+        "{misses} misses in {jobs} jobs: {tick}"
+    );
 }
 
 #[test]
@@ -125,7 +152,7 @@ fn a_set_that_could_miss_a_deadline_is_refused_with_its_tasks_named() {
     let dir = tempfile::tempdir().unwrap();
     // 0.3 + 0.2 of the core, but `slow`'s 2 ms job can hold `fast` past its
     // 1 ms deadline: the non-preemptive test refuses it.
-    let path = manifest(dir.path(), "edf++");
+    let path = manifest(dir.path(), "edf++", 200);
     let t = std::fs::read_to_string(&path)
         .unwrap()
         .replace(

@@ -77,6 +77,10 @@ pub struct OffcodeStatus {
     pub dropped: u64,
     /// Executor turns it has had.
     pub turns: u64,
+    /// Periodic jobs of it that ended after their deadline (it ran longer
+    /// than its declared WCET); absent from reports of older peers.
+    #[serde(default)]
+    pub deadline_misses: u64,
     /// Its own counters (`records`, `sequence_gaps`, ...).
     pub metrics: BTreeMap<String, u64>,
     pub stop_reason: Option<String>,
