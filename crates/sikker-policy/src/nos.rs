@@ -24,6 +24,10 @@ pub struct Placement {
     /// Where a process listens for plain TCP (Sikker's L4 mode, for services
     /// that cannot link the client library): its addresses, on its host.
     pub l4: BTreeMap<(ServiceId, ProcessId), Vec<std::net::SocketAddr>>,
+    /// Where each host's agent listens for the other hosts' agents (the
+    /// `agent` of its `[[host]]`; hosts without one are reached by address
+    /// given elsewhere, such as `sikker agent --peer`).
+    pub agents: BTreeMap<String, std::net::SocketAddr>,
 }
 
 /// What an update changed.

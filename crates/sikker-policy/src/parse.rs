@@ -251,6 +251,8 @@ struct RawHost {
     /// `"service:process" = "IP:PORT"` or a list of them.
     #[serde(default)]
     l4: BTreeMap<Spanned<String>, Spanned<RawL4>>,
+    /// `"IP:PORT"`: where the other hosts' agents reach this host's agent.
+    agent: Option<Spanned<String>>,
 }
 
 /// A process's L4 addresses: one, or a list.
@@ -875,6 +877,7 @@ pub fn parse_placement(name: &str, src: &str, pol: &Policy) -> Result<Placement,
             continue;
         }
         l4_addresses(&mut ctx, h, pol, &procs, &mut out.l4);
+        agent_address(&mut ctx, h, &mut out.agents);
         out.hosts.push((hn, procs));
     }
     ctx.finish(out)
@@ -932,6 +935,27 @@ fn l4_addresses(
                     out.entry((svc.id, pid)).or_default().push(a);
                 }
             }
+        }
+    }
+}
+
+/// Validates a host's `agent` address into `out`: a specific `IP:PORT` that
+/// no other host's agent has.
+fn agent_address(ctx: &mut Ctx, h: &RawHost, out: &mut BTreeMap<String, SocketAddr>) {
+    let Some(value) = &h.agent else { return };
+    let hn = h.name.get_ref();
+    match l4_address(value.get_ref()) {
+        Err(why) => ctx.err(value.span(), format!("agent address of host `{hn}`: {why}")),
+        Ok(a) => {
+            let a = normalize(a);
+            if let Some((other, _)) = out.iter().find(|(_, v)| **v == a) {
+                ctx.err(
+                    value.span(),
+                    format!("agent address {a} is already host `{other}`'s"),
+                );
+                return;
+            }
+            out.insert(hn.clone(), a);
         }
     }
 }

@@ -1,5 +1,7 @@
 //! Fuzzes the policy and placement parsers: any bytes must give a policy or located
-//! errors, never a panic; an accepted policy must compile with any accepted placement.
+//! errors, never a panic; an accepted policy must compile with any accepted placement,
+//! whose agent addresses (`agent = "IP:PORT"`, read live by the agents from etcd or
+//! a file) are specific, not port 0, one per host, and only of its hosts.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -13,6 +15,12 @@ fuzz_target!(|data: &[u8]| {
         Ok(p) => {
             let _ = p.sacl();
             if let Ok(pl) = parse_placement("place.toml", place, &p) {
+                let mut seen = std::collections::BTreeSet::new();
+                for (host, a) in &pl.agents {
+                    assert!(pl.hosts.iter().any(|(h, _)| h == host));
+                    assert!(!a.ip().is_unspecified() && a.port() != 0);
+                    assert!(seen.insert(*a), "{a} given to two hosts");
+                }
                 let _ = Nos::compile(p, &pl);
             }
         }

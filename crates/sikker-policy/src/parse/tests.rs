@@ -337,3 +337,55 @@ fn l4_addresses_are_parsed_and_bad_ones_located() {
     );
     assert_eq!(e.0[0].line, 8);
 }
+
+#[test]
+fn agent_addresses_are_parsed_and_bad_ones_located() {
+    let p = parse_policy("p.toml", KVS).unwrap();
+    let ok = parse_placement(
+        "h.toml",
+        "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\"]\nagent = \"10.9.0.1:7411\"\n\
+         [[host]]\nname = \"h2\"\nagent = \"[fd00::2]:7411\"\n[[host]]\nname = \"h3\"\n",
+        &p,
+    )
+    .unwrap();
+    assert_eq!(ok.agents.len(), 2, "h3 gives none");
+    assert_eq!(ok.agents["h1"], "10.9.0.1:7411".parse().unwrap());
+    assert_eq!(ok.agents["h2"], "[fd00::2]:7411".parse().unwrap());
+    let head = "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\"]\n";
+    let cases = [
+        (
+            "agent = \"10.9.0.300:7411\"",
+            "agent address of host `h1`: `10.9.0.300:7411` is not IP:PORT (for IPv6, `[fd00::2]:8080`)",
+        ),
+        (
+            "agent = \"agent-h1\"",
+            "agent address of host `h1`: `agent-h1` is not IP:PORT (for IPv6, `[fd00::2]:8080`)",
+        ),
+        (
+            "agent = \"0.0.0.0:7411\"",
+            "agent address of host `h1`: `0.0.0.0:7411` has no specific address; give the one clients connect to",
+        ),
+        (
+            "agent = \"10.0.0.1:0\"",
+            "agent address of host `h1`: `10.0.0.1:0` has port 0",
+        ),
+    ];
+    for (line, want) in cases {
+        let src = format!("{head}{line}\n");
+        let e = parse_placement("h.toml", &src, &p).unwrap_err();
+        assert_eq!(e.0.len(), 1, "{e}");
+        assert_eq!(e.0[0].message, want);
+        assert!(e.0[0].to_string().starts_with("h.toml:4:9:"), "{e}");
+    }
+    // Not a string, and one address for two hosts (an IPv4-mapped one is the IPv4 one).
+    let e = parse_placement("h.toml", &format!("{head}agent = 7411\n"), &p).unwrap_err();
+    assert_eq!(e.0[0].line, 4, "{e}");
+    let src = "[[host]]\nname = \"h1\"\nagent = \"10.0.0.1:7411\"\n\
+               [[host]]\nname = \"h2\"\nagent = \"[::ffff:10.0.0.1]:7411\"\n";
+    let e = parse_placement("h.toml", src, &p).unwrap_err();
+    assert_eq!(
+        e.0[0].message,
+        "agent address 10.0.0.1:7411 is already host `h1`'s"
+    );
+    assert_eq!(e.0[0].line, 6);
+}
