@@ -98,6 +98,15 @@ impl Writer {
         Ok(self.pump())
     }
 
+    /// Takes the bytes queued and not yet pushed, and whether the end was
+    /// asked for and not yet pushed (a stream whose writer moves to another
+    /// reader: they go to the new one).
+    pub fn take_pending(&mut self) -> (Vec<u8>, bool) {
+        let eof = self.eof && !self.eof_sent;
+        self.eof = self.eof_sent;
+        (self.pending.drain(..).collect(), eof)
+    }
+
     /// The active reader moved to `reader`.
     pub fn reader_moved(&mut self, reader: Endpoint) {
         self.reader = reader;
@@ -315,6 +324,26 @@ impl Presence {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_moving_writer_hands_over_what_it_did_not_push() {
+        let mut w = Writer::new(VnodeId(0), Endpoint(2), 4);
+        assert_eq!(w.write(b"abcdef").len(), 1);
+        w.close();
+        assert_eq!(w.take_pending(), (b"ef".to_vec(), true));
+        assert_eq!(w.backlog(), 0);
+        assert!(
+            w.write(b"").is_empty(),
+            "nothing is left to push, not even the end"
+        );
+        let mut w = Writer::new(VnodeId(0), Endpoint(2), 4);
+        w.close();
+        assert_eq!(
+            w.take_pending(),
+            (vec![], false),
+            "the end already went out"
+        );
+    }
 
     #[test]
     fn the_window_bounds_what_is_in_flight() {

@@ -1,5 +1,5 @@
 //! `sidecore exec --on NODE`: the client's side of a Metachory session
-//! (`sidecore_metachory::remote::client`): finds the node (and relays),
+//! (`sidecore_metachory::remote::session::run`): finds the node (and relays),
 //! projects the working directory (or `--project` directories), and exits
 //! as the guest did.
 
@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use sidecore_metachory::remote::client::{self, RemoteOptions, Verdict};
+use sidecore_metachory::remote::client::{RemoteOptions, Verdict};
+use sidecore_metachory::remote::session;
 
 use crate::exec_cmd::ExecArgs;
 
@@ -82,7 +83,7 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<ExitCode> {
         route: hops,
         verdict,
     };
-    let o = match client::run(&opts) {
+    let o = match session::run(&opts) {
         Ok(o) => o,
         Err(e) => {
             eprintln!("sidecore exec: {e}");

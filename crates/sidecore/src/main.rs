@@ -26,6 +26,7 @@ mod ext_cmd;
 mod filewall_cmd;
 mod fw;
 mod layout;
+mod migrate_cmd;
 mod orion_cmd;
 mod policy;
 mod progress;
@@ -138,6 +139,8 @@ enum Command {
     Filewall(filewall_cmd::FilewallCommand),
     /// Metachory: run a program supervised, locally or on a peer node (--on) with this machine's files projected.
     Exec(exec_cmd::ExecArgs),
+    /// Metachory: move the guest of a running `exec --on` (the client's PID) to another node, live.
+    Migrate(migrate_cmd::MigrateArgs),
     /// Metachory's container for a remote guest (started by the daemon).
     #[command(name = "__mx-init", hide = true)]
     MxInit { spec: String },
@@ -180,6 +183,7 @@ fn main() -> ExitCode {
         Command::Filewall(cmd) => filewall_cmd::run(cmd),
         Command::Exec(args) if args.on.is_some() => exec_remote::run(&args),
         Command::Exec(args) => exec_cmd::run_exec(args),
+        Command::Migrate(args) => migrate_cmd::run(&args),
         Command::MxInit { spec } => {
             std::process::exit(sidecore_metachory::remote::shim::main(&spec));
         }

@@ -477,6 +477,11 @@ impl MxPhase {
             (P::Opening | P::Running, b) if !Self::phase_marker(b) => Some(self),
             // Stdio still draining after the exit, and late window updates.
             (P::Exited | P::Approving, MxBody::Signal { .. } | MxBody::Winch { .. }) => Some(self),
+            // A migration asked for as the guest ended: refused, not an error.
+            (
+                P::Exited | P::Approving,
+                MxBody::MigrateOut { .. } | MxBody::MigrateFailed { .. },
+            ) => Some(self),
             _ => None,
         }
     }

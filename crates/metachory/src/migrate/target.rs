@@ -109,9 +109,25 @@ impl Incoming {
         s.set_nonblocking(false).map_err(os)?;
         s.set_read_timeout(Some(STREAM_TIMEOUT)).map_err(os)?;
         let _ = s.set_nodelay(true);
-        let mut reader = PageReader::new(s.try_clone().map_err(os)?, &peer)?;
+        let mut writer = PageWriter::new(s.try_clone().map_err(os)?, &peer)?;
+        match self.image(s, &peer) {
+            Ok((image, reader)) => Ok(Arrived {
+                image: Arc::new(image),
+                reader,
+                writer,
+            }),
+            Err(e) => {
+                // The sender learns what was wrong, with its own name in it.
+                let _ = writer.send(&Record::Error(e.to_string()));
+                Err(e)
+            }
+        }
+    }
+
+    fn image(&self, s: TcpStream, peer: &str) -> Result<(MxImage, PageReader), Error> {
+        let mut reader = PageReader::new(s, peer)?;
         let bad = |what: String| Error::Peer {
-            peer: peer.clone(),
+            peer: peer.to_string(),
             what,
         };
         match reader.next_record()? {
@@ -120,21 +136,13 @@ impl Incoming {
             Record::Hello { .. } => return Err(bad("showed the wrong ticket or session".into())),
             other => return Err(bad(format!("opened with `{}`", other.kind().name()))),
         }
-        let image = match reader.next_record()? {
-            Record::Image(i) => *i,
-            other => {
-                return Err(bad(format!(
-                    "sent `{}` where the image was due",
-                    other.kind().name()
-                )));
-            }
-        };
-        let writer = PageWriter::new(s, &peer)?;
-        Ok(Arrived {
-            image: Arc::new(image),
-            reader,
-            writer,
-        })
+        match reader.next_record()? {
+            Record::Image(i) => Ok((*i, reader)),
+            other => Err(bad(format!(
+                "sent `{}` where the image was due",
+                other.kind().name()
+            ))),
+        }
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::{Arc, Mutex, RwLock, mpsc};
 
 use sidecore_wire::mx_image::{
     MAX_PAGES_RECORD_BYTES, MAX_WANT_PAGES, MxImage, MxRegion, MxRegionKind, PAGE_BYTES, Record,
@@ -320,7 +320,9 @@ struct LazyState {
 
 /// The target's side of a lazy migration.
 pub struct LazyTarget {
-    uffd: Mutex<Option<OwnedFd>>,
+    /// Read-locked for each use (the fault loop's poll and the copies go
+    /// on side by side), write-locked to close it.
+    uffd: RwLock<Option<OwnedFd>>,
     image: Arc<MxImage>,
     state: Mutex<LazyState>,
     pub stats: LazyStats,
@@ -354,7 +356,7 @@ impl LazyTarget {
         }
         let wanted = Bits::new(&image);
         Ok(Arc::new(LazyTarget {
-            uffd: Mutex::new(Some(uffd)),
+            uffd: RwLock::new(Some(uffd)),
             image,
             state: Mutex::new(LazyState {
                 have,
@@ -380,7 +382,7 @@ impl LazyTarget {
 
     fn with_uffd<R>(&self, f: impl FnOnce(&OwnedFd) -> R) -> Option<R> {
         self.uffd
-            .lock()
+            .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .as_ref()
             .map(f)
@@ -391,7 +393,7 @@ impl LazyTarget {
     pub fn finish_now(&self) {
         self.done.store(true, Ordering::Release);
         self.uffd
-            .lock()
+            .write()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
     }
@@ -486,32 +488,38 @@ impl LazyTarget {
             return self.done();
         };
         let r = &image.regions[ri];
+        let pages = (data.len() as u64 / PAGE_BYTES).min(r.end.saturating_sub(addr) / PAGE_BYTES);
+        let first = (addr - r.start) / PAGE_BYTES;
         let mut s = self.lock();
-        for (k, page) in data.chunks_exact(PAGE_BYTES as usize).enumerate() {
-            let a = addr + k as u64 * PAGE_BYTES;
-            let i = (a - r.start) / PAGE_BYTES;
-            if a >= r.end || s.have.get(ri, i) {
+        let mut k = 0;
+        while k < pages {
+            if s.have.get(ri, first + k) {
+                k += 1;
                 continue;
             }
-            let ok = self
-                .with_uffd(|u| {
-                    let mut c = [a, page.as_ptr() as u64, PAGE_BYTES, 0, 0];
-                    match ioctl(u, UFFDIO_COPY, &mut c) {
-                        Ok(()) => true,
-                        // Already there (a zero page raced it): fine.
-                        Err(e) => e.raw_os_error() == Some(libc::EEXIST),
-                    }
-                })
-                .unwrap_or(false);
-            if !ok {
+            // A run of missing pages goes in with one copy.
+            let mut n = 1;
+            while k + n < pages && !s.have.get(ri, first + k + n) {
+                n += 1;
+            }
+            let at = (k * PAGE_BYTES) as usize;
+            if !self.copy_in(
+                addr + k * PAGE_BYTES,
+                &data[at..at + (n * PAGE_BYTES) as usize],
+            ) {
                 // The guest is gone (or its memory changed under us).
                 drop(s);
                 self.finish_now();
                 return true;
             }
-            s.have.set(ri, i);
-            s.remaining -= 1;
-            self.stats.bytes.fetch_add(PAGE_BYTES, Ordering::Relaxed);
+            for p in k..k + n {
+                s.have.set(ri, first + p);
+            }
+            s.remaining -= n;
+            self.stats
+                .bytes
+                .fetch_add(n * PAGE_BYTES, Ordering::Relaxed);
+            k += n;
         }
         let all = s.remaining == 0;
         drop(s);
@@ -519,6 +527,24 @@ impl LazyTarget {
             self.finish_now();
         }
         all
+    }
+
+    /// `UFFDIO_COPY` of `data` to `addr`; page by page where a zero page
+    /// raced the run (EEXIST: that page is there already, which is fine).
+    fn copy_in(&self, addr: u64, data: &[u8]) -> bool {
+        let copy = |u: &OwnedFd, a: u64, d: &[u8]| {
+            let mut c = [a, d.as_ptr() as u64, d.len() as u64, 0, 0];
+            ioctl(u, UFFDIO_COPY, &mut c).map_err(|e| e.raw_os_error() == Some(libc::EEXIST))
+        };
+        self.with_uffd(|u| match copy(u, addr, data) {
+            Ok(()) => true,
+            Err(false) => false,
+            Err(true) => data
+                .chunks_exact(PAGE_BYTES as usize)
+                .enumerate()
+                .all(|(k, page)| copy(u, addr + k as u64 * PAGE_BYTES, page) != Err(false)),
+        })
+        .unwrap_or(false)
     }
 
     /// Held pages still missing.

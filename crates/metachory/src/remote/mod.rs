@@ -10,10 +10,15 @@
 
 pub mod client;
 pub mod conn;
+pub mod ctl;
 pub mod export;
+pub mod freeze;
 pub mod guard;
+pub mod hosted;
+pub mod migration;
 pub mod overlay;
 pub mod projection;
 pub mod relay;
 pub mod server;
+pub mod session;
 pub mod shim;

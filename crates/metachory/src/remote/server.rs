@@ -13,7 +13,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -24,7 +24,10 @@ use sidecore_wire::session::PeerGrammar;
 use sidecore_wire::{Link, LinkError, Message, Received};
 
 use super::conn::{Conn, OutStream, STDERR, STDIN, STDOUT, lock};
+use super::freeze::Freeze;
 use super::guard::Guard;
+use super::hosted::{Init, Shared, started};
+use super::migration;
 use super::overlay;
 use super::projection::Projection;
 use super::shim::{CTL_FD, ShimSpec};
@@ -160,6 +163,7 @@ fn spawn_shim(
         map_uid: NOBODY,
         map_gid: NOBODY,
         ptrace: open.ptrace,
+        restore: open.resume.map(|r| r.lazy),
     };
     let json = serde_json::to_string(&spec).map_err(std::io::Error::other)?;
     let [i, o, e] = guest;
@@ -171,12 +175,27 @@ fn spawn_shim(
         .stdout(Stdio::from(o))
         .stderr(Stdio::from(e))
         .env_clear();
-    // SAFETY: only dup2 and fcntl between fork and exec (async-signal-safe).
+    if open.resume.is_some() {
+        // The restorer's glibc registers no rseq area of its own: the
+        // migrated guest's is registered in its place.
+        cmd.env("GLIBC_TUNABLES", "glibc.pthread.rseq=0");
+    }
+    // SAFETY: only dup2, fcntl, prctl and close_range between fork and exec
+    // (async-signal-safe system calls).
     unsafe {
         cmd.pre_exec(move || {
             if libc::dup2(ctl_raw, CTL_FD) < 0 {
                 return Err(std::io::Error::last_os_error());
             }
+            // Nothing else the daemon holds reaches the guest (a descriptor
+            // inherited without close-on-exec, such as a build tool's
+            // jobserver pipe, would also stop its migration).
+            libc::syscall(
+                libc::SYS_close_range,
+                CTL_FD + 1,
+                libc::c_uint::MAX,
+                libc::CLOSE_RANGE_CLOEXEC,
+            );
             // The container dies with the server (its init dies with it).
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
             libc::fcntl(CTL_FD, libc::F_SETFD, 0);
@@ -188,44 +207,18 @@ fn spawn_shim(
     Ok(child)
 }
 
-/// The guest's init, as a pidfd (signals reach it after it is reaped never).
-#[derive(Default)]
-struct Init(Mutex<Option<OwnedFd>>);
-
-impl Init {
-    fn set(&self, pid: i32) {
-        // SAFETY: pidfd_open with a PID and no flags.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd >= 0 {
-            // SAFETY: a new descriptor, ours.
-            *lock(&self.0) = Some(unsafe { OwnedFd::from_raw_fd(fd as RawFd) });
-        }
+/// Inodes of the guest's stdio pipes (0 for a terminal).
+fn inodes(guest: &[OwnedFd; 3], tty: bool) -> [u64; 3] {
+    use std::os::unix::fs::MetadataExt;
+    if tty {
+        return [0; 3];
     }
-
-    fn signal(&self, sig: i32) {
-        if let Some(fd) = lock(&self.0).as_ref() {
-            // SAFETY: pidfd_send_signal on our pidfd, no siginfo, no flags.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    fd.as_raw_fd(),
-                    sig,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                )
-            };
-        }
-    }
-}
-
-/// What the receiving loop hands on.
-struct Shared {
-    conn: Arc<Conn>,
-    init: Init,
-    verdict: Mutex<Option<bool>>,
-    stdin_ready: std::sync::Condvar,
-    master: Option<RawFd>,
-    failed: Mutex<Option<String>>,
+    guest.each_ref().map(|fd| {
+        fd.try_clone()
+            .map(File::from)
+            .and_then(|f| f.metadata())
+            .map_or(0, |m| m.ino())
+    })
 }
 
 fn run(
@@ -251,6 +244,10 @@ fn run(
         open.server,
         open.client,
     ));
+    let incoming = match open.resume {
+        Some(_) => Some(migration::listen(link, open.session).map_err(container)?),
+        None => None,
+    };
     let shared = Arc::new(Shared {
         conn: Arc::clone(&conn),
         init: Init::default(),
@@ -258,24 +255,33 @@ fn run(
         stdin_ready: std::sync::Condvar::new(),
         master: io.master,
         failed: Mutex::new(None),
+        guest: AtomicI32::new(0),
+        stdio_inodes: inodes(&io.guest, open.tty.is_some()),
+        freeze: Freeze::default(),
+        moved: AtomicBool::new(false),
+        migrating: AtomicBool::new(false),
+        prefill: Mutex::new(None),
+        uffd: Mutex::new(None),
+        installed: Mutex::new(None),
     });
     let mut shim = spawn_shim(open, opts, work.path(), io.guest, theirs)?;
     let stdin_t = stdin_writer(Arc::clone(&shared), io.input);
     let pumps: Vec<JoinHandle<()>> = io
         .outputs
         .into_iter()
-        .map(|(fd, err)| pump(Arc::clone(&conn), fd, err))
+        .map(|(fd, err)| pump(Arc::clone(&shared), fd, err))
         .collect();
     std::thread::scope(|scope| {
         let s = Arc::clone(&shared);
         scope.spawn(move || receive(&s, stop));
-        let status = match control(&shared, &ours, open) {
+        let status = match control(&shared, &ours, open, incoming) {
             Ok(s) => s,
             Err(e) => {
                 shared.init.signal(libc::SIGKILL);
                 let _ = shim.kill();
                 let _ = shim.wait();
                 conn.close();
+                shared.freeze.release(false);
                 return Err(e);
             }
         };
@@ -286,61 +292,104 @@ fn run(
         conn.close_stdin();
         shared.stdin_ready.notify_all();
         let _ = stdin_t.join();
+        if shared.moved.load(Ordering::Acquire) {
+            // The guest runs on another server now: its end here is not
+            // the session's, and its overlay is not this server's to send.
+            conn.close();
+            return Ok(());
+        }
         let result = finish(&shared, open, work.path(), status);
         conn.close();
         result
     })
 }
 
-/// The control socket: FUSE device, init, supervision, exit.
+/// The control socket's state: FUSE device, init, supervision, exit.
+struct Ctl<'a> {
+    shared: &'a Arc<Shared>,
+    open: &'a MxOpen,
+    ctl: RawFd,
+    threads: Vec<JoinHandle<()>>,
+    counters: Arc<Mutex<String>>,
+    supervision: &'static str,
+    incoming: Option<crate::migrate::target::Incoming>,
+}
+
 fn control(
     shared: &Arc<Shared>,
     ctl: &OwnedFd,
     open: &MxOpen,
+    incoming: Option<crate::migrate::target::Incoming>,
 ) -> Result<(i32, i32, String), ServerError> {
-    let conn = &shared.conn;
-    let mut threads = Vec::new();
-    let counters = Arc::new(Mutex::new(String::new()));
-    let supervision = if open.ptrace {
-        "ptrace-sysemu"
-    } else {
-        crate::SUPERVISION
+    let mut c = Ctl {
+        shared,
+        open,
+        ctl: ctl.as_raw_fd(),
+        threads: Vec::new(),
+        counters: Arc::new(Mutex::new(String::new())),
+        supervision: if open.ptrace {
+            "ptrace-sysemu"
+        } else {
+            crate::SUPERVISION
+        },
+        incoming,
     };
     loop {
-        if conn.closed.load(Ordering::Acquire) {
+        let moved = shared.moved.load(Ordering::Acquire);
+        if shared.conn.closed.load(Ordering::Acquire) && !moved {
             return Err(ServerError::Container("the client went away".into()));
         }
         let Some(m) = fdpass::recv(ctl.as_raw_fd())? else {
-            return Err(ServerError::Container(
-                "the container ended without reporting the guest's end".into(),
-            ));
+            if shared.moved.load(Ordering::Acquire) {
+                return Ok((0, 0, String::new()));
+            }
+            let why = lock(&shared.failed)
+                .take()
+                .unwrap_or_else(|| "the container ended without reporting the guest's end".into());
+            return Err(ServerError::Container(why));
         };
+        if let Some(done) = c.on_message(m)? {
+            for t in c.threads.drain(..) {
+                let _ = t.join();
+            }
+            let summary = format!("supervision={} {}", c.supervision, lock(&c.counters));
+            return Ok((done.0, done.1, summary));
+        }
+    }
+}
+
+impl Ctl<'_> {
+    fn report(&self) -> impl Fn(String) + Send + Sync + 'static {
+        let conn = Arc::clone(&self.shared.conn);
+        move |what: String| {
+            let _ = conn.send(MxBody::Denied { what });
+        }
+    }
+
+    /// One message; the guest's (code, signal) when it ended.
+    fn on_message(&mut self, m: fdpass::Received) -> Result<Option<(i32, i32)>, ServerError> {
         let text = String::from_utf8_lossy(&m.msg).into_owned();
         let (word, rest) = text.split_once(' ').unwrap_or((text.as_str(), ""));
+        let conn = &self.shared.conn;
         match (word, m.fd) {
             ("fuse", Some(fd)) => {
-                let fs = Projection::new(Arc::clone(conn), open.project.len());
-                threads.push(std::thread::spawn(move || {
+                let fs = Projection::new(Arc::clone(conn), self.open.project.len());
+                self.threads.push(std::thread::spawn(move || {
                     let mut s = fuser::Session::from_fd(fs, fd, fuser::SessionACL::All);
                     let _ = s.run();
                 }));
             }
             ("init", _) => {
                 if let Ok(pid) = rest.parse() {
-                    shared.init.set(pid);
+                    self.shared.init.set(pid);
                 }
             }
-            ("seccomp", Some(fd)) => {
-                let (c, userns, report_conn) =
-                    (Arc::clone(&counters), open.userns, Arc::clone(conn));
-                threads.push(std::thread::spawn(move || {
-                    let report = move |what: String| {
-                        let _ = report_conn.send(MxBody::Denied { what });
-                    };
-                    let got = Guard::new(userns).serve(&fd, &report);
-                    *lock(&c) = got.to_string();
-                }));
-                started(conn, open, supervision)?;
+            ("uffd", Some(fd)) => *lock(&self.shared.uffd) = Some(fd),
+            ("seccomp", Some(fd)) => self.seccomp(fd, m.pid)?,
+            ("installed", _) => {
+                if let Some(tx) = lock(&self.shared.installed).as_ref() {
+                    let _ = tx.send(text.clone());
+                }
             }
             ("ptrace", _) => {
                 let Some(pid) = m.pid else {
@@ -348,24 +397,15 @@ fn control(
                         "the guest asked to be traced without credentials".into(),
                     ));
                 };
-                let (c, report_conn) = (Arc::clone(&counters), Arc::clone(conn));
-                let ctl_raw = ctl.as_raw_fd();
-                threads.push(std::thread::spawn(move || {
-                    let report = move |what: String| {
-                        let _ = report_conn.send(MxBody::Denied { what });
-                    };
-                    *lock(&c) = crate::ptrace::trace(pid, ctl_raw, &report);
+                let (c, report, ctl) = (Arc::clone(&self.counters), self.report(), self.ctl);
+                self.threads.push(std::thread::spawn(move || {
+                    *lock(&c) = crate::ptrace::trace(pid, ctl, &report);
                 }));
-                started(conn, open, supervision)?;
+                started(conn, self.open, self.supervision).map_err(container)?;
             }
             ("exit", _) => {
                 let mut it = rest.split(' ').filter_map(|x| x.parse::<i32>().ok());
-                let (code, sig) = (it.next().unwrap_or(1), it.next().unwrap_or(0));
-                for t in threads {
-                    let _ = t.join();
-                }
-                let summary = format!("supervision={supervision} {}", lock(&counters));
-                return Ok((code, sig, summary));
+                return Ok(Some((it.next().unwrap_or(1), it.next().unwrap_or(0))));
             }
             ("error", _) => return Err(ServerError::Container(rest.to_string())),
             _ => {
@@ -374,22 +414,44 @@ fn control(
                 )));
             }
         }
+        Ok(None)
+    }
+
+    /// The guest's seccomp listener: its supervisor starts; a new guest
+    /// runs now, a migrating one is restored first.
+    fn seccomp(&mut self, fd: OwnedFd, pid: Option<i32>) -> Result<(), ServerError> {
+        if let Some(pid) = pid {
+            self.shared.guest.store(pid, Ordering::Release);
+        }
+        let (c, userns, report) = (Arc::clone(&self.counters), self.open.userns, self.report());
+        self.threads.push(std::thread::spawn(move || {
+            let got = Guard::new(userns).serve(&fd, &report);
+            *lock(&c) = got.to_string();
+        }));
+        let Some(incoming) = self.incoming.take() else {
+            return started(&self.shared.conn, self.open, self.supervision).map_err(container);
+        };
+        let Some(pid) = pid else {
+            return Err(ServerError::Container(
+                "the restorer reported without credentials".into(),
+            ));
+        };
+        let (shared, open, ctl, sup) = (
+            Arc::clone(self.shared),
+            self.open.clone(),
+            self.ctl,
+            self.supervision,
+        );
+        self.threads.push(std::thread::spawn(move || {
+            migration::resume_in(&shared, &open, incoming, ctl, pid, sup);
+        }));
+        Ok(())
     }
 }
 
-fn started(conn: &Conn, open: &MxOpen, supervision: &str) -> Result<(), ServerError> {
-    let namespaces = if open.userns {
-        "user,mnt,pid,net,ipc,uts"
-    } else {
-        "mnt,pid,net,ipc,uts"
-    };
-    conn.send(MxBody::Started {
-        guest_pid: 0,
-        supervision: supervision.to_string(),
-        projection: "fuse+overlayfs".into(),
-        namespaces: namespaces.into(),
-    })
-    .map_err(|e| ServerError::Container(e.to_string()))
+/// A failure of the guest's container, for the client.
+fn container(e: impl std::fmt::Display) -> ServerError {
+    ServerError::Container(e.to_string())
 }
 
 /// Exit, overlay, verdict.
@@ -438,13 +500,51 @@ fn finish(
     Ok(())
 }
 
-/// Reads the guest's output and pushes it to the client.
-fn pump(conn: Arc<Conn>, fd: OwnedFd, stderr: bool) -> JoinHandle<()> {
+/// Waits up to `ms` for `fd` to be ready for `events` (or hung up).
+fn ready(fd: RawFd, events: libc::c_short, ms: i32) -> std::io::Result<bool> {
+    let mut p = libc::pollfd {
+        fd,
+        events,
+        revents: 0,
+    };
+    // SAFETY: one valid pollfd.
+    let r = unsafe { libc::poll(&raw mut p, 1, ms) };
+    if r < 0 {
+        let e = std::io::Error::last_os_error();
+        return if e.kind() == std::io::ErrorKind::Interrupted {
+            Ok(false)
+        } else {
+            Err(e)
+        };
+    }
+    Ok(r > 0)
+}
+
+/// Reads the guest's output and pushes it to the client. For a migration
+/// it pushes what is left in the pipe of the frozen guest and parks; if the
+/// guest moved it ends without pushing the end of the stream.
+fn pump(shared: Arc<Shared>, fd: OwnedFd, stderr: bool) -> JoinHandle<()> {
+    let entered = shared.freeze.enter();
     std::thread::spawn(move || {
+        let _member = shared.freeze.member(entered);
+        let conn = &shared.conn;
         let s: &OutStream = if stderr { &conn.stderr } else { &conn.stdout };
         let mut f = File::from(fd);
         let mut buf = vec![0u8; 64 * 1024];
         loop {
+            let freezing = shared.freeze.requested();
+            let ms = if freezing { 0 } else { POLL_MS };
+            match ready(f.as_raw_fd(), libc::POLLIN, ms) {
+                Ok(true) => {}
+                Ok(false) if freezing => {
+                    if shared.freeze.park(Vec::new()) {
+                        return;
+                    }
+                    continue;
+                }
+                Ok(false) => continue,
+                Err(_) => break,
+            }
             match f.read(&mut buf) {
                 Ok(0) => break,
                 Ok(n) => {
@@ -461,53 +561,105 @@ fn pump(conn: Arc<Conn>, fd: OwnedFd, stderr: bool) -> JoinHandle<()> {
     })
 }
 
-/// Writes what the client sends for stdin, acknowledging as it goes.
+/// How often the stdio threads look at the session's flags, in ms.
+const POLL_MS: i32 = 200;
+
+/// Writes what the client sends for stdin (after any bytes a migrated
+/// guest had not read), acknowledging as it goes; never blocks in a write,
+/// so that a migration can park it with the bytes it holds.
 fn stdin_writer(shared: Arc<Shared>, fd: OwnedFd) -> JoinHandle<()> {
+    let entered = shared.freeze.enter();
     std::thread::spawn(move || {
+        let _member = shared.freeze.member(entered);
         let conn = &shared.conn;
+        // SAFETY: fcntl on our own end of the pipe (or terminal master).
+        unsafe {
+            let fl = libc::fcntl(fd.as_raw_fd(), libc::F_GETFL);
+            libc::fcntl(fd.as_raw_fd(), libc::F_SETFL, fl | libc::O_NONBLOCK);
+        }
         let mut f = Some(File::from(fd));
+        let mut pending: Vec<u8> = Vec::new();
+        let mut ended = false;
         loop {
-            let mut r = lock(&conn.stdin);
-            while !conn.stdin_closed()
-                && !conn.closed.load(Ordering::Acquire)
-                && !r.at_eof()
-                && r.buffered() == 0
-            {
-                r = shared
-                    .stdin_ready
-                    .wait_timeout(r, POLL)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .0;
-            }
             if conn.closed.load(Ordering::Acquire) || conn.stdin_closed() {
                 return;
             }
-            let (bytes, stat) = r.read(usize::MAX);
-            let eof = r.at_eof();
-            drop(r);
-            if let Some(file) = f.as_mut()
-                && !bytes.is_empty()
-                && file.write_all(&bytes).is_err()
-            {
-                f = None; // the guest closed its stdin: drop what comes
-            }
-            if let Some(s) = stat {
-                let _ = conn.send_disco(vec![s]);
-            }
-            if eof {
-                if shared.master.is_none() {
-                    f = None;
-                }
-                if bytes.is_empty() {
+            if shared.freeze.requested() {
+                if shared.freeze.park(std::mem::take(&mut pending)) {
                     return;
                 }
+                continue;
             }
+            if let Some((pre, eof)) = lock(&shared.prefill).take() {
+                pending.splice(0..0, pre);
+                ended |= eof;
+            }
+            if !pending.is_empty() && f.is_some() {
+                write_some(&mut f, &mut pending);
+                continue;
+            }
+            pending.clear();
+            if ended {
+                // Our end closes (a pipe's reader sees the end; a terminal's
+                // master stays open through the output pump's copy).
+                return;
+            }
+            let (bytes, eof) = wait_stdin(&shared);
+            pending = bytes;
+            ended = eof;
         }
     })
 }
 
+/// Writes what the pipe takes now (waiting a little for room).
+fn write_some(f: &mut Option<File>, pending: &mut Vec<u8>) {
+    let Some(file) = f.as_mut() else { return };
+    if !ready(file.as_raw_fd(), libc::POLLOUT, POLL_MS).unwrap_or(false) {
+        return;
+    }
+    match file.write(pending) {
+        Ok(n) => {
+            pending.drain(..n);
+        }
+        Err(e)
+            if e.kind() == std::io::ErrorKind::WouldBlock
+                || e.kind() == std::io::ErrorKind::Interrupted => {}
+        Err(_) => {
+            // The guest closed its stdin: drop what comes.
+            *f = None;
+            pending.clear();
+        }
+    }
+}
+
+/// The client's next stdin bytes (acknowledged), and whether they end it.
+fn wait_stdin(shared: &Shared) -> (Vec<u8>, bool) {
+    let conn = &shared.conn;
+    let mut r = lock(&conn.stdin);
+    while !conn.stdin_closed()
+        && !conn.closed.load(Ordering::Acquire)
+        && !r.at_eof()
+        && r.buffered() == 0
+        && !shared.freeze.requested()
+        && lock(&shared.prefill).is_none()
+    {
+        r = shared
+            .stdin_ready
+            .wait_timeout(r, POLL)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0;
+    }
+    let (bytes, stat) = r.read(usize::MAX);
+    let eof = r.at_eof();
+    drop(r);
+    if let Some(s) = stat {
+        let _ = conn.send_disco(vec![s]);
+    }
+    (bytes, eof)
+}
+
 /// Receives the client's messages for the whole session.
-fn receive(shared: &Shared, stop: &AtomicBool) {
+fn receive(shared: &Arc<Shared>, stop: &AtomicBool) {
     let conn = &shared.conn;
     loop {
         if stop.load(Ordering::Acquire) {
@@ -542,12 +694,16 @@ fn receive(shared: &Shared, stop: &AtomicBool) {
             return;
         }
     }
+    if shared.moved.load(Ordering::Acquire) {
+        // The guest moved: the migration ends what is left here.
+        return;
+    }
     // The client is gone (or broke the protocol): the guest goes too.
     shared.init.signal(libc::SIGKILL);
     conn.close();
 }
 
-fn dispatch(shared: &Shared, body: MxBody) -> Result<(), String> {
+fn dispatch(shared: &Arc<Shared>, body: MxBody) -> Result<(), String> {
     let conn = &shared.conn;
     match body {
         MxBody::Attr { req, .. } | MxBody::Entries { req, .. } | MxBody::Target { req, .. } => {
@@ -578,6 +734,12 @@ fn dispatch(shared: &Shared, body: MxBody) -> Result<(), String> {
             }
         }
         MxBody::Verdict { applied } => *lock(&shared.verdict) = Some(applied),
+        MxBody::MigrateOut {
+            to,
+            ticket,
+            target,
+            lazy,
+        } => migration::start_out(shared, to, ticket, target, lazy),
         other => return Err(format!("a client may not send `{}`", other.kind())),
     }
     Ok(())

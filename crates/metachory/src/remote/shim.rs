@@ -15,7 +15,8 @@
 //! Everything reports to the server over the control socket (descriptor 3):
 //! `fuse` with the `/dev/fuse` descriptor, `init PID`, `seccomp` with the
 //! listener, `ptrace` (with the guest's credentials), `exit CODE SIGNAL`,
-//! `error TEXT`.
+//! `error TEXT`; for a migrating guest, the restorer's messages
+//! ([`crate::migrate::restorer`]).
 
 use std::ffi::{CString, OsStr};
 use std::io;
@@ -50,6 +51,10 @@ pub struct ShimSpec {
     pub map_gid: u32,
     /// Wait to be traced instead of installing the seccomp filter.
     pub ptrace: bool,
+    /// Become a migrating guest instead of starting `argv` (`Some(lazy)`):
+    /// the guest's process is a restorer ([`crate::migrate::restorer`]).
+    #[serde(default)]
+    pub restore: Option<bool>,
 }
 
 /// System directories bound read-only into the guest's root (or recreated
@@ -516,6 +521,9 @@ fn guest(spec: &ShimSpec) -> io::Error {
             libc::ioctl(0, libc::TIOCSCTTY, 0);
         }
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+    if let Some(lazy) = spec.restore {
+        return crate::migrate::restorer::run(CTL_FD, lazy);
     }
     let r = if spec.ptrace {
         crate::ptrace::await_tracer(CTL_FD)
