@@ -14,10 +14,11 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use sidecore_sikker_agent::client::Delivery;
 use sidecore_sikker_agent::server::Server;
-use sidecore_sikker_agent::store::{self, PolicySource, PolicyUpdate};
 use sidecore_sikker_agent::{AgentCore, Client, ClientError, Dest, Identity};
-use sidecore_sikker_policy::Policy;
-use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use sidecore_sikker_policy::Nos;
+
+mod state;
+use state::StoreArgs;
 
 /// `sidecore sikker …`.
 #[derive(Args, Debug)]
@@ -37,9 +38,12 @@ enum Which {
         policy: Option<PathBuf>,
         #[command(flatten)]
         store: StoreArgs,
-        /// The placement (TOML): which processes run on which host.
-        #[arg(long)]
-        placement: PathBuf,
+        /// The placement (TOML): which processes run on which host, and where
+        /// each host's agent listens (`agent = "IP:PORT"`). Watched like the
+        /// policy; with --etcd, only the placement to start with, until
+        /// etcd's is read.
+        #[arg(long, required_unless_present = "etcd")]
+        placement: Option<PathBuf>,
         /// This host's name in the placement.
         #[arg(long)]
         host: String,
@@ -65,6 +69,18 @@ enum Which {
         #[command(flatten)]
         store: StoreArgs,
         /// The policy (TOML).
+        file: PathBuf,
+    },
+    /// Check a placement (against the `--policy` file, else the policy in
+    /// etcd) and store it in etcd, where agents started with `--etcd` read it
+    /// and apply it live.
+    PutPlacement {
+        #[command(flatten)]
+        store: StoreArgs,
+        /// Check against this policy instead of the one in etcd.
+        #[arg(long)]
+        policy: Option<PathBuf>,
+        /// The placement (TOML).
         file: PathBuf,
     },
     /// Send one message through the agent.
@@ -146,8 +162,20 @@ pub fn run(cmd: SikkerCommand) -> anyhow::Result<ExitCode> {
             socket,
             store,
             net,
-        } => agent(policy.as_deref(), &store, &placement, &host, &socket, &net),
-        Which::PutPolicy { store, file } => put_policy(&store, &file),
+        } => agent(
+            policy.as_deref(),
+            &store,
+            placement.as_deref(),
+            &host,
+            &socket,
+            &net,
+        ),
+        Which::PutPolicy { store, file } => state::put_policy(&store, &file),
+        Which::PutPlacement {
+            store,
+            policy,
+            file,
+        } => state::put_placement(&store, policy.as_deref(), &file),
         Which::Certs(a) => crate::sikker_net::certs(&a),
         Which::Load(a) => crate::sikker_net::load(&a),
         Which::Meter(a) => crate::sikker_net::meter(&a),
@@ -178,7 +206,7 @@ const METRICS_EVERY: Duration = Duration::from_millis(250);
 fn agent(
     policy: Option<&std::path::Path>,
     store: &StoreArgs,
-    placement: &std::path::Path,
+    placement: Option<&std::path::Path>,
     host: &str,
     socket: &std::path::Path,
     net: &crate::sikker_net::AgentNetArgs,
@@ -187,9 +215,12 @@ fn agent(
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
-    let (p, updates) = watch_policy(policy, store, host, &stop)?;
-    let nos = crate::policy::load_nos(placement, &p)?;
-    let core = AgentCore::new(nos, host)?;
+    let (p, updates) = state::watch_policy(policy, store, host, &stop)?;
+    let mut placed = state::watch_placement(placement, store, &p, host, &stop)?;
+    let nos = Nos::compile(p.clone(), placed.placement())
+        .map_err(|e| anyhow::anyhow!("the placement: {e}"))?;
+    let mut core = AgentCore::new(nos, host)?;
+    core.set_agents(placed.placement().agents.clone());
     let links = crate::sikker_net::links(net, &core)?;
     let mut server = Server::bind(core, socket)?;
     if let Some(l) = links {
@@ -200,6 +231,8 @@ fn agent(
         server = server.with_links(l);
     }
     let mut feed = if net.l4 {
+        let placement = placement
+            .context("--l4 needs --placement FILE (its L4 addresses are read from it once)")?;
         Some(crate::sikker_l4::L4Feed::start(
             &p,
             placement,
@@ -234,7 +267,10 @@ fn agent(
                 (core.counters().clone(), core.local_rates());
         }
         while let Ok(u) = updates.try_recv() {
-            policy_update(core, u, &host_name, &mut last);
+            state::policy_update(core, u, &host_name, &mut last, &mut placed);
+        }
+        while let Ok(u) = placed.rx.try_recv() {
+            state::placement_update(core, u, &host_name, &mut placed);
         }
         if let Some(f) = feed.as_mut() {
             f.refresh(
@@ -375,119 +411,4 @@ fn recv(
     } else {
         ExitCode::from(1)
     })
-}
-
-/// Where an agent's policy is kept when not in a file of its own: etcd.
-#[derive(Args, Debug)]
-struct StoreArgs {
-    /// etcd client URLs, comma-separated (`http://127.0.0.1:2379`): the
-    /// policy is read from etcd and every change applied live. Without it,
-    /// the `--policy` file is the store (one node).
-    #[arg(long, value_delimiter = ',', required = false)]
-    etcd: Vec<String>,
-    /// The etcd key holding the policy.
-    #[arg(long = "etcd-key", visible_alias = "key", default_value = store::DEFAULT_ETCD_KEY)]
-    etcd_key: String,
-}
-
-/// The policy to start with, and the channel its changes come on. With
-/// `--etcd` and no `--policy`, waits for etcd's first policy that parses.
-fn watch_policy(
-    file: Option<&std::path::Path>,
-    st: &StoreArgs,
-    host: &str,
-    stop: &AtomicBool,
-) -> anyhow::Result<(Policy, Receiver<PolicyUpdate>)> {
-    let (tx, rx) = std::sync::mpsc::channel();
-    let source = if st.etcd.is_empty() {
-        let file = file.context("--policy FILE or --etcd ENDPOINTS is needed")?;
-        PolicySource::File(file.to_path_buf())
-    } else {
-        PolicySource::Etcd {
-            endpoints: st.etcd.clone(),
-            key: st.etcd_key.clone(),
-        }
-    };
-    if let Some(f) = file {
-        // Errors drawn under their lines, before anything starts.
-        let p = crate::policy::load_policy(f)?;
-        if let PolicySource::Etcd { .. } = source {
-            eprintln!(
-                "sikker agent for host {host}: starting with the policy from {}; the one at {source} replaces it when read",
-                f.display()
-            );
-        } else {
-            eprintln!("sikker agent for host {host}: policy from {source}, watched for changes");
-        }
-        store::watch(source, tx);
-        return Ok((p, rx));
-    }
-    eprintln!("sikker agent for host {host}: waiting for the policy at {source}");
-    store::watch(source, tx);
-    while !stop.load(std::sync::atomic::Ordering::Acquire) {
-        match rx.recv_timeout(Duration::from_millis(200)) {
-            Ok(PolicyUpdate::Policy { source, policy }) => {
-                eprintln!("sikker agent for host {host}: policy from {source}");
-                return Ok((policy, rx));
-            }
-            Ok(PolicyUpdate::Invalid { errors, .. }) => {
-                eprintln!("sikker agent for host {host}: still waiting: {errors}");
-            }
-            Ok(PolicyUpdate::Unavailable { source, why }) => {
-                eprintln!("sikker agent for host {host}: still waiting: {source}: {why}");
-            }
-            Ok(PolicyUpdate::Restored { .. }) | Err(RecvTimeoutError::Timeout) => {}
-            Err(RecvTimeoutError::Disconnected) => anyhow::bail!("the policy watch ended"),
-        }
-    }
-    anyhow::bail!("stopped before a policy arrived")
-}
-
-/// Applies (or refuses, keeping the last good policy) what the policy's
-/// store says, logging it; `last` is the policy in force.
-fn policy_update(core: &mut AgentCore, u: PolicyUpdate, host: &str, last: &mut Policy) {
-    match u {
-        // The watch's first text is the one the agent started with.
-        PolicyUpdate::Policy { policy, .. } if policy == *last => {}
-        PolicyUpdate::Policy { source, policy } => {
-            // A refusal is counted and logged with its reason by the core.
-            if let Ok(d) = core.update_policy(policy.clone()) {
-                *last = policy;
-                eprintln!(
-                    "sikker agent {host}: policy from {source} applied: {} NMU entries set, {} removed, {} rate limits changed",
-                    d.entries_set, d.entries_removed, d.rate_limits_changed
-                );
-            }
-        }
-        PolicyUpdate::Invalid { source, errors } => {
-            core.policy_refused(&format!("the policy at {source} has errors:\n{errors}"));
-        }
-        PolicyUpdate::Unavailable { source, why } => {
-            eprintln!("sikker agent {host}: the policy at {source} cannot be read: {why}");
-        }
-        PolicyUpdate::Restored { source } => {
-            eprintln!("sikker agent {host}: the policy at {source} can be read again");
-        }
-    }
-}
-
-/// `sikker put-policy`: checks the policy, then stores its text in etcd.
-fn put_policy(st: &StoreArgs, file: &std::path::Path) -> anyhow::Result<ExitCode> {
-    anyhow::ensure!(!st.etcd.is_empty(), "--etcd ENDPOINTS is needed");
-    let text = std::fs::read_to_string(file).with_context(|| file.display().to_string())?;
-    if let Err(e) = sidecore_sikker_policy::parse_policy(&file.display().to_string(), &text) {
-        eprint!("{}", e.rendered());
-        anyhow::bail!(
-            "{}: {} problem(s) found; not stored",
-            file.display(),
-            e.0.len()
-        );
-    }
-    let rev = store::put(&st.etcd, &st.etcd_key, &text)?;
-    println!(
-        "stored {} at etcd key {} (revision {rev})",
-        file.display(),
-        st.etcd_key
-    );
-    Ok(ExitCode::SUCCESS)
 }

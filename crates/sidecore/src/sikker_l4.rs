@@ -45,7 +45,7 @@ pub struct L4Args {
 }
 
 /// Reads a placement (errors located and drawn, as `load_nos` does).
-fn load_placement(path: &Path, policy: &Policy) -> anyhow::Result<Placement> {
+pub(crate) fn load_placement(path: &Path, policy: &Policy) -> anyhow::Result<Placement> {
     let src = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
     parse_placement(&path.display().to_string(), &src, policy).map_err(|e| {
         eprint!("{}", e.rendered());

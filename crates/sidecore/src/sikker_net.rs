@@ -16,13 +16,15 @@ use sidecore_sikker_agent::links::Links;
 use sidecore_sikker_agent::tls::{self, TlsFiles};
 use sidecore_sikker_agent::{AgentCore, Client, ClientError, Dest};
 
-/// How an agent reaches the other hosts' agents.
+/// How an agent reaches the other hosts' agents (the placement's `agent`
+/// addresses, else `--peer`).
 #[derive(Args, Debug, Default)]
 pub struct AgentNetArgs {
     /// Listen for other agents on this address (`ip:port`).
     #[arg(long)]
     pub listen: Option<SocketAddr>,
-    /// Another host's agent: `HOST=ip:port` (repeat for each).
+    /// Another host's agent: `HOST=ip:port` (repeat for each); for hosts
+    /// whose `agent` address the placement does not give.
     #[arg(long = "peer", value_parser = parse_peer)]
     pub peers: Vec<(String, SocketAddr)>,
     /// Directory with `ca.pem`, `HOST.pem` and `HOST.key` (`sidecore sikker certs`).
@@ -70,8 +72,10 @@ pub fn links(net: &AgentNetArgs, core: &AgentCore) -> anyhow::Result<Option<Link
         );
     }
     let cfg = tls::load(&TlsFiles::in_dir(dir, core.host()))?;
-    let l = Links::bind(core.host(), known, cfg, listen, &net.peers)
+    let mut l = Links::bind(core.host(), known.clone(), cfg, listen, &net.peers)
         .with_context(|| format!("listen for agents on {listen}"))?;
+    // The placement's agent addresses, where it gives them, before --peer's.
+    l.set_peers(known, core.agents(), Instant::now());
     Ok(Some(l))
 }
 

@@ -377,7 +377,23 @@ fn the_agent_follows_its_policy_in_etcd_across_an_etcd_restart() {
     put("all.toml", &policy(&g, GRANT_ALL, ""));
     permitted_within(&bill, s, "Set", "set");
     let text = std::fs::read_to_string(&log).unwrap();
-    assert_eq!(text.matches("cannot be read").count(), 1, "{text}");
+    // Once per watched key: the policy's, and the placement's beside it
+    // (this agent's placement is its file; the key holds none).
+    assert_eq!(text.matches("cannot be read").count(), 2, "{text}");
+    for what in ["policy", "placement"] {
+        let once = format!("the {what} at etcd key ");
+        assert_eq!(
+            text.lines()
+                .filter(|l| l.contains(&once) && l.contains("cannot be read"))
+                .count(),
+            1,
+            "{text}"
+        );
+    }
+    assert!(
+        text.contains("no placement at etcd key /sidecore/sikker/placement"),
+        "{text}"
+    );
     assert_eq!(received(rx), ["granted", "still", "while-down", "set"]);
     let c = counters(agent);
     assert_eq!(c["policy_updates"], 2, "{c}");

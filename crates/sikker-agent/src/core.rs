@@ -22,6 +22,7 @@ use crate::proto::{Denied, Dest, FromAgent, Identity, ToAgent};
 use crate::rate::{Admit, RateControl};
 
 mod peering;
+mod placement;
 use crate::header::to_wire;
 
 /// What a message from another agent came to here.
@@ -72,6 +73,9 @@ pub struct Counters {
     /// Policy updates applied, and refused (the last good policy kept enforcing).
     pub policy_updates: u64,
     pub policy_refused: u64,
+    /// Placement updates applied, and refused (the last good placement kept).
+    pub placement_updates: u64,
+    pub placement_refused: u64,
 }
 
 /// Why an agent cannot start.
@@ -113,6 +117,27 @@ pub enum PolicyRefused {
     },
 }
 
+/// Why a placement update was refused (the last good placement stays in force).
+#[derive(Debug, thiserror::Error)]
+pub enum PlacementRefused {
+    #[error("this agent's host `{host}` is not in it (hosts: {known})")]
+    NotHere { host: String, known: String },
+    #[error(transparent)]
+    Nos(#[from] sidecore_sikker_policy::NosError),
+    #[error("rate limits: {0}")]
+    Rates(#[source] crate::rate::RateError),
+}
+
+/// What a placement update changed.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlacementDelta {
+    /// Processes now on another host, newly placed, or no longer placed.
+    pub moved: usize,
+    /// Hosts whose agent's address appeared, changed or went, and hosts that
+    /// joined or left.
+    pub peers_changed: usize,
+}
+
 /// A message waiting for its rate limit's tokens.
 #[derive(Clone, Debug)]
 struct Held {
@@ -145,6 +170,10 @@ pub struct AgentCore {
     next_fid: u64,
     /// Messages for other hosts' agents.
     outbox: Vec<(String, Message)>,
+    /// Where the hosts' agents listen (the placement's `agent` addresses).
+    agents: BTreeMap<String, std::net::SocketAddr>,
+    /// The placement's hosts or their agents' addresses changed.
+    peers_changed: bool,
 }
 
 /// Denials logged in full before sampling starts.
@@ -188,6 +217,8 @@ impl AgentCore {
             forwards: HashMap::new(),
             next_fid: 1,
             outbox: Vec::new(),
+            agents: BTreeMap::new(),
+            peers_changed: false,
         })
     }
 
@@ -664,7 +695,7 @@ impl AgentCore {
         for conn in ended {
             if let Some(a) = self.attached.remove(&conn) {
                 eprintln!(
-                    "sikker agent {}: the new policy ends the identity of connection {conn} (pid {}): it is no longer placed here",
+                    "sikker agent {}: the update ends the identity of connection {conn} (pid {}): it is no longer placed here",
                     self.host, a.pid
                 );
             }

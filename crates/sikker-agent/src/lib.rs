@@ -16,7 +16,7 @@
 //! | [`links`] | links to other hosts' agents (TCP in mutual TLS, non-blocking) |
 //! | [`server`] | the Unix-socket server around the core (per-message credentials) |
 //! | [`client`] | the library a process uses to send and receive |
-//! | [`store`] | where the policy is kept (a watched file, or a key in etcd) and how its changes reach the agent |
+//! | [`store`] | where the policy and the placement are kept (watched files, or keys in etcd) and how their changes reach the agent |
 //! | [`l4`] | L4 mode for plain TCP: what the kernel's cgroup programs hold for one host (sans-IO) |
 //!
 //! Agents on several hosts link over mutual TLS; a message for a process on
@@ -37,5 +37,8 @@ pub mod store;
 pub mod tls;
 
 pub use client::{Client, ClientError};
-pub use core::{AgentCore, AgentError, AttachError, ConnId, Counters, Effect, PolicyRefused};
+pub use core::{
+    AgentCore, AgentError, AttachError, ConnId, Counters, Effect, PlacementDelta, PlacementRefused,
+    PolicyRefused,
+};
 pub use proto::{BadDest, Denied, Dest, FromAgent, Identity, ToAgent};

@@ -75,6 +75,9 @@ pub struct Links {
     tls: Tls,
     listener: TcpListener,
     dial: Vec<(String, SocketAddr, Instant)>,
+    /// The addresses given when bound (`--peer`): used for hosts the
+    /// placement gives no agent address.
+    given: Vec<(String, SocketAddr)>,
     conns: Vec<Conn>,
     /// Connections refused so far.
     pub refused: u64,
@@ -103,9 +106,60 @@ impl Links {
                 .filter(|(h, _)| h.as_str() > me)
                 .map(|(h, a)| (h.clone(), *a, now))
                 .collect(),
+            given: peers.to_vec(),
             conns: Vec::new(),
             refused: 0,
         })
+    }
+
+    /// Follows a new placement: `known` are its hosts, `agents` where their
+    /// agents listen (a host it gives none keeps the address given when
+    /// bound). A connection to a host no longer known, or dialed at an
+    /// address that is no longer its agent's, is closed (a link that was up
+    /// goes down with that reason); new addresses are dialed at once.
+    pub fn set_peers(
+        &mut self,
+        known: BTreeSet<String>,
+        agents: &std::collections::BTreeMap<String, SocketAddr>,
+        now: Instant,
+    ) {
+        let addr_of = |h: &String| {
+            agents
+                .get(h)
+                .or_else(|| self.given.iter().find(|g| g.0 == *h).map(|g| &g.1))
+                .copied()
+        };
+        let dial: Vec<(String, SocketAddr, Instant)> = known
+            .iter()
+            .filter(|h| h.as_str() > self.me.as_str())
+            .filter_map(|h| addr_of(h).map(|a| (h.clone(), a)))
+            .map(|(h, a)| {
+                let due = self
+                    .dial
+                    .iter()
+                    .find(|d| d.0 == h && d.1 == a)
+                    .map_or(now, |d| d.2);
+                (h, a, due)
+            })
+            .collect();
+        for c in &mut self.conns {
+            let Some(h) = c.host.clone().or_else(|| c.dialed.clone()) else {
+                continue;
+            };
+            if c.closed.is_some() {
+                continue;
+            }
+            if !known.contains(&h) {
+                c.closed = Some(format!("host {h} is no longer in the placement"));
+            } else if c.dialed.is_some()
+                && let Some(a) = dial.iter().find(|d| d.0 == h).map(|d| d.1)
+                && a != c.addr
+            {
+                c.closed = Some(format!("host {h}'s agent is now at {a}"));
+            }
+        }
+        self.known = known;
+        self.dial = dial;
     }
 
     /// Where it listens.

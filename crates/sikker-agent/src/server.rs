@@ -156,6 +156,13 @@ impl Server {
         if let Some(f) = self.on_turn.as_mut() {
             f(&mut self.core);
         }
+        // A new placement: the links follow its hosts and agents' addresses.
+        if self.core.take_peers_changed()
+            && let Some(l) = self.links.as_mut()
+        {
+            let known = self.core.peer_hosts().into_iter().collect();
+            l.set_peers(known, self.core.agents(), Instant::now());
+        }
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
         // Held messages wait for tokens, links for heartbeats: wake for them.
         let wait = if self.core.holding() {

@@ -1,17 +1,21 @@
-//! Where a running agent's policy comes from, and how its changes reach it
-//! (issue 15, "NOS state"): a policy file on this node (the embedded
-//! one-node store, the default) or a key in etcd shared by every node's agent.
+//! Where a running agent's policy and placement come from, and how their
+//! changes reach it (issue 15, "NOS state"): files on this node (the embedded
+//! one-node store, the default) or keys in etcd shared by every node's agent
+//! (`/sidecore/sikker/policy` and `/sidecore/sikker/placement` by default).
 //!
-//! [`watch`] runs a thread that sends the policy it finds first and then every
-//! change, each text parsed with the policy parser; a text that does not parse
-//! is sent as [`PolicyUpdate::Invalid`] with every error located
-//! (`policy.toml:12:5: …`, or `etcd:/sidecore/sikker/policy:12:5: …`), and the
-//! agent keeps the last good policy. A source that cannot be read (a missing
-//! file, an etcd that went away) is reported once
-//! ([`PolicyUpdate::Unavailable`]); the thread retries, with backoff for etcd,
-//! reports [`PolicyUpdate::Restored`] when the source is back, reads it again
-//! and watches on. The thread ends at the first update after its receiver has
-//! gone.
+//! [`watch_doc`] runs a thread that sends the document it finds first and then
+//! every change, each text read by the document's [`DocKind`]: the policy is
+//! parsed there ([`POLICY`]); a placement is handed on as located text
+//! ([`PLACEMENT`]) because it is checked against the policy in force, which
+//! only the agent knows. A text that does not parse is sent as
+//! [`Update::Invalid`] with every error located (`policy.toml:12:5: …`, or
+//! `etcd:/sidecore/sikker/policy:12:5: …`), and the agent keeps the last good
+//! document. A source that cannot be read (a missing file, an etcd that went
+//! away) is reported once ([`Update::Unavailable`]); the thread retries, with
+//! backoff for etcd, reports [`Update::Restored`] when the source is back,
+//! reads it again and watches on. An etcd key that holds nothing is
+//! [`Update::Missing`]. The thread ends at the first update after its
+//! receiver has gone.
 //!
 //! - **File**: polled every [`FILE_POLL`]; a changed text is read again until
 //!   two reads agree, so a file caught half-written is not reported as broken.
@@ -34,10 +38,12 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use sidecore_sikker_policy::{Policy, parse_policy};
 
-/// How often a policy file is looked at.
+/// How often a watched file is looked at.
 pub const FILE_POLL: Duration = Duration::from_millis(200);
 /// The etcd key agents read their policy from unless told otherwise.
 pub const DEFAULT_ETCD_KEY: &str = "/sidecore/sikker/policy";
+/// The etcd key agents read their placement from unless told otherwise.
+pub const DEFAULT_ETCD_PLACEMENT_KEY: &str = "/sidecore/sikker/placement";
 /// First and longest wait between attempts to reach etcd again.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
@@ -45,25 +51,28 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Where the policy is kept.
+/// Where a document (the policy, the placement) is kept.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum PolicySource {
+pub enum Source {
     /// A TOML file on this node.
     File(PathBuf),
     /// A key in etcd; endpoints as `http://HOST:PORT` (or `HOST:PORT`).
     Etcd {
         /// Client URLs, tried in turn.
         endpoints: Vec<String>,
-        /// The key holding the policy's TOML text.
+        /// The key holding the document's TOML text.
         key: String,
     },
 }
 
-impl std::fmt::Display for PolicySource {
+/// The policy's source (the name it had before placements were watched too).
+pub type PolicySource = Source;
+
+impl std::fmt::Display for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            PolicySource::File(p) => write!(f, "{}", p.display()),
-            PolicySource::Etcd { endpoints, key } => {
+            Source::File(p) => write!(f, "{}", p.display()),
+            Source::Etcd { endpoints, key } => {
                 write!(f, "etcd key {key} at {}", endpoints.join(","))
             }
         }
@@ -72,42 +81,89 @@ impl std::fmt::Display for PolicySource {
 
 /// What a watched source says.
 #[derive(Clone, Debug, PartialEq)]
-pub enum PolicyUpdate {
-    /// A policy that parsed, from `source` (a path, or an etcd key and revision).
-    Policy { source: String, policy: Policy },
+pub enum Update<T> {
+    /// A document that was read, from `source` (a path, or an etcd key).
+    Doc { source: String, doc: T },
     /// A text that did not parse: every error, one per line, located.
     Invalid { source: String, errors: String },
+    /// The etcd key holds nothing (there is no such key, or it was deleted).
+    Missing { source: String },
     /// The source cannot be read (said once per outage).
     Unavailable { source: String, why: String },
     /// The source can be read again; its text follows if it changed.
     Restored { source: String },
 }
 
+/// What the policy's source says.
+pub type PolicyUpdate = Update<Policy>;
+/// What the placement's source says.
+pub type PlacementUpdate = Update<Text>;
+
+/// A document's text and the name its errors are located by (a path, or
+/// `etcd:KEY`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Text {
+    pub name: String,
+    pub text: String,
+}
+
+/// A kind of document: what it is called in messages, and how its text is
+/// read (`name` locates the errors; `Err` holds them, one per line).
+pub struct DocKind<T> {
+    pub what: &'static str,
+    pub parse: fn(name: &str, text: &str) -> Result<T, String>,
+}
+
+/// The policy, parsed as it is read.
+pub const POLICY: DocKind<Policy> = DocKind {
+    what: "policy",
+    parse: |name, text| parse_policy(name, text).map_err(|e| e.to_string()),
+};
+
+/// The placement, handed on as text: it is parsed against the policy in force.
+pub const PLACEMENT: DocKind<Text> = DocKind {
+    what: "placement",
+    parse: |name, text| {
+        Ok(Text {
+            name: name.to_string(),
+            text: text.to_string(),
+        })
+    },
+};
+
 /// Why etcd did not do what was asked.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 #[error("etcd {0}")]
 pub struct EtcdError(String);
 
-/// Parses a policy text, naming `name` in every error.
-fn parsed(name: &str, source: String, text: &str) -> PolicyUpdate {
-    match parse_policy(name, text) {
-        Ok(policy) => PolicyUpdate::Policy { source, policy },
-        Err(e) => PolicyUpdate::Invalid {
-            source,
-            errors: e.to_string(),
-        },
+/// Reads a text as `kind`, naming `name` in every error.
+fn parsed<T>(kind: &DocKind<T>, name: &str, source: String, text: &str) -> Update<T> {
+    match (kind.parse)(name, text) {
+        Ok(doc) => Update::Doc { source, doc },
+        Err(errors) => Update::Invalid { source, errors },
     }
 }
 
-/// Starts watching `src`: its policy now and every change go to `tx`.
-pub fn watch(src: PolicySource, tx: Sender<PolicyUpdate>) -> JoinHandle<()> {
+/// Starts watching `src` for the policy: the one there now and every change
+/// go to `tx`.
+pub fn watch(src: Source, tx: Sender<PolicyUpdate>) -> JoinHandle<()> {
+    watch_doc(src, POLICY, tx)
+}
+
+/// Starts watching `src` for a document of `kind`: the one there now and
+/// every change go to `tx`.
+pub fn watch_doc<T: Send + 'static>(
+    src: Source,
+    kind: DocKind<T>,
+    tx: Sender<Update<T>>,
+) -> JoinHandle<()> {
     std::thread::spawn(move || match src {
-        PolicySource::File(path) => watch_file(&path, &tx),
-        PolicySource::Etcd { endpoints, key } => EtcdWatch::new(&endpoints, key, tx).run(),
+        Source::File(path) => watch_file(&path, &kind, &tx),
+        Source::Etcd { endpoints, key } => EtcdWatch::new(&endpoints, key, kind, tx).run(),
     })
 }
 
-/// Why a policy file's text could not be had.
+/// Why a watched file's text could not be had.
 #[derive(Debug, thiserror::Error)]
 enum ReadError {
     /// The file is unavailable (for now, perhaps).
@@ -140,7 +196,7 @@ fn read_settled(path: &std::path::Path, last: Option<&str>) -> Result<String, Re
     Ok(text)
 }
 
-fn watch_file(path: &std::path::Path, tx: &Sender<PolicyUpdate>) {
+fn watch_file<T>(path: &std::path::Path, kind: &DocKind<T>, tx: &Sender<Update<T>>) {
     let name = path.display().to_string();
     let mut last: Option<String> = None;
     let mut down = false;
@@ -149,7 +205,7 @@ fn watch_file(path: &std::path::Path, tx: &Sender<PolicyUpdate>) {
             Ok(text) => {
                 if down {
                     down = false;
-                    let back = PolicyUpdate::Restored {
+                    let back = Update::Restored {
                         source: name.clone(),
                     };
                     if tx.send(back).is_err() {
@@ -157,21 +213,21 @@ fn watch_file(path: &std::path::Path, tx: &Sender<PolicyUpdate>) {
                     }
                 }
                 (last.as_deref() != Some(text.as_str())).then(|| {
-                    let u = parsed(&name, name.clone(), &text);
+                    let u = parsed(kind, &name, name.clone(), &text);
                     last = Some(text);
                     u
                 })
             }
             Err(why @ ReadError::NotUtf8) => {
                 last = None;
-                Some(PolicyUpdate::Invalid {
+                Some(Update::Invalid {
                     source: name.clone(),
                     errors: format!("{name}: {why}"),
                 })
             }
             Err(why @ ReadError::Io(_)) => (!down).then(|| {
                 down = true;
-                PolicyUpdate::Unavailable {
+                Update::Unavailable {
                     source: name.clone(),
                     why: why.to_string(),
                 }
@@ -358,22 +414,24 @@ fn decode(v: &Value, key: &str) -> Result<Vec<u8>, EtcdError> {
         .map_err(|e| EtcdError(format!("key {key}: the value is not base64: {e}")))
 }
 
-/// Stores a policy text at `key` in the etcd at `endpoints`; the revision.
+/// Stores a text (a policy, a placement) at `key` in the etcd at
+/// `endpoints`; the revision.
 pub fn put(endpoints: &[String], key: &str, text: &str) -> Result<i64, EtcdError> {
     Etcd::new(endpoints).put(key, text.as_bytes())
 }
 
 /// What the watching thread tells its receiver about an etcd key.
-struct Sink {
+struct Sink<T> {
     key: String,
     source: String,
-    tx: Sender<PolicyUpdate>,
+    kind: DocKind<T>,
+    tx: Sender<Update<T>>,
     /// The value last sent (`Some(None)`: that there is none).
     last: Option<Option<Vec<u8>>>,
     down: bool,
 }
 
-impl Sink {
+impl<T> Sink<T> {
     /// Sends what `value` comes to, unless it was sent last; false when the
     /// receiver has gone.
     fn offer(&mut self, value: Option<Vec<u8>>) -> bool {
@@ -382,13 +440,10 @@ impl Sink {
         }
         let source = self.source.clone();
         let u = match &value {
-            None => PolicyUpdate::Invalid {
-                errors: format!("{source}: holds no policy (no such key, or it was deleted)"),
-                source,
-            },
+            None => Update::Missing { source },
             Some(bytes) => match std::str::from_utf8(bytes) {
-                Ok(text) => parsed(&format!("etcd:{}", self.key), source, text),
-                Err(_) => PolicyUpdate::Invalid {
+                Ok(text) => parsed(&self.kind, &format!("etcd:{}", self.key), source, text),
+                Err(_) => Update::Invalid {
                     errors: format!("{source}: the value is not UTF-8 text"),
                     source,
                 },
@@ -405,9 +460,12 @@ impl Sink {
         }
         self.down = true;
         self.tx
-            .send(PolicyUpdate::Unavailable {
+            .send(Update::Unavailable {
                 source: self.source.clone(),
-                why: format!("{e}; retrying, the last good policy keeps enforcing"),
+                why: format!(
+                    "{e}; retrying, the last good {} stays in force",
+                    self.kind.what
+                ),
             })
             .is_ok()
     }
@@ -419,7 +477,7 @@ impl Sink {
         }
         self.down = false;
         self.tx
-            .send(PolicyUpdate::Restored {
+            .send(Update::Restored {
                 source: self.source.clone(),
             })
             .is_ok()
@@ -427,13 +485,18 @@ impl Sink {
 }
 
 /// The watching thread for an etcd key.
-struct EtcdWatch {
+struct EtcdWatch<T> {
     etcd: Etcd,
-    sink: Sink,
+    sink: Sink<T>,
 }
 
-impl EtcdWatch {
-    fn new(endpoints: &[String], key: String, tx: Sender<PolicyUpdate>) -> EtcdWatch {
+impl<T> EtcdWatch<T> {
+    fn new(
+        endpoints: &[String],
+        key: String,
+        kind: DocKind<T>,
+        tx: Sender<Update<T>>,
+    ) -> EtcdWatch<T> {
         let etcd = Etcd::new(endpoints);
         let source = format!("etcd key {key} at {}", etcd.endpoints.join(","));
         EtcdWatch {
@@ -441,6 +504,7 @@ impl EtcdWatch {
             sink: Sink {
                 key,
                 source,
+                kind,
                 tx,
                 last: None,
                 down: false,

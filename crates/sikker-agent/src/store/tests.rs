@@ -1,6 +1,7 @@
 //! The policy sources against real files and a real etcd (Debian's
 //! `etcd-server`, which scripts/setup.sh installs): the first policy, every
-//! change, errors located, an outage reported once, and the watch resumed.
+//! change, errors located, an outage reported once, and the watch resumed;
+//! a placement beside it, handed on as located text.
 
 use std::sync::mpsc::{Receiver, channel};
 
@@ -23,7 +24,7 @@ fn next(rx: &Receiver<PolicyUpdate>) -> PolicyUpdate {
 #[track_caller]
 fn services(u: PolicyUpdate) -> (String, usize) {
     match u {
-        PolicyUpdate::Policy { source, policy } => (source, policy.services.len()),
+        Update::Doc { source, doc } => (source, doc.services.len()),
         other => panic!("expected a policy, got {other:?}"),
     }
 }
@@ -31,7 +32,7 @@ fn services(u: PolicyUpdate) -> (String, usize) {
 #[track_caller]
 fn invalid(u: PolicyUpdate, want: &str) {
     match u {
-        PolicyUpdate::Invalid { errors, .. } => {
+        Update::Invalid { errors, .. } => {
             assert!(errors.contains(want), "expected `{want}` in `{errors}`");
         }
         other => panic!("expected an invalid policy, got {other:?}"),
@@ -66,7 +67,7 @@ fn a_file_is_watched_and_its_errors_located() {
     // Gone: said once.
     std::fs::remove_file(&path).unwrap();
     match next(&rx) {
-        PolicyUpdate::Unavailable { source, why } => {
+        Update::Unavailable { source, why } => {
             assert_eq!(source, path.display().to_string());
             assert!(why.contains("No such file"), "{why}");
         }
@@ -76,7 +77,7 @@ fn a_file_is_watched_and_its_errors_located() {
     std::fs::write(&path, GOOD).unwrap();
     assert_eq!(
         next(&rx),
-        PolicyUpdate::Restored {
+        Update::Restored {
             source: path.display().to_string()
         }
     );
@@ -97,7 +98,7 @@ fn an_etcd_key_is_watched_across_an_outage() {
         },
         tx,
     );
-    invalid(next(&rx), "holds no policy (no such key");
+    assert!(matches!(next(&rx), Update::Missing { .. }));
     let r1 = put(&ep, key, GOOD).unwrap();
     let (source, n) = services(next(&rx));
     assert_eq!(n, 1);
@@ -119,11 +120,8 @@ fn an_etcd_key_is_watched_across_an_outage() {
     // etcd goes away: said once, however long it stays away.
     etcd.stop();
     match next(&rx) {
-        PolicyUpdate::Unavailable { why, .. } => {
-            assert!(
-                why.contains("the last good policy keeps enforcing"),
-                "{why}"
-            );
+        Update::Unavailable { why, .. } => {
+            assert!(why.contains("the last good policy stays in force"), "{why}");
         }
         other => panic!("expected etcd to be unavailable, got {other:?}"),
     }
@@ -132,7 +130,7 @@ fn an_etcd_key_is_watched_across_an_outage() {
     // Back: the key is read again (unchanged: nothing to apply), and the
     // watch goes on.
     etcd.restart().unwrap();
-    assert!(matches!(next(&rx), PolicyUpdate::Restored { .. }));
+    assert!(matches!(next(&rx), Update::Restored { .. }));
     quiet(&rx, 500);
     put(&ep, key, GOOD).unwrap();
     assert_eq!(services(next(&rx)).1, 1);
@@ -153,4 +151,73 @@ fn an_etcd_that_never_answers_is_reported_with_every_endpoint() {
     );
     let e = Etcd::new(&[]).get_value("/k").unwrap_err().to_string();
     assert_eq!(e, "etcd has no endpoint");
+}
+
+#[track_caller]
+fn placement_text(rx: &Receiver<PlacementUpdate>) -> Text {
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Update::Doc { doc, .. }) => doc,
+        other => panic!("expected a placement, got {other:?}"),
+    }
+}
+
+const PLACED: &str = "[[host]]\nname = \"h1\"\nagent = \"10.0.0.1:7411\"\n";
+
+#[test]
+fn a_placement_is_watched_beside_the_policy_in_one_etcd_and_in_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = LocalEtcd::start(&dir.path().join("etcd")).unwrap();
+    let ep = vec![etcd.endpoint()];
+    put(&ep, DEFAULT_ETCD_KEY, GOOD).unwrap();
+    put(&ep, DEFAULT_ETCD_PLACEMENT_KEY, PLACED).unwrap();
+    let at = |key: &str| Source::Etcd {
+        endpoints: ep.clone(),
+        key: key.into(),
+    };
+    let (ptx, prx) = channel();
+    let (tx, rx) = channel();
+    let _p = watch(at(DEFAULT_ETCD_KEY), ptx);
+    let _w = watch_doc(at(DEFAULT_ETCD_PLACEMENT_KEY), PLACEMENT, tx);
+    assert_eq!(services(next(&prx)).1, 1);
+    let t = placement_text(&rx);
+    assert_eq!(t.name, "etcd:/sidecore/sikker/placement");
+    assert_eq!(t.text, PLACED);
+    // A change to one key reaches only its own watch.
+    let moved = PLACED.replace("10.0.0.1", "10.0.0.2");
+    put(&ep, DEFAULT_ETCD_PLACEMENT_KEY, &moved).unwrap();
+    assert_eq!(placement_text(&rx).text, moved);
+    quiet(&prx, 300);
+    // Not UTF-8: invalid, located by its key; deleted: missing.
+    Etcd::new(&ep)
+        .put(DEFAULT_ETCD_PLACEMENT_KEY, &[0xff, 0xfe])
+        .unwrap();
+    match rx.recv_timeout(Duration::from_secs(10)) {
+        Ok(Update::Invalid { errors, .. }) => assert!(
+            errors.contains("etcd key /sidecore/sikker/placement at http://127.0.0.1:")
+                && errors.contains("not UTF-8"),
+            "{errors}"
+        ),
+        other => panic!("expected an invalid placement, got {other:?}"),
+    }
+    let v = Etcd::new(&ep)
+        .call(
+            "/v3/kv/deleterange",
+            &json!({"key": B64.encode(DEFAULT_ETCD_PLACEMENT_KEY)}),
+        )
+        .unwrap();
+    assert_eq!(int(&v["deleted"]), 1, "{v}");
+    assert!(matches!(
+        rx.recv_timeout(Duration::from_secs(10)),
+        Ok(Update::Missing { .. })
+    ));
+    // The same reader for a file (the one-node store).
+    let file = dir.path().join("placement.toml");
+    std::fs::write(&file, PLACED).unwrap();
+    let (tx, rx) = channel();
+    let _f = watch_doc(Source::File(file.clone()), PLACEMENT, tx);
+    let t = placement_text(&rx);
+    assert_eq!(
+        (t.name, t.text),
+        (file.display().to_string(), PLACED.into())
+    );
 }
