@@ -239,33 +239,7 @@ impl Poller {
                 }
                 Ok(())
             }
-            Poller::Epoll(ep) => {
-                let mut evs = [EpollEvent::empty(); 256];
-                let timeout = match park {
-                    None => EpollTimeout::ZERO,
-                    Some(d) => EpollTimeout::from(d.as_millis().clamp(1, 1000) as u16),
-                };
-                let n = match ep.wait(&mut evs, timeout) {
-                    Ok(n) => n,
-                    Err(nix::errno::Errno::EINTR) => 0,
-                    Err(e) => return Err(e.into()),
-                };
-                for ev in &evs[..n] {
-                    let f = ev.events();
-                    out.push((
-                        ev.data(),
-                        Ready {
-                            readable: f.contains(EpollFlags::EPOLLIN),
-                            writable: f.contains(EpollFlags::EPOLLOUT),
-                            peer_closed: f
-                                .intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP),
-                            error: f.contains(EpollFlags::EPOLLERR),
-                            rearm: false,
-                        },
-                    ));
-                }
-                Ok(())
-            }
+            Poller::Epoll(ep) => epoll_wait(ep, out, park),
         }
     }
 
@@ -353,4 +327,32 @@ impl Waker {
     pub fn raw(&self) -> RawFd {
         self.fd.as_raw_fd()
     }
+}
+
+/// One `epoll_wait` into `out` (the epoll backend of [`Poller::poll`]).
+fn epoll_wait(ep: &Epoll, out: &mut Vec<(u64, Ready)>, park: Option<Duration>) -> io::Result<()> {
+    let mut evs = [EpollEvent::empty(); 256];
+    let timeout = match park {
+        None => EpollTimeout::ZERO,
+        Some(d) => EpollTimeout::from(d.as_millis().clamp(1, 1000) as u16),
+    };
+    let n = match ep.wait(&mut evs, timeout) {
+        Ok(n) => n,
+        Err(nix::errno::Errno::EINTR) => 0,
+        Err(e) => return Err(e.into()),
+    };
+    for ev in &evs[..n] {
+        let f = ev.events();
+        out.push((
+            ev.data(),
+            Ready {
+                readable: f.contains(EpollFlags::EPOLLIN),
+                writable: f.contains(EpollFlags::EPOLLOUT),
+                peer_closed: f.intersects(EpollFlags::EPOLLRDHUP | EpollFlags::EPOLLHUP),
+                error: f.contains(EpollFlags::EPOLLERR),
+                rearm: false,
+            },
+        ));
+    }
+    Ok(())
 }
