@@ -549,12 +549,14 @@ impl<T> EtcdWatch<T> {
     }
 }
 
-/// A one-member etcd on loopback (Debian's `/usr/bin/etcd`, or `$ETCD`), for
+/// A one-member etcd on loopback or a given address (Debian's `/usr/bin/etcd`, or `$ETCD`), for
 /// tests and demonstrations: its own data directory and free ports; killed
 /// when dropped. It can be stopped and started again on the same ports and
 /// data, as an etcd that goes away and comes back.
 pub struct LocalEtcd {
     dir: PathBuf,
+    /// The address it listens on (loopback unless started with [`LocalEtcd::start_on`]).
+    ip: std::net::IpAddr,
     client: u16,
     peer: u16,
     child: Option<std::process::Child>,
@@ -589,25 +591,36 @@ pub enum LocalEtcdError {
     Silent { endpoint: String, log: PathBuf },
 }
 
-/// A loopback port free right now.
-fn free_port() -> Result<u16, LocalEtcdError> {
-    std::net::TcpListener::bind("127.0.0.1:0")
+/// A port free on `ip` right now.
+fn free_port(ip: std::net::IpAddr) -> Result<u16, LocalEtcdError> {
+    std::net::TcpListener::bind((ip, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(LocalEtcdError::NoPort)
 }
 
 impl LocalEtcd {
-    /// Starts one with its data in `dir` (created), and waits until it answers.
+    /// Starts one on loopback with its data in `dir` (created), and waits
+    /// until it answers.
     pub fn start(dir: &std::path::Path) -> Result<LocalEtcd, LocalEtcdError> {
+        Self::start_on(dir, std::net::Ipv4Addr::LOCALHOST.into())
+    }
+
+    /// Starts one listening on `ip` (an address of this network namespace,
+    /// for agents in other namespaces to reach), and waits until it answers.
+    pub fn start_on(
+        dir: &std::path::Path,
+        ip: std::net::IpAddr,
+    ) -> Result<LocalEtcd, LocalEtcdError> {
         std::fs::create_dir_all(dir).map_err(|source| LocalEtcdError::File {
             path: dir.to_path_buf(),
             source,
         })?;
         let mut e = LocalEtcd {
             dir: dir.to_path_buf(),
-            client: free_port()?,
-            peer: free_port()?,
+            ip,
+            client: free_port(ip)?,
+            peer: free_port(ip)?,
             child: None,
         };
         e.restart()?;
@@ -616,7 +629,7 @@ impl LocalEtcd {
 
     /// Its client URL.
     pub fn endpoint(&self) -> String {
-        format!("http://127.0.0.1:{}", self.client)
+        format!("http://{}", std::net::SocketAddr::new(self.ip, self.client))
     }
 
     /// Kills it (its data stays).
@@ -640,7 +653,7 @@ impl LocalEtcd {
                 source,
             })?;
         let log2 = log.try_clone().map_err(LocalEtcdError::Log)?;
-        let peer = format!("http://127.0.0.1:{}", self.peer);
+        let peer = format!("http://{}", std::net::SocketAddr::new(self.ip, self.peer));
         let child = std::process::Command::new(&bin)
             .arg("--name=default")
             .arg(format!("--data-dir={}", self.dir.join("data").display()))
