@@ -4,6 +4,7 @@
 //! migration then either ends them (the guest moved: no end of stream is
 //! pushed, the target's pumps carry on) or lets them go on (it failed).
 
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -20,13 +21,50 @@ struct State {
 }
 
 /// The stdio threads' meeting point.
-#[derive(Default)]
 pub struct Freeze {
     m: Mutex<State>,
     cv: Condvar,
+    /// Readable while a park is asked for: threads waiting on a descriptor
+    /// poll this one beside it, so that a freeze does not wait out their
+    /// poll interval.
+    wake: OwnedFd,
 }
 
 impl Freeze {
+    /// A meeting point (an eventfd to wake pollers with).
+    pub fn new() -> std::io::Result<Freeze> {
+        // SAFETY: eventfd with flags; a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(Freeze {
+            m: Mutex::default(),
+            cv: Condvar::new(),
+            // SAFETY: a new descriptor, ours.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+        })
+    }
+
+    /// The descriptor that is readable while a park is asked for.
+    pub fn waker(&self) -> RawFd {
+        self.wake.as_raw_fd()
+    }
+
+    fn set_wake(&self, on: bool) {
+        let fd = self.wake.as_raw_fd();
+        let mut v = 0u64;
+        // SAFETY: 8 bytes to or from an eventfd, from a local.
+        unsafe {
+            if on {
+                v = 1;
+                libc::write(fd, (&raw const v).cast(), 8);
+            } else {
+                libc::read(fd, (&raw mut v).cast(), 8);
+            }
+        }
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.m
             .lock()
@@ -52,6 +90,7 @@ impl Freeze {
         s.requested = true;
         s.outcome = None;
         s.stdin.clear();
+        self.set_wake(true);
         self.cv.notify_all();
     }
 
@@ -106,6 +145,7 @@ impl Freeze {
         let mut s = self.lock();
         s.requested = false;
         s.outcome = Some(moved);
+        self.set_wake(false);
         self.cv.notify_all();
     }
 }
@@ -132,10 +172,20 @@ mod tests {
 
     #[test]
     fn threads_park_and_learn_the_outcome() {
-        let f = Arc::new(Freeze::default());
+        let f = Arc::new(Freeze::new().unwrap());
         let ended = f.member(f.enter());
         let members: Vec<_> = (0..2).map(|_| f.member(f.enter())).collect();
         f.request();
+        let readable = |fd| {
+            let mut p = libc::pollfd {
+                fd,
+                events: libc::POLLIN,
+                revents: 0,
+            };
+            // SAFETY: one pollfd, no wait.
+            unsafe { libc::poll(&raw mut p, 1, 0) == 1 }
+        };
+        assert!(readable(f.waker()), "pollers are woken");
         assert!(
             !f.wait_parked(Duration::from_millis(10)),
             "three threads run, none parked"
@@ -157,6 +207,7 @@ mod tests {
         f.release(true);
         assert!(t.into_iter().all(|t| t.join().unwrap()));
         assert!(!f.requested());
+        assert!(!readable(f.waker()), "the waker is quiet again");
         assert!(!f.wait_parked(Duration::from_millis(10)));
         drop(members);
         assert!(f.wait_parked(Duration::from_millis(10)), "no thread runs");

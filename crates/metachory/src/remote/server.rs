@@ -257,7 +257,7 @@ fn run(
         failed: Mutex::new(None),
         guest: AtomicI32::new(0),
         stdio_inodes: inodes(&io.guest, open.tty.is_some()),
-        freeze: Freeze::default(),
+        freeze: Freeze::new()?,
         moved: AtomicBool::new(false),
         migrating: AtomicBool::new(false),
         prefill: Mutex::new(None),
@@ -500,15 +500,23 @@ fn finish(
     Ok(())
 }
 
-/// Waits up to `ms` for `fd` to be ready for `events` (or hung up).
-fn ready(fd: RawFd, events: libc::c_short, ms: i32) -> std::io::Result<bool> {
-    let mut p = libc::pollfd {
-        fd,
-        events,
-        revents: 0,
-    };
-    // SAFETY: one valid pollfd.
-    let r = unsafe { libc::poll(&raw mut p, 1, ms) };
+/// Waits up to `ms` for `fd` to be ready for `events` (or hung up), or for
+/// `wake` to be readable (a migration asks the stdio threads to park).
+fn ready(fd: RawFd, events: libc::c_short, wake: RawFd, ms: i32) -> std::io::Result<bool> {
+    let mut p = [
+        libc::pollfd {
+            fd,
+            events,
+            revents: 0,
+        },
+        libc::pollfd {
+            fd: wake,
+            events: libc::POLLIN,
+            revents: 0,
+        },
+    ];
+    // SAFETY: two valid pollfds.
+    let r = unsafe { libc::poll(p.as_mut_ptr(), 2, ms) };
     if r < 0 {
         let e = std::io::Error::last_os_error();
         return if e.kind() == std::io::ErrorKind::Interrupted {
@@ -517,7 +525,7 @@ fn ready(fd: RawFd, events: libc::c_short, ms: i32) -> std::io::Result<bool> {
             Err(e)
         };
     }
-    Ok(r > 0)
+    Ok(p[0].revents != 0)
 }
 
 /// Reads the guest's output and pushes it to the client. For a migration
@@ -534,7 +542,7 @@ fn pump(shared: Arc<Shared>, fd: OwnedFd, stderr: bool) -> JoinHandle<()> {
         loop {
             let freezing = shared.freeze.requested();
             let ms = if freezing { 0 } else { POLL_MS };
-            match ready(f.as_raw_fd(), libc::POLLIN, ms) {
+            match ready(f.as_raw_fd(), libc::POLLIN, shared.freeze.waker(), ms) {
                 Ok(true) => {}
                 Ok(false) if freezing => {
                     if shared.freeze.park(Vec::new()) {
@@ -595,7 +603,7 @@ fn stdin_writer(shared: Arc<Shared>, fd: OwnedFd) -> JoinHandle<()> {
                 ended |= eof;
             }
             if !pending.is_empty() && f.is_some() {
-                write_some(&mut f, &mut pending);
+                write_some(&mut f, &mut pending, shared.freeze.waker());
                 continue;
             }
             pending.clear();
@@ -611,10 +619,11 @@ fn stdin_writer(shared: Arc<Shared>, fd: OwnedFd) -> JoinHandle<()> {
     })
 }
 
-/// Writes what the pipe takes now (waiting a little for room).
-fn write_some(f: &mut Option<File>, pending: &mut Vec<u8>) {
+/// Writes what the pipe takes now (waiting a little for room, unless a
+/// migration asks the thread to park).
+fn write_some(f: &mut Option<File>, pending: &mut Vec<u8>, wake: RawFd) {
     let Some(file) = f.as_mut() else { return };
-    if !ready(file.as_raw_fd(), libc::POLLOUT, POLL_MS).unwrap_or(false) {
+    if !ready(file.as_raw_fd(), libc::POLLOUT, wake, POLL_MS).unwrap_or(false) {
         return;
     }
     match file.write(pending) {
