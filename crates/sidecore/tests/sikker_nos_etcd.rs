@@ -13,8 +13,10 @@
 //!   and h1's senders reach `dst:9` at h2 without restarting any agent.
 //! - A malformed placement written to the key is reported by every agent
 //!   with `etcd:KEY:line:col`, and forwarding goes on with the last good one.
-//! - Each agent's counters say 1 policy and 1 placement update applied, 1
-//!   placement refused.
+//! - A placement naming a service the policy does not define yet is refused
+//!   by every agent, and applied by each when the policy defining it comes.
+//! - Each agent's counters say 2 policy and 2 placement updates applied, 2
+//!   placements refused.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // test code: a failed unwrap is a failed run; one scenario read top to bottom
 
 mod common;
@@ -363,12 +365,30 @@ fn three_agents_follow_one_etcd_for_policy_and_placement() {
     let o = send(&c, 0, "In", "still");
     assert!(o.status.success(), "{:?}", text(&o));
     assert_eq!(received(rx2), ["moved", "from-h1", "still"]);
+    let rx3 = receiver(&c, "h2", 1);
+
+    // A placement naming a service the policy does not define yet is
+    // refused, and applied once a policy that defines it arrives.
+    let ahead = good.replacen("\"src:2\"", "\"src:2\", \"extra:0\"", 1);
+    let ep3 = ep.clone();
+    in_ns(&c.ns("h0"), move || {
+        store::put(&[ep3], PLACEMENT_KEY, &ahead).unwrap()
+    });
+    all_log(&c, "unknown service `extra`");
+    let defined = format!(
+        "{}[[service]]\nname = \"extra\"\n[[service.process]]\nid = 0\ncgroup = \"/none\"\n",
+        policy(&c, "\"In\", \"Admin\"")
+    );
+    stored(&put(&c, &ep, "put-policy", "p3.toml", &defined));
+    all_log(&c, "applied: 1 processes moved, 0 peers changed");
+    permitted(&c, 2, "In", "after");
+    assert_eq!(received(rx3), ["after"]);
 
     for (h, a) in ["h0", "h1", "h2"].into_iter().zip(agents) {
         let n = counters(a);
-        assert_eq!(n["policy_updates"], 1, "{h}: {n}");
-        assert_eq!(n["placement_updates"], 1, "{h}: {n}");
-        assert_eq!(n["placement_refused"], 1, "{h}: {n}");
+        assert_eq!(n["policy_updates"], 2, "{h}: {n}");
+        assert_eq!(n["placement_updates"], 2, "{h}: {n}");
+        assert_eq!(n["placement_refused"], 2, "{h}: {n}");
         assert_eq!(n["policy_refused"], 0, "{h}: {n}");
     }
     drop(etcd);

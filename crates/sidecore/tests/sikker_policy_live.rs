@@ -8,7 +8,9 @@
 //!   reported (with `file:line:col` for the syntax error) while the last good
 //!   policy keeps enforcing (a permitted send passes, a denied one is denied);
 //!   a later good policy still applies; the receiver stays attached through
-//!   every update; the agent's counters say 2 applied and 2 refused.
+//!   every update; a broken placement file is refused too (`file:line:col`)
+//!   while the last good placement stays; the agent's counters say 2
+//!   applied and 2 refused, and 1 placement refused.
 //! - **etcd** (a real one, started by the test on loopback): the agent starts
 //!   from the key, applies `put-policy` updates, refuses a broken text written
 //!   to the key (located as `etcd:KEY:line:col`), reports etcd going away once
@@ -220,7 +222,7 @@ fn a_watched_policy_file_updates_the_running_agent_and_a_bad_one_is_refused() {
     );
     assert!(wait_for(|| sock.exists(), 10), "the agent never listened");
     let (kvs, bill) = (g.procs("kvs3"), g.procs("bill"));
-    let rx = receiver(&kvs, s, 3);
+    let rx = receiver(&kvs, s, 4);
     std::thread::sleep(Duration::from_millis(300));
 
     expect_denied(
@@ -262,13 +264,26 @@ fn a_watched_policy_file_updates_the_running_agent_and_a_bad_one_is_refused() {
         "service bill may not use domain Set of kvs",
     );
 
+    // The placement file is watched the same way: a broken one is refused,
+    // located, and the last good placement stays in force.
+    std::fs::write(&placement, format!("{PLACEMENT}agent = \"0.0.0.0:7411\"\n")).unwrap();
+    logged(
+        &log,
+        &format!(
+            "{}:4:9: agent address of host `h1`: `0.0.0.0:7411` has no specific address",
+            placement.display()
+        ),
+    );
+    expect_sent(&send(&bill, s, "Get", "placed"));
+
     // A good one after the refusals applies.
     std::fs::write(&file, policy(&g, GRANT_ALL, "")).unwrap();
     permitted_within(&bill, s, "Set", "set");
-    assert_eq!(received(rx), ["granted", "still", "set"]);
+    assert_eq!(received(rx), ["granted", "still", "placed", "set"]);
     let c = counters(agent);
     assert_eq!(c["policy_updates"], 2, "{c}");
     assert_eq!(c["policy_refused"], 2, "{c}");
+    assert_eq!(c["placement_refused"], 1, "{c}");
 }
 
 #[test]

@@ -203,8 +203,13 @@ pub(super) fn policy_update(
                     "sikker agent {host}: policy from {source} applied: {} NMU entries set, {} removed, {} rate limits changed",
                     d.entries_set, d.entries_removed, d.rate_limits_changed
                 );
-                if let Some((source, text)) = placed.pending.take() {
-                    apply_placement(core, &source, text, host, placed);
+                // A placement still refused is not reported again.
+                if let Some((source, t)) = placed.pending.take() {
+                    if parse_placement(&t.name, &t.text, core.nos().policy()).is_ok() {
+                        apply_placement(core, &source, t, host, placed);
+                    } else {
+                        placed.pending = Some((source, t));
+                    }
                 }
             }
         }
