@@ -282,6 +282,22 @@ fn a_channel_runs_straight_between_two_peers() {
     );
 }
 
+/// Waits until every node's monitor has seen the whole ring of three.
+fn wait_whole_ring(nodes: &[(&str, &PathBuf)]) {
+    for (me, sock) in nodes {
+        let app_name = format!("orion-{me}");
+        assert!(
+            wait_for(
+                || metric(sock, &app_name, "monitor", "views").unwrap_or(0) > 20
+                    && metric(sock, &app_name, "monitor", "members") == Some(3),
+                20
+            ),
+            "monitor {me} never saw the ring: {:?}",
+            app(sock, &app_name)
+        );
+    }
+}
+
 #[test]
 fn a_frozen_peer_is_declared_dead_its_offcodes_move_and_the_pipeline_resumes() {
     if !root() {
@@ -303,18 +319,7 @@ fn a_frozen_peer_is_declared_dead_its_offcodes_move_and_the_pipeline_resumes() {
         up(sock, &monitor_manifest(dir.path(), me, &ring));
     }
     // Every monitor sees the whole ring, and a's runs on a dedicated core.
-    for (me, sock) in [("a", &sa), ("b", &sb), ("c", &sc)] {
-        let app_name = format!("orion-{me}");
-        assert!(
-            wait_for(
-                || metric(sock, &app_name, "monitor", "views").unwrap_or(0) > 20
-                    && metric(sock, &app_name, "monitor", "members") == Some(3),
-                20
-            ),
-            "monitor {me} never saw the ring: {:?}",
-            app(sock, &app_name)
-        );
-    }
+    wait_whole_ring(&[("a", &sa), ("b", &sb), ("c", &sc)]);
     let pe = offcode(&app(&sa, "orion-a").unwrap(), "monitor")["pe"].clone();
     eprintln!("a's monitor runs on {pe}");
     assert!(pe.as_str().unwrap().starts_with("core:"), "{pe}");
