@@ -1,14 +1,17 @@
 //! Metachory's benchmarks (issue 16), each beside native in the same run:
 //! Table 9.1 (cost per system call and per page fault), Table 9.2
-//! (CPU-bound programs) and Fig. 9.3 (N concurrent jobs on one server).
+//! (CPU-bound programs), Fig. 9.3 (N concurrent jobs on one server) and
+//! Table 9.3 (live migration between two daemons on loopback, eager and
+//! lazy, beside a plain TCP copy of the same bytes).
 //! Run: `cargo test --release -p sidecore --test mx_bench -- --ignored --nocapture`
-//! (root). Prints the tables BENCHMARKS.md quotes.
+//! (root; `metachory_migration` alone for Table 9.3). Prints the tables
+//! BENCHMARKS.md quotes.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // benchmark code
 
 mod common;
 
 use std::net::TcpStream;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
@@ -73,15 +76,19 @@ fn root() -> bool {
 }
 
 fn daemon(dir: &Path) -> (Guard, String) {
+    daemon_named(dir, "bench")
+}
+
+fn daemon_named(dir: &Path, name: &str) -> (Guard, String) {
     let addr = format!("127.0.0.1:{}", common::free_port());
     let g = Guard(
         Command::new(env!("CARGO_BIN_EXE_sidecore"))
             .args([
-                "daemon", "--name", "bench", "--listen", &addr, "--http", "off", "--socket",
+                "daemon", "--name", name, "--listen", &addr, "--http", "off", "--socket",
             ])
-            .arg(dir.join("d.sock"))
+            .arg(dir.join(format!("{name}.sock")))
             .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.join("d.log")).unwrap())
+            .stderr(std::fs::File::create(dir.join(format!("{name}.log"))).unwrap())
             .spawn()
             .unwrap(),
     );
@@ -241,5 +248,133 @@ fn metachory_tables() {
             means[1],
             means[1] / means[0]
         );
+    }
+}
+
+/// A plain copy of `bytes` over loopback TCP, from a buffer that holds them
+/// all into fresh memory of the same size (what a migration's page stream
+/// does, without the guest): seconds.
+fn tcp_copy(bytes: usize) -> f64 {
+    use std::io::{Read, Write};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let rx = std::thread::spawn(move || {
+        let (mut s, _) = l.accept().unwrap();
+        let mut into = vec![0u8; bytes];
+        let mut got = 0;
+        while got < bytes {
+            let n = s.read(&mut into[got..]).unwrap();
+            assert!(n > 0);
+            got += n;
+        }
+        into[bytes / 2]
+    });
+    let from: Vec<u8> = (0..bytes).map(|i| (i * 7 + 3) as u8).collect();
+    let t0 = Instant::now();
+    let mut s = TcpStream::connect(addr).unwrap();
+    for c in from.chunks(1 << 20) {
+        s.write_all(c).unwrap();
+    }
+    let mid = rx.join().unwrap();
+    let t = t0.elapsed().as_secs_f64();
+    assert_eq!(mid, from[bytes / 2]);
+    t
+}
+
+/// The figures `sidecore migrate --json` prints.
+#[derive(serde::Deserialize)]
+struct Moved {
+    error: Option<String>,
+    freeze_us: u64,
+    total_us: u64,
+    pages_bytes: u64,
+    resident_bytes: u64,
+    faults: u64,
+}
+
+/// Starts the counter with a `mb` MB heap on `from`, moves it to `to`
+/// once it counts, and lets it end there: the figures and the command's
+/// wall time (the guest's heap checksum and exit status are checked).
+fn migrate_once(d: &Path, from: &str, to: &str, mb: u64, lazy: bool) -> (Moved, f64) {
+    use std::io::{BufRead, BufReader};
+    let mut c = Command::new(env!("CARGO_BIN_EXE_sidecore"));
+    c.args(["exec", "-q", "--discard", "--on", from, "./mx_counter"])
+        .args([&mb.to_string(), "300", "10"])
+        .current_dir(d)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut g = Guard(c.spawn().unwrap());
+    let mut out = BufReader::new(g.0.stdout.take().unwrap());
+    let mut line = String::new();
+    // The heap is filled and checksummed, then the counter runs.
+    let mut first = String::new();
+    while !line.starts_with('5') {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the counter ended");
+        if first.is_empty() {
+            first.clone_from(&line);
+        }
+    }
+    let rest = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut out, &mut text).unwrap();
+        text
+    });
+    let mut m = Command::new(env!("CARGO_BIN_EXE_sidecore"));
+    m.args(["migrate", &g.0.id().to_string(), "--to", to, "--json"]);
+    if lazy {
+        m.arg("--lazy");
+    }
+    let t0 = Instant::now();
+    let o = m.output().unwrap();
+    let wall = t0.elapsed().as_secs_f64();
+    let text = String::from_utf8_lossy(&o.stdout);
+    let moved: Moved = serde_json::from_str(text.trim()).unwrap();
+    assert!(moved.error.is_none(), "{:?}", moved.error);
+    let status = common::wait_exit(&mut g.0, 120).expect("the guest ended");
+    let text = rest.join().unwrap();
+    let last = text.lines().rev().nth(1).unwrap_or_default();
+    assert!(first.starts_with("checksum "), "{first}");
+    assert_eq!(last, first.trim_end(), "the heap changed in the move");
+    assert_eq!(status.code(), Some(7), "the guest's own status");
+    (moved, wall)
+}
+
+#[test]
+#[ignore = "benchmark: run with --ignored --nocapture"]
+fn metachory_migration() {
+    assert!(root(), "the Metachory benchmarks need root");
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let src = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap())
+        .join("../metachory/tests/data/mx_counter.c");
+    cc(d, "mx_counter", &std::fs::read_to_string(src).unwrap());
+    let (_ga, a) = daemon_named(d, "a");
+    let (_gb, b) = daemon_named(d, "b");
+    println!(
+        "\nTable 9.3 (one guest moved a → b on loopback; best of 2 each; its heap checksum holds)"
+    );
+    println!(
+        "| heap | mode | frozen s | all resident s | `migrate` wall s | MiB before resume | MiB resident | faults | TCP copy s | resident / copy | seed s (1 Gb/s) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    for (mb, seed) in [(64, "0.94"), (256, "3.73"), (1024, "19.19")] {
+        let bytes = usize::try_from(mb).unwrap() << 20;
+        let copy = (0..2).map(|_| tcp_copy(bytes)).fold(f64::MAX, f64::min);
+        for lazy in [false, true] {
+            let runs: Vec<_> = (0..2).map(|_| migrate_once(d, &a, &b, mb, lazy)).collect();
+            let (m, wall) = runs.into_iter().min_by_key(|(m, _)| m.total_us).unwrap();
+            let total = m.total_us as f64 / 1e6;
+            println!(
+                "| {mb} MB | {} | {:.3} | {total:.3} | {wall:.3} | {:.1} | {:.1} | {} | {copy:.3} | {:.1} | {seed} |",
+                if lazy { "lazy" } else { "eager" },
+                m.freeze_us as f64 / 1e6,
+                m.pages_bytes as f64 / f64::from(1 << 20),
+                m.resident_bytes as f64 / f64::from(1 << 20),
+                m.faults,
+                total / copy,
+            );
+        }
     }
 }
