@@ -136,10 +136,13 @@ fn three_agents_prove_their_hosts_and_hold_a_limit_together() {
         || c.log_has("h2", "b", "linked to host h0") && c.log_has("h2", "b", "linked to host h1"),
         10
     ));
+    // Measured over 3.4 s once converged, like the phases above: a shorter
+    // span is a handful of 250 ms windows, where one in which a loaded
+    // machine starved the sender moves the mean by more than the 1%.
     let t0 = unix_ms();
-    let mut l = c.load(2, SIZE, 3000);
+    let mut l = c.load(2, SIZE, 5000);
     assert!(wait_exit(&mut l.0, 10).is_some_and(|s| s.success()));
-    let back = (t0 + 1500, t0 + 2900);
+    let back = (t0 + 1500, t0 + 4900);
     // A denied send is still denied after the restart.
     let o = run_in(
         &g.procs("s2"),
