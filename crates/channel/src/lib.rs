@@ -22,6 +22,7 @@ pub mod sender;
 pub mod stream;
 
 pub use ring::{
-    Consumer, Producer, Recv, Ring, RingConfig, RingProbe, RingSnapshot, SlotMut, SlotRef,
+    BatchMut, BufferPool, Consumer, Producer, Recv, Ring, RingConfig, RingProbe, RingSnapshot,
+    SlotMut, SlotRef,
 };
 pub use sender::{SendError, SendOutcome, Sender};
