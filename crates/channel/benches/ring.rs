@@ -1,17 +1,22 @@
-//! Benchmark of the shared-memory ring against the two well-kept Rust SPSC
-//! rings (rtrb, ringbuf), crossbeam-channel (bounded), std::sync::mpsc
-//! (sync_channel) and a Unix socket pair, all side by side in one run, with
-//! 64-byte messages between two pinned cores.
+//! Benchmark of the shared-memory ring against the ring as it was before issue
+//! 17 (`old_ring`, per-slot stamps), the two well-kept Rust SPSC rings (rtrb,
+//! ringbuf), crossbeam-channel (bounded), std::sync::mpsc (sync_channel) and a
+//! Unix socket pair, all side by side in one run, with 64-byte messages
+//! between two pinned cores.
 //!
 //! Throughput: messages per second, unbatched (one message per operation) and
-//! batched (32 messages per operation: one publish for the ring, one chunk of
-//! 32 for rtrb and ringbuf, one array of 32 messages per send for the
-//! channels, one 2 KiB write for the socket).
-//! Latency: round trip (p50, p99) of a 64-byte message bounced between the
-//! cores, beside a bare cache-line ping-pong measured the same way.
+//! batched (32 messages per operation: one `try_reserve_batch` and one publish
+//! for the ring, one publish per 32 commits for the old ring, one chunk of 32
+//! for rtrb and ringbuf, one array of 32 messages per send for the channels,
+//! one 2 KiB write for the socket).
+//! Latency: round trip (p50, p99) of a 64-byte message (and a 48-byte one, which
+//! fits the old ring's stamp line) bounced between the cores, beside a bare
+//! cache-line ping-pong measured the same way.
 //!
 //! Run: `cargo bench -p sidecore-channel --bench ring` (set `RING_BENCH_MSGS` to
-//! change the message count, default 4,000,000; `RING_BENCH_RTT`, default 200,000).
+//! change the message count, default 4,000,000; `RING_BENCH_RTT`, default
+//! 200,000; `RING_BENCH_REPS`, default 3; `RING_BENCH_SLOT`, the new ring's
+//! slot size for the first row, default 80 = a 64-byte payload).
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::hint::black_box;
@@ -29,6 +34,7 @@ const BATCH: usize = 32;
 type Msg = [u8; MSG];
 
 mod common;
+mod old_ring;
 use common::{CPUS, env, pin};
 
 /// Runs `producer` on core 0 and `consumer` on core 1; returns msgs/s.
@@ -52,9 +58,91 @@ fn run_pair(
     n as f64 / t.elapsed().as_secs_f64()
 }
 
-fn ring_throughput(n: u64, batched: bool) -> f64 {
+fn ring_throughput(n: u64, batched: bool, slot: usize) -> f64 {
+    let pay = (slot - 16).min(MSG);
+    let (mut p, mut cs) = Ring::create(RingConfig {
+        slots: 4096,
+        slot_size: slot,
+        consumers: 1,
+        publish_batch: 1,
+        release_batch: if batched { 64 } else { 1 },
+    })
+    .unwrap();
+    let mut c = cs.pop().unwrap();
+    run_pair(
+        n,
+        move |n| {
+            let mut i = 0;
+            while i < n {
+                if batched {
+                    let Some(mut b) = p.try_reserve_batch((n - i).min(BATCH as u64) as usize)
+                    else {
+                        std::hint::spin_loop();
+                        continue;
+                    };
+                    while b.push_with(|s| {
+                        s[..8].copy_from_slice(&i.to_le_bytes());
+                        s[8..pay].fill(7);
+                        pay
+                    }) {
+                        i += 1;
+                    }
+                    b.commit();
+                } else if let Some(mut s) = p.try_reserve() {
+                    s[..8].copy_from_slice(&i.to_le_bytes());
+                    s[8..pay].fill(7);
+                    s.commit(pay);
+                    i += 1;
+                } else {
+                    std::hint::spin_loop();
+                }
+            }
+            p.publish();
+        },
+        move |n| {
+            let mut sum = 0u64;
+            let mut got = 0;
+            while got < n {
+                let r = if batched {
+                    c.recv_batch(BATCH * 2, |m| {
+                        sum = sum.wrapping_add(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                        true
+                    })
+                } else {
+                    c.try_recv().map(|m| {
+                        sum = sum.wrapping_add(u64::from_le_bytes(m[..8].try_into().unwrap()));
+                        1
+                    })
+                };
+                match r {
+                    Ok(k) => got += k as u64,
+                    Err(Recv::Empty) => std::hint::spin_loop(),
+                    Err(Recv::Closed) => break,
+                }
+            }
+            assert_eq!(got, n);
+            assert_eq!(
+                sum,
+                n * (n - 1) / 2,
+                "lost, duplicated or corrupted messages"
+            );
+        },
+    )
+}
+
+fn ring_throughput_default_slot(n: u64, batched: bool) -> f64 {
+    ring_throughput(n, batched, env("RING_BENCH_SLOT", 80) as usize)
+}
+
+fn ring_throughput_128(n: u64, batched: bool) -> f64 {
+    ring_throughput(n, batched, 128)
+}
+
+/// The ring before issue 17, driven exactly as the benchmark drove it then.
+fn old_ring_throughput(n: u64, batched: bool) -> f64 {
+    use old_ring::{Recv, Ring, RingConfig};
     let b = if batched { BATCH } else { 1 };
-    let slot = env("RING_BENCH_SLOT", 128) as usize;
+    let slot = 128;
     let pay = (slot - 16).min(MSG);
     let (mut p, mut cs) = Ring::create(RingConfig {
         slots: 4096,
@@ -368,10 +456,12 @@ fn bare_pingpong(rounds: u64) -> Histogram<u64> {
     )
 }
 
-fn ring_rtt(rounds: u64) -> Histogram<u64> {
+/// Round trips over two rings (one each way) of `slot`-byte slots carrying
+/// `msg`-byte messages; the echo copies each message into its reply.
+fn ring_rtt(rounds: u64, slot: usize, msg: usize) -> Histogram<u64> {
     let cfg = RingConfig {
         slots: 64,
-        slot_size: 128,
+        slot_size: slot,
         consumers: 1,
         publish_batch: 1,
         release_batch: 16,
@@ -386,7 +476,7 @@ fn ring_rtt(rounds: u64) -> Histogram<u64> {
             loop {
                 if let Some(mut s) = p1.try_reserve() {
                     s[..8].copy_from_slice(&i.to_le_bytes());
-                    s.commit(MSG);
+                    s.commit(msg);
                     break;
                 }
             }
@@ -407,8 +497,60 @@ fn ring_rtt(rounds: u64) -> Histogram<u64> {
                                 break s;
                             }
                         };
-                        s[..MSG].copy_from_slice(&m[..MSG]);
-                        s.commit(MSG);
+                        s[..msg].copy_from_slice(&m[..msg]);
+                        s.commit(msg);
+                        break;
+                    }
+                    std::hint::spin_loop();
+                }
+            }
+        },
+    )
+}
+
+/// The same round trip over the ring before issue 17 (per-slot stamps).
+fn old_ring_rtt(rounds: u64, slot: usize, msg: usize) -> Histogram<u64> {
+    use old_ring::{Ring, RingConfig};
+    let cfg = RingConfig {
+        slots: 64,
+        slot_size: slot,
+        consumers: 1,
+        publish_batch: 1,
+        release_batch: 16,
+    };
+    let (mut p1, mut c1) = Ring::create(cfg).unwrap();
+    let (mut p2, mut c2) = Ring::create(cfg).unwrap();
+    let mut c1 = c1.pop().unwrap();
+    let mut c2 = c2.pop().unwrap();
+    rtt(
+        rounds,
+        move |i| {
+            loop {
+                if let Some(mut s) = p1.try_reserve() {
+                    s[..8].copy_from_slice(&i.to_le_bytes());
+                    s.commit(msg);
+                    break;
+                }
+            }
+            loop {
+                if let Ok(m) = c2.try_recv() {
+                    debug_assert_eq!(u64::from_le_bytes(m[..8].try_into().unwrap()), i);
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        },
+        move |n| {
+            for _ in 0..n {
+                loop {
+                    if let Ok(m) = c1.try_recv() {
+                        let mut s = loop {
+                            if let Some(s) = p2.try_reserve() {
+                                break s;
+                            }
+                        };
+                        s[..msg].copy_from_slice(&m[..msg]);
+                        s.commit(msg);
                         break;
                     }
                     std::hint::spin_loop();
@@ -474,11 +616,20 @@ fn main() {
     println!(
         "# sidecore ring benchmark: {n} messages of {MSG} B, {rounds} round trips, median of {reps} runs"
     );
-    println!("# cores: producer/ping on 0, consumer/echo on 1");
+    println!(
+        "# cores: producer/ping on 0, consumer/echo on 1; sidecore ring slot_size {} (payload capacity {})",
+        env("RING_BENCH_SLOT", 80),
+        env("RING_BENCH_SLOT", 80) - 16
+    );
 
     type Bench = fn(u64, bool) -> f64;
-    let cases: [(&str, Bench); 6] = [
-        ("sidecore ring", ring_throughput),
+    let cases: [(&str, Bench); 8] = [
+        ("sidecore ring", ring_throughput_default_slot),
+        ("sidecore ring, 128 B slots", ring_throughput_128),
+        (
+            "old ring (before issue 17), 128 B slots",
+            old_ring_throughput,
+        ),
         ("rtrb", rtrb_throughput),
         ("ringbuf", ringbuf_throughput),
         ("crossbeam bounded", crossbeam_throughput),
@@ -516,7 +667,13 @@ fn main() {
 
     let hs = [
         ("bare cache-line ping-pong", bare_pingpong(rounds)),
-        ("sidecore ring (64 B)", ring_rtt(rounds)),
+        ("sidecore ring (64 B)", ring_rtt(rounds, 80, MSG)),
+        ("old ring, stamps (64 B)", old_ring_rtt(rounds, 128, MSG)),
+        ("sidecore ring (48 B)", ring_rtt(rounds, 64, 48)),
+        (
+            "old ring, stamps (48 B, one line)",
+            old_ring_rtt(rounds, 64, 48),
+        ),
         ("crossbeam bounded", crossbeam_rtt(rounds)),
         ("unix socketpair", socket_rtt(rounds / 4)),
     ];
