@@ -846,6 +846,7 @@ impl Producer {
         self.next += 1;
     }
 
+    #[inline]
     fn commit_slot(&mut self, len: usize) {
         self.commit_at_next(len);
         if self.next - self.published >= self.publish_batch {
@@ -1039,6 +1040,11 @@ impl Consumer {
         &self.shared.stats
     }
 
+    /// Largest message a slot can carry.
+    pub fn payload_capacity(&self) -> usize {
+        self.geo.payload_cap
+    }
+
     /// Loads the shared tail into the cache and returns the raw word (with
     /// [`CLOSED`] if the producer is gone).
     #[inline]
@@ -1220,7 +1226,9 @@ impl Drop for SlotRef<'_> {
     }
 }
 
-#[cfg(all(test, not(loom)))]
+// Not under loom: loom's atomics work only inside a loom model.
+#[cfg(not(loom))]
+#[cfg(test)]
 mod tests {
     use super::*;
 
@@ -1448,13 +1456,92 @@ mod tests {
     }
 
     #[test]
-    fn stamps_survive_many_laps() {
+    fn indices_survive_many_laps() {
         let (mut p, mut cs) = ring(2, 1);
         for i in 0..1000u32 {
             assert!(p.try_push(&i.to_le_bytes()).unwrap());
             let m = cs[0].try_recv().ok().unwrap();
             assert_eq!(u32::from_le_bytes(m[..4].try_into().unwrap()), i);
         }
+    }
+
+    #[test]
+    fn batch_reserve_takes_what_is_free_and_publishes_once_on_commit() {
+        let (mut p, mut cs) = Ring::create(RingConfig {
+            slots: 8,
+            publish_batch: 1,
+            release_batch: 8,
+            ..RingConfig::default()
+        })
+        .unwrap();
+        let mut b = p.try_reserve_batch(5).unwrap();
+        assert_eq!((b.capacity(), b.len(), b.remaining()), (5, 0, 5));
+        for i in 0..3u8 {
+            assert!(b.push(&[i; 3]).unwrap());
+        }
+        assert!(b.push(&[0; 200]).is_err(), "too large for a slot");
+        b.commit();
+        assert_eq!((p.published(), p.unpublished()), (3, 0));
+        // Five free slots are left, whatever is asked.
+        let mut b = p.try_reserve_batch(64).unwrap();
+        assert_eq!(b.capacity(), 5);
+        while b.push_with(|s| {
+            s[0] = 9;
+            1
+        }) {}
+        assert_eq!(b.len(), 5);
+        drop(b); // dropping commits too
+        assert_eq!(p.published(), 8);
+        assert!(p.try_reserve_batch(1).is_none(), "full");
+        assert!(p.try_reserve_batch(0).is_none(), "nothing asked");
+        let mut got = Vec::new();
+        cs[0]
+            .recv_batch(usize::MAX, |m| {
+                got.push(m.to_vec());
+                true
+            })
+            .unwrap();
+        assert_eq!(got.len(), 8);
+        assert_eq!(&got[..3], &[vec![0; 3], vec![1; 3], vec![2; 3]]);
+        assert!(got[3..].iter().all(|m| m == &[9]));
+        cs[0].release();
+        assert_eq!(p.try_reserve_batch(64).unwrap().capacity(), 8);
+    }
+
+    #[test]
+    fn payloads_never_straddle_a_cache_line() {
+        for (cap, stride) in [
+            (16, 16),
+            (32, 32),
+            (48, 64),
+            (64, 64),
+            (80, 128),
+            (112, 128),
+        ] {
+            assert_eq!(Geometry::stride(cap), stride, "capacity {cap}");
+        }
+        assert_eq!(Geometry::stride(4096), 4096);
+        let (p, _cs) = ring(4, 1);
+        // The buffer is 128-byte aligned and a 112-byte payload gets 128 bytes.
+        for pos in 0..4 {
+            let at = p.geo.payload_ptr(pos) as usize;
+            assert_eq!(at % 128, 0, "slot {pos}");
+        }
+        assert_eq!(p.geo.lens.as_ptr() as usize % 128, 0);
+    }
+
+    #[test]
+    fn the_tail_word_carries_the_close() {
+        let (mut p, mut cs) = ring(4, 2);
+        p.try_push(b"last").unwrap();
+        assert!(!cs[0].is_producer_closed());
+        drop(p);
+        assert!(cs[1].is_producer_closed());
+        assert_eq!(cs[1].available(), 1, "closing does not count as a message");
+        assert_eq!(&*cs[1].try_recv().ok().unwrap(), b"last");
+        assert!(matches!(cs[1].try_recv(), Err(Recv::Closed)));
+        assert!(matches!(cs[0].recv_batch(4, |m| m == b"last"), Ok(1)));
+        assert!(matches!(cs[0].recv_batch(4, |_| true), Err(Recv::Closed)));
     }
 
     fn pool_config(consumers: usize) -> RingConfig {
