@@ -17,6 +17,11 @@ fi
 (cd dashboard && npx --no-install tsc --noEmit)   # the dashboard's TypeScript type-checks
 cargo build --workspace --all-targets --quiet
 cargo test --workspace --quiet -- --test-threads=2
+# The ring's loom model check (crates/channel/tests/loom.rs): about 20 s to run
+# and under 2 minutes to build cold. `--cfg loom` rebuilds every dependency, so
+# it gets its own target directory instead of invalidating the shared one.
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-target}/loom" \
+    cargo test -p sidecore-channel --test loom --release --quiet
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "test.sh: all tests passed"

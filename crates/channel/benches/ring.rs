@@ -37,6 +37,15 @@ mod common;
 mod old_ring;
 use common::{CPUS, env, pin};
 
+/// Message `i`: its number in the first 8 bytes, 7s after, built the same
+/// way for every transport.
+#[inline(always)]
+fn message(i: u64) -> Msg {
+    let mut m = [7u8; MSG];
+    m[..8].copy_from_slice(&i.to_le_bytes());
+    m
+}
+
 /// Runs `producer` on core 0 and `consumer` on core 1; returns msgs/s.
 fn run_pair(
     n: u64,
@@ -59,7 +68,11 @@ fn run_pair(
 }
 
 fn ring_throughput(n: u64, batched: bool, slot: usize) -> f64 {
-    let pay = (slot - 16).min(MSG);
+    assert!(
+        slot >= MSG + 16,
+        "a {MSG}-byte message needs a slot of {} bytes",
+        MSG + 16
+    );
     let (mut p, mut cs) = Ring::create(RingConfig {
         slots: 4096,
         slot_size: slot,
@@ -81,17 +94,15 @@ fn ring_throughput(n: u64, batched: bool, slot: usize) -> f64 {
                         continue;
                     };
                     while b.push_with(|s| {
-                        s[..8].copy_from_slice(&i.to_le_bytes());
-                        s[8..pay].fill(7);
-                        pay
+                        s[..MSG].copy_from_slice(&message(i));
+                        MSG
                     }) {
                         i += 1;
                     }
                     b.commit();
                 } else if let Some(mut s) = p.try_reserve() {
-                    s[..8].copy_from_slice(&i.to_le_bytes());
-                    s[8..pay].fill(7);
-                    s.commit(pay);
+                    s[..MSG].copy_from_slice(&message(i));
+                    s.commit(MSG);
                     i += 1;
                 } else {
                     std::hint::spin_loop();
@@ -143,7 +154,6 @@ fn old_ring_throughput(n: u64, batched: bool) -> f64 {
     use old_ring::{Recv, Ring, RingConfig};
     let b = if batched { BATCH } else { 1 };
     let slot = 128;
-    let pay = (slot - 16).min(MSG);
     let (mut p, mut cs) = Ring::create(RingConfig {
         slots: 4096,
         slot_size: slot,
@@ -159,9 +169,8 @@ fn old_ring_throughput(n: u64, batched: bool) -> f64 {
             for i in 0..n {
                 loop {
                     if let Some(mut s) = p.try_reserve() {
-                        s[..8].copy_from_slice(&i.to_le_bytes());
-                        s[8..pay].fill(7);
-                        s.commit(pay);
+                        s[..MSG].copy_from_slice(&message(i));
+                        s.commit(MSG);
                         break;
                     }
                     std::hint::spin_loop();
@@ -636,25 +645,36 @@ fn main() {
         ("std mpsc sync_channel", mpsc_throughput),
         ("unix socketpair", socket_throughput),
     ];
-    let mut results = Vec::new();
-    for (name, f) in cases {
-        for batched in [false, true] {
-            let r = median((0..reps).map(|_| f(n, batched)).collect());
-            results.push((name, batched, r));
+    // Repetitions go round the transports (A B C … A B C …), so that a noisy
+    // moment hits one repetition of each rather than all of one.
+    let only = std::env::var("RING_BENCH_ONLY").unwrap_or_default();
+    let picked: Vec<(&str, Bench)> = cases
+        .into_iter()
+        .filter(|(name, _)| {
+            *name == "sidecore ring" || only.is_empty() || only.split(',').any(|o| name.contains(o))
+        })
+        .collect();
+    let mut runs: Vec<(&str, bool, Vec<f64>)> = Vec::new();
+    for _ in 0..reps {
+        for &(name, f) in &picked {
+            for batched in [false, true] {
+                let r = f(n, batched);
+                match runs.iter_mut().find(|r| r.0 == name && r.1 == batched) {
+                    Some(run) => run.2.push(r),
+                    None => runs.push((name, batched, vec![r])),
+                }
+            }
         }
     }
     let get = |name: &str, batched: bool| {
-        results
-            .iter()
-            .find(|r| r.0 == name && r.1 == batched)
-            .unwrap()
-            .2
+        let run = runs.iter().find(|r| r.0 == name && r.1 == batched).unwrap();
+        median(run.2.clone())
     };
     println!(
         "\n| transport | unbatched Mmsg/s | batched Mmsg/s | ring ÷ this (unbatched) | ring ÷ this (batched) |"
     );
     println!("|---|---:|---:|---:|---:|");
-    for (name, _) in cases {
+    for &(name, _) in &picked {
         let (u, b) = (get(name, false), get(name, true));
         println!(
             "| {name} | {:.1} | {:.1} | {:.2}× | {:.2}× |",
@@ -663,6 +683,14 @@ fn main() {
             get("sidecore ring", false) / u,
             get("sidecore ring", true) / b
         );
+    }
+    for (name, batched, v) in &runs {
+        let v: Vec<String> = v.iter().map(|x| format!("{:.1}", x / 1e6)).collect();
+        let mode = if *batched { "batched" } else { "unbatched" };
+        println!("# {name}, {mode}, each run (Mmsg/s): {}", v.join(" "));
+    }
+    if rounds == 0 {
+        return;
     }
 
     let hs = [
