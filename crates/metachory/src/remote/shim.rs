@@ -304,8 +304,14 @@ fn mount_overlays(spec: &ShimSpec, root: &Path) -> io::Result<()> {
         std::fs::create_dir_all(&upper)?;
         std::fs::create_dir_all(&work)?;
         like_lower(&lower, &upper)?;
+        // `volatile`: the overlay never syncs its upper directory (the
+        // server's disk). It is read back into the client's memory at the
+        // guest's end and thrown away with the session, so nothing is lost;
+        // without it every container's unmount waited for the whole disk's
+        // writeback (seconds on a busy machine, D state in
+        // wb_wait_for_completion).
         let mut data = format!(
-            "lowerdir={},upperdir={},workdir={}",
+            "lowerdir={},upperdir={},workdir={},volatile",
             lower.display(),
             upper.display(),
             work.display()
