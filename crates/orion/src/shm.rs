@@ -781,7 +781,11 @@ mod tests {
             w.join().unwrap();
         }
         assert!(seen > 0, "no view ever held the sensor");
-        assert_eq!(sb.read_sensors().len(), 1, "it is back once the writers are done");
+        assert_eq!(
+            sb.read_sensors().len(),
+            1,
+            "it is back once the writers are done"
+        );
     }
 
     proptest! {

@@ -184,7 +184,7 @@ impl HttpApp {
                 AppEvent::Accepted(conn) => {
                     let id = conn.id();
                     let c = HttpConn {
-                        conn,
+                        conn: *conn,
                         buf: Vec::new(),
                         since: Instant::now(),
                         pending: Vec::new(),
@@ -405,7 +405,7 @@ impl StreamApp {
                 Some(AppEvent::Accepted(conn)) => {
                     let id = conn.id();
                     let s = Streamed {
-                        conn,
+                        conn: *conn,
                         offset: 0,
                         owed: 1,
                     };

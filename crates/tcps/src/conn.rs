@@ -116,8 +116,9 @@ impl ConnShared {
 
 /// What an application's event queue delivers.
 pub enum AppEvent {
-    /// A new connection, now the application's.
-    Accepted(Conn),
+    /// A new connection, now the application's (boxed: a `Conn` is a few
+    /// hundred bytes, and every `Ready` in the queue would pay for it).
+    Accepted(Box<Conn>),
     /// Something happened on connection `id`: data, end of file, space to
     /// send, or its end. Look with [`Conn::try_recv`].
     Ready(u64),

@@ -605,7 +605,7 @@ impl Ppe {
         let conn = Conn::new(Arc::clone(&cs), rq_c, tx_p, bell);
         let segment = mss(&stream);
         let pc = PConn::new(cs, stream, rq_p, tx_c, app.clone(), segment, now);
-        if app.send(AppEvent::Accepted(conn)).is_err() {
+        if app.send(AppEvent::Accepted(Box::new(conn))).is_err() {
             return;
         }
         PpeStats::add(&self.slot().stats.accepted, 1);

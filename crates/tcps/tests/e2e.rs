@@ -43,7 +43,7 @@ fn echo(app: App, stop: Arc<AtomicBool>) -> thread::JoinHandle<()> {
             let id = match app.next_event(Duration::from_millis(10)) {
                 Some(AppEvent::Accepted(c)) => {
                     let id = c.id();
-                    conns.insert(id, (c, Vec::new()));
+                    conns.insert(id, (*c, Vec::new()));
                     Some(id)
                 }
                 Some(AppEvent::Ready(id)) => Some(id),
