@@ -16,9 +16,10 @@ set -euo pipefail
 
 need_pkgs=(clang llvm libclang-dev libbpf-dev linux-libc-dev iproute2 nftables pkg-config cmake g++ make python3 etcd-server etcd-client nfs-ganesha nfs-ganesha-vfs rpcbind libnfs-utils chromium prometheus earlyoom)
 # Node may come from elsewhere (nodesource) with its own npm; Debian's are used only when there is none.
-# Metachory (issue 16): sqlite3 for its end-to-end test, criu for process
-# migration (`sidecore migrate`), diffutils for `exec --diff`.
-need_pkgs+=(sqlite3 criu diffutils)
+# Metachory (issue 16): sqlite3 for its end-to-end test, diffutils for
+# `exec --diff`. (`sidecore migrate` has its own migrator: Debian's criu
+# 3.17 cannot start on Linux 6.18; crates/metachory/src/migrate says why.)
+need_pkgs+=(sqlite3 diffutils)
 # TCPServers (issue 14): nginx as the third server of its stream and HTTP benchmarks.
 need_pkgs+=(nginx)
 command -v node >/dev/null || need_pkgs+=(nodejs)
