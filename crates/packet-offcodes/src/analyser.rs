@@ -16,7 +16,7 @@ use sidecore_offcode::{
     BuildSpec, InitCx, Metric, Offcode, OffcodeError, Progress, RunCx, parse_params,
 };
 use sidecore_packetio::frame::STAMP_BYTES;
-use sidecore_packetio::{RecvBatch, enable_timestamps, recv_batch};
+use sidecore_packetio::{RecvBatch, enable_timestamps, recv_batch, set_receive_buffer};
 
 use crate::util::{bad, ipv4};
 
@@ -163,29 +163,6 @@ impl Analyser {
     }
 }
 
-/// Asks for [`RCVBUF_BYTES`] of receive buffer: SO_RCVBUFFORCE (root), else
-/// SO_RCVBUF up to the system's limit. Neither is fatal: the default buffer
-/// still works, it only tolerates shorter stalls.
-fn grow_receive_buffer(s: &UdpSocket) {
-    use std::os::fd::AsRawFd;
-    for opt in [libc::SO_RCVBUFFORCE, libc::SO_RCVBUF] {
-        // SAFETY: the fd is a live socket owned by `s`; the option value is
-        // a c_int read by the kernel for the given length.
-        let r = unsafe {
-            libc::setsockopt(
-                s.as_raw_fd(),
-                libc::SOL_SOCKET,
-                opt,
-                std::ptr::from_ref(&RCVBUF_BYTES).cast(),
-                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
-            )
-        };
-        if r == 0 {
-            return;
-        }
-    }
-}
-
 impl Offcode for Analyser {
     fn initialize(&mut self, cx: &mut InitCx<'_>) -> Result<(), OffcodeError> {
         for (m, n) in self.m.iter_mut().zip(NAMES) {
@@ -200,7 +177,9 @@ impl Offcode for Analyser {
             .map_err(|e| bad("addr", format!("cannot bind {addr}:{port}: {e}")))?;
             enable_timestamps(&s)
                 .map_err(|e| OffcodeError::Failed(format!("SO_TIMESTAMPNS: {e}")))?;
-            grow_receive_buffer(&s);
+            // Not fatal: the default buffer works, it only tolerates
+            // shorter stalls.
+            let _ = set_receive_buffer(&s, RCVBUF_BYTES);
             s.set_nonblocking(true)
                 .map_err(|e| OffcodeError::Failed(e.to_string()))?;
             self.socks.push(s);

@@ -19,5 +19,7 @@ pub mod raw;
 pub mod xsk;
 
 pub use frame::{FrameSpec, parse};
-pub use raw::{RawOptions, RawSocket, RecvBatch, enable_timestamps, recv_batch};
+pub use raw::{
+    RawOptions, RawSocket, RecvBatch, enable_timestamps, recv_batch, set_receive_buffer,
+};
 pub use xsk::{Sent, XskBind, XskError, XskOptions, XskSocket};

@@ -74,12 +74,12 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-fn set_int(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
+fn set_int(fd: impl AsFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
     // SAFETY: `v` is a live c_int for the duration of the call and its size
     // is passed with it; `fd` is an open socket.
     let r = unsafe {
         libc::setsockopt(
-            fd.as_raw_fd(),
+            fd.as_fd().as_raw_fd(),
             level,
             name,
             std::ptr::from_ref(&v).cast(),
@@ -210,8 +210,14 @@ impl RawSocket {
 
 /// Turns on kernel receive timestamps on any socket.
 pub fn enable_timestamps(fd: &impl AsFd) -> io::Result<()> {
-    let fd = fd.as_fd().try_clone_to_owned()?;
-    set_int(&fd, libc::SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    set_int(fd, libc::SOL_SOCKET, SO_TIMESTAMPNS, 1)
+}
+
+/// Asks for a receive buffer of `bytes` on any socket: SO_RCVBUFFORCE (root,
+/// past `net.core.rmem_max`), else SO_RCVBUF (capped by it).
+pub fn set_receive_buffer(fd: &impl AsFd, bytes: libc::c_int) -> io::Result<()> {
+    set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, bytes)
+        .or_else(|_| set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, bytes))
 }
 
 /// Receives up to a batch of messages from any socket without waiting (one
