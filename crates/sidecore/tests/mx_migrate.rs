@@ -21,50 +21,20 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::mx::{daemon, ip, one, root};
 use common::{Guard, wait_for};
 use sidecore_wire::frame::FrameEncoder;
 use sidecore_wire::mx_msg::{MxAttr, MxBody, MxFrame};
-
-/// The tests share one bridge and its namespaces: one at a time.
-static ONE: Mutex<()> = Mutex::new(());
-
-fn one() -> MutexGuard<'static, ()> {
-    ONE.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 fn bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_sidecore"))
 }
 
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let is_root = unsafe { libc::geteuid() } == 0;
-    if !is_root {
-        assert!(
-            std::env::var_os("SIDECORE_REQUIRE_ROOT").is_none(),
-            "SIDECORE_REQUIRE_ROOT is set but the migration tests do not run as root"
-        );
-        eprintln!("skipped: the migration tests need root");
-    }
-    is_root
-}
-
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn ip(args: &[&str]) {
-    let o = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        o.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        text(&o.stderr)
-    );
 }
 
 fn quiet(args: &[&str]) {
@@ -116,52 +86,6 @@ impl Drop for Lan {
     fn drop(&mut self) {
         Self::clean(self.nodes.iter().map(|(n, _)| n.clone()));
     }
-}
-
-/// A daemon in namespace `ns` whose /tmp is an empty tmpfs; `env` for it.
-fn daemon(ns: &str, addr: &str, log: &Path, env: &[(&str, &str)]) -> Guard {
-    let script = r#"mount -t tmpfs mx-hide /tmp && exec "$0" daemon --name "$1" --listen "$2" --socket /tmp/d.sock --http off"#;
-    let mut c = Command::new("ip");
-    c.args([
-        "netns",
-        "exec",
-        ns,
-        "unshare",
-        "-m",
-        "--propagation",
-        "private",
-        "sh",
-        "-c",
-        script,
-    ])
-    .arg(bin())
-    .arg(ns)
-    .arg(addr)
-    .env_remove("SIDECORE_NODES")
-    .stdout(Stdio::null())
-    .stderr(std::fs::File::create(log).unwrap());
-    for (k, v) in env {
-        c.env(k, v);
-    }
-    let g = Guard(c.spawn().expect("start a daemon"));
-    let ok = wait_for(
-        || {
-            Command::new("ip")
-                .args(["netns", "exec", ns, "ss", "-ltnH"])
-                .output()
-                .is_ok_and(|o| text(&o.stdout).contains(addr))
-        },
-        20,
-    );
-    assert!(
-        ok,
-        "daemon on {addr} never listened: {}",
-        std::fs::read_to_string(log).unwrap_or_default()
-    );
-    // ip, unshare and sh each exec the next: the child is the daemon.
-    let cmdline = std::fs::read(format!("/proc/{}/cmdline", g.0.id())).unwrap();
-    assert!(text(&cmdline).contains("daemon\0--name"), "{cmdline:?}");
-    g
 }
 
 /// How many processes run below `pid`.
@@ -226,8 +150,8 @@ fn pair(dir: &Path, b_env: &[(&str, &str)]) -> Pair {
         "10.231.12.3:7430".to_string(),
     );
     let logs = [dir.join("a.log"), dir.join("b.log")];
-    let ga = daemon(NS_A, &a, &logs[0], &[]);
-    let gb = daemon(NS_B, &b, &logs[1], b_env);
+    let ga = daemon(NS_A, &a, &logs[0], "", &[]);
+    let gb = daemon(NS_B, &b, &logs[1], "", b_env);
     Pair {
         da: ga,
         db: gb,

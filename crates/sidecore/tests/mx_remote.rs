@@ -16,45 +16,13 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
+use common::mx::{daemon, ip, one, root};
 use common::{Guard, wait_for};
-
-/// The tests share one network namespace pair: one at a time.
-static ONE: Mutex<()> = Mutex::new(());
-
-fn one() -> MutexGuard<'static, ()> {
-    ONE.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_sidecore")
-}
-
-/// False (skip) when not root, unless SIDECORE_REQUIRE_ROOT says fail.
-fn root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    let is_root = unsafe { libc::geteuid() } == 0;
-    if !is_root {
-        assert!(
-            std::env::var_os("SIDECORE_REQUIRE_ROOT").is_none(),
-            "SIDECORE_REQUIRE_ROOT is set but the Metachory tests do not run as root"
-        );
-        eprintln!("skipped: the Metachory tests need root");
-    }
-    is_root
-}
-
-fn ip(args: &[&str]) {
-    let o = Command::new("ip").args(args).output().expect("run ip");
-    assert!(
-        o.status.success(),
-        "ip {}: {}",
-        args.join(" "),
-        String::from_utf8_lossy(&o.stderr)
-    );
 }
 
 /// A network namespace joined to `peer` (None: this one) by a veth pair.
@@ -117,49 +85,6 @@ impl Drop for Unreachable {
     }
 }
 
-/// A daemon in network namespace `ns`, in a private mount namespace whose
-/// /tmp is an empty tmpfs (plus a secret file of the server's own).
-fn daemon(ns: &str, addr: &str, log: &Path) -> Guard {
-    let script = r#"mount -t tmpfs mx-hide /tmp && echo server-only > /tmp/server-secret.txt && exec "$0" daemon --name "$1" --listen "$2" --socket /tmp/d.sock --http off"#;
-    let child = Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            ns,
-            "unshare",
-            "-m",
-            "--propagation",
-            "private",
-            "sh",
-            "-c",
-            script,
-        ])
-        .arg(bin())
-        .arg(ns)
-        .arg(addr)
-        .env_remove("SIDECORE_NODES")
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(log).unwrap())
-        .spawn()
-        .expect("start a daemon");
-    let g = Guard(child);
-    let ok = wait_for(
-        || {
-            Command::new("ip")
-                .args(["netns", "exec", ns, "ss", "-ltnH"])
-                .output()
-                .is_ok_and(|o| text(&o.stdout).contains(addr))
-        },
-        20,
-    );
-    assert!(
-        ok,
-        "daemon on {addr} never listened: {}",
-        std::fs::read_to_string(log).unwrap_or_default()
-    );
-    g
-}
-
 /// The server node: a namespace, its daemon and its address.
 struct Node {
     _daemon: Guard,
@@ -172,7 +97,13 @@ fn node(dir: &Path) -> Node {
     let ns = Netns::new("sc-mx-srv", None, "10.231.9.1", "10.231.9.2", "scmx0");
     let addr = "10.231.9.2:7420".to_string();
     let log = dir.join("server.log");
-    let d = daemon(&ns.0, &addr, &log);
+    let d = daemon(
+        &ns.0,
+        &addr,
+        &log,
+        "echo server-only > /tmp/server-secret.txt && ",
+        &[],
+    );
     Node {
         _daemon: d,
         _ns: ns,
@@ -705,9 +636,21 @@ fn unprivileged_mode_ptrace_fallback_and_a_relay() {
     );
     let relay_addr = "10.231.10.2:7421";
     let far = "10.231.11.2:7422";
-    let _relay = daemon(&relay_ns.0, relay_addr, &dir.path().join("relay.log"));
+    let _relay = daemon(
+        &relay_ns.0,
+        relay_addr,
+        &dir.path().join("relay.log"),
+        "echo server-only > /tmp/server-secret.txt && ",
+        &[],
+    );
     let far_log = dir.path().join("far.log");
-    let _srv = daemon(&srv_ns.0, far, &far_log);
+    let _srv = daemon(
+        &srv_ns.0,
+        far,
+        &far_log,
+        "echo server-only > /tmp/server-secret.txt && ",
+        &[],
+    );
     // No route from here to the server's network.
     let _route = Unreachable::add("10.231.11.0/24");
     let r = exec(far, &cwd, &["-q", "--via", relay_addr, "sort", "n.txt"]);

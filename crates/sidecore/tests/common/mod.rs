@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod cgroups;
+pub mod mx;
 pub mod sikker;
 
 use std::path::PathBuf;
