@@ -272,13 +272,29 @@ fn placement_errors() {
     }
 }
 
+/// Each `(line, message)`: the placement `head` followed by `line` is
+/// refused with exactly that one message, located on line 4 at `at`.
+fn refused_on_line_4(p: &Policy, head: &str, cases: &[(&str, &str)], at: &str) {
+    for (line, want) in cases {
+        let src = format!("{head}{line}\n");
+        let e = parse_placement("h.toml", &src, p).unwrap_err();
+        assert_eq!(e.0.len(), 1, "{e}");
+        assert_eq!(e.0[0].message, *want);
+        assert_eq!(e.0[0].line, 4, "{e}");
+        assert!(e.0[0].to_string().starts_with(at), "{e}");
+    }
+}
+
 #[test]
 fn l4_addresses_are_parsed_and_bad_ones_located() {
     let p = parse_policy("p.toml", KVS).unwrap();
     let ok = parse_placement(
         "h.toml",
-        "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\", \"bill:101\"]\n\
-         l4 = { \"kvs:3\" = [\"10.9.0.2:8080\", \"[fd00::2]:8080\"], \"bill:101\" = \"[::ffff:10.9.0.3]:80\" }\n",
+        r#"[[host]]
+name = "h1"
+processes = ["kvs:3", "bill:101"]
+l4 = { "kvs:3" = ["10.9.0.2:8080", "[fd00::2]:8080"], "bill:101" = "[::ffff:10.9.0.3]:80" }
+"#,
         &p,
     )
     .unwrap();
@@ -319,17 +335,22 @@ fn l4_addresses_are_parsed_and_bad_ones_located() {
         ),
         ("l4 = { \"kvs:3\" = [] }", "l4: kvs:3 has no address"),
     ];
-    for (line, want) in cases {
-        let src = format!("{head}{line}\n");
-        let e = parse_placement("h.toml", &src, &p).unwrap_err();
-        assert_eq!(e.0.len(), 1, "{e}");
-        assert_eq!(e.0[0].message, want);
-        assert_eq!(e.0[0].line, 4, "{e}");
-        assert!(e.0[0].to_string().starts_with("h.toml:4:"), "{e}");
-    }
+    refused_on_line_4(&p, head, &cases, "h.toml:4:");
+}
+
+#[test]
+fn one_l4_address_for_two_processes_is_refused() {
+    let p = parse_policy("p.toml", KVS).unwrap();
     // One address, two processes (on two hosts).
-    let src = "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\"]\nl4 = { \"kvs:3\" = \"10.0.0.1:80\" }\n\
-               [[host]]\nname = \"h2\"\nprocesses = [\"kvs:4\"]\nl4 = { \"kvs:4\" = \"10.0.0.1:80\" }\n";
+    let src = r#"[[host]]
+name = "h1"
+processes = ["kvs:3"]
+l4 = { "kvs:3" = "10.0.0.1:80" }
+[[host]]
+name = "h2"
+processes = ["kvs:4"]
+l4 = { "kvs:4" = "10.0.0.1:80" }
+"#;
     let e = parse_placement("h.toml", src, &p).unwrap_err();
     assert_eq!(
         e.0[0].message,
@@ -370,13 +391,7 @@ fn agent_addresses_are_parsed_and_bad_ones_located() {
             "agent address of host `h1`: `10.0.0.1:0` has port 0",
         ),
     ];
-    for (line, want) in cases {
-        let src = format!("{head}{line}\n");
-        let e = parse_placement("h.toml", &src, &p).unwrap_err();
-        assert_eq!(e.0.len(), 1, "{e}");
-        assert_eq!(e.0[0].message, want);
-        assert!(e.0[0].to_string().starts_with("h.toml:4:9:"), "{e}");
-    }
+    refused_on_line_4(&p, head, &cases, "h.toml:4:9:");
     // Not a string, and one address for two hosts (an IPv4-mapped one is the IPv4 one).
     let e = parse_placement("h.toml", &format!("{head}agent = 7411\n"), &p).unwrap_err();
     assert_eq!(e.0[0].line, 4, "{e}");
