@@ -130,6 +130,14 @@ impl Attach {
     }
 }
 
+/// [`Attach::poll`] once `initialize` set the attach up; `None` before.
+fn poll_attach(
+    attach: &mut Option<Attach>,
+    now: Instant,
+) -> Result<Option<Arc<TcpServers>>, OffcodeError> {
+    attach.as_mut().map_or(Ok(None), |a| a.poll(now))
+}
+
 // ---------------------------------------------------------------- tcps-ppe
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
@@ -492,6 +500,20 @@ struct Attached<T> {
     state: T,
 }
 
+impl<T> Attached<T> {
+    /// A turn's outcome: busy if it did something, done once the server
+    /// stops, else idle.
+    fn progress(&self, did: bool) -> Progress {
+        if did {
+            Progress::Busy
+        } else if self.server.is_stopping() {
+            Progress::Done
+        } else {
+            Progress::Idle
+        }
+    }
+}
+
 /// The `tcps-http` offcode.
 pub struct HttpOffcode {
     params: HttpParams,
@@ -527,10 +549,7 @@ impl Offcode for HttpOffcode {
 
     fn poll(&mut self, cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
         if self.run.is_none() {
-            let Some(a) = self.attach.as_mut() else {
-                return Ok(Progress::Idle);
-            };
-            let Some(server) = a.poll(cx.now())? else {
+            let Some(server) = poll_attach(&mut self.attach, cx.now())? else {
                 return Ok(Progress::Idle);
             };
             let site = Site::register(&server, self.pages.take().unwrap_or_default());
@@ -552,13 +571,7 @@ impl Offcode for HttpOffcode {
         let did = h.step(&r.app, site, None);
         self.responses.set(h.responses);
         self.conns.set(h.open() as u64);
-        Ok(if did {
-            Progress::Busy
-        } else if r.server.is_stopping() {
-            Progress::Done
-        } else {
-            Progress::Idle
-        })
+        Ok(r.progress(did))
     }
 }
 
@@ -622,10 +635,7 @@ impl Offcode for StreamOffcode {
 
     fn poll(&mut self, cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
         if self.run.is_none() {
-            let Some(a) = self.attach.as_mut() else {
-                return Ok(Progress::Idle);
-            };
-            let Some(server) = a.poll(cx.now())? else {
+            let Some(server) = poll_attach(&mut self.attach, cx.now())? else {
                 return Ok(Progress::Idle);
             };
             let p = &self.params;
@@ -642,13 +652,7 @@ impl Offcode for StreamOffcode {
         let did = r.state.step(&r.app, None);
         self.blocks.set(r.state.blocks);
         self.conns.set(r.state.open() as u64);
-        Ok(if did {
-            Progress::Busy
-        } else if r.server.is_stopping() {
-            Progress::Done
-        } else {
-            Progress::Idle
-        })
+        Ok(r.progress(did))
     }
 }
 
@@ -784,10 +788,7 @@ impl Offcode for AutoscaleOffcode {
     fn poll(&mut self, cx: &mut RunCx<'_>) -> Result<Progress, OffcodeError> {
         let now = cx.now();
         if self.server.is_none() {
-            let Some(a) = self.attach.as_mut() else {
-                return Ok(Progress::Idle);
-            };
-            self.server = a.poll(now)?;
+            self.server = poll_attach(&mut self.attach, now)?;
         }
         let Some(server) = self.server.clone() else {
             return Ok(Progress::Idle);
