@@ -8,10 +8,9 @@
 mod common;
 
 use sidecore_testbed::testing::{Cleanup, root};
-use std::net::{SocketAddrV4, UdpSocket};
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
+use common::testbed::{probe, xdp_attached};
 use common::{DaemonGuard, run, serial, text};
 
 fn repo(p: &str) -> PathBuf {
@@ -171,50 +170,6 @@ fn testbed_up_status_down_leaves_nothing() {
             .code(),
         Some(1)
     );
-}
-
-/// Sends one datagram to each port from the client; the ports that arrived.
-fn probe(prefix: &str, ports: &[u16]) -> Vec<u16> {
-    use sidecore_testbed::within;
-    let server: std::net::Ipv4Addr = "10.201.1.2".parse().unwrap();
-    let rxs: Vec<UdpSocket> = ports
-        .iter()
-        .map(|&p| {
-            within(Some(&format!("{prefix}-server")), || {
-                UdpSocket::bind(SocketAddrV4::new(server, p)).unwrap()
-            })
-            .unwrap()
-        })
-        .collect();
-    let tx = within(Some(&format!("{prefix}-client")), || {
-        UdpSocket::bind("10.201.0.1:0").unwrap()
-    })
-    .unwrap();
-    for &p in ports {
-        tx.send_to(b"probe", SocketAddrV4::new(server, p)).unwrap();
-    }
-    let mut got = Vec::new();
-    for (rx, &p) in rxs.iter().zip(ports) {
-        rx.set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
-        if rx.recv_from(&mut [0u8; 16]).is_ok() {
-            got.push(p);
-        }
-    }
-    got
-}
-
-fn xdp_attached(prefix: &str) -> bool {
-    sidecore_testbed::topology::ip(&[
-        "-n",
-        &format!("{prefix}-middlebox"),
-        "link",
-        "show",
-        "dev",
-        "to-client",
-    ])
-    .unwrap()
-    .contains("xdp")
 }
 
 /// A manifest of one firewall offcode that may go to the kernel (XDP, generic

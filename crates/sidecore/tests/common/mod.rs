@@ -5,6 +5,7 @@
 pub mod cgroups;
 pub mod mx;
 pub mod sikker;
+pub mod testbed;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Output};
