@@ -8,15 +8,13 @@
 //! tail of the verifier's log.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // test code
 
-use std::net::{SocketAddrV4, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use sidecore_kernel::user_object::loaded_programs_named;
 use sidecore_kernel::{Hook, UserObject, XdpMode};
 use sidecore_testbed::testing::root;
-use sidecore_testbed::{Testbed, Topology, within};
+use sidecore_testbed::{Testbed, Topology};
 
 /// Removes the testbed even if the test fails.
 struct Bed(Testbed);
@@ -50,36 +48,11 @@ fn clang(src: &Path, out: &Path) {
     assert!(st.success(), "clang failed on {}", src.display());
 }
 
-/// Sends one datagram to each port from the client; the ports that arrived.
+/// The ports of `ports` whose datagram from the client reached the server.
 fn probe(tb: &Testbed, ports: &[u16]) -> Vec<u16> {
     let server = tb.iface("server", "middlebox").unwrap().addr;
     let client = tb.iface("client", "middlebox").unwrap().addr;
-    let ns = |h: &str| format!("{}-{h}", tb.prefix);
-    let rxs: Vec<UdpSocket> = ports
-        .iter()
-        .map(|&p| {
-            within(Some(&ns("server")), || {
-                UdpSocket::bind(SocketAddrV4::new(server, p)).unwrap()
-            })
-            .unwrap()
-        })
-        .collect();
-    let tx = within(Some(&ns("client")), || {
-        UdpSocket::bind(SocketAddrV4::new(client, 0)).unwrap()
-    })
-    .unwrap();
-    for &p in ports {
-        tx.send_to(b"probe", SocketAddrV4::new(server, p)).unwrap();
-    }
-    let mut got = Vec::new();
-    for (rx, &p) in rxs.iter().zip(ports) {
-        rx.set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
-        if rx.recv_from(&mut [0u8; 16]).is_ok() {
-            got.push(p);
-        }
-    }
-    got
+    sidecore_testbed::testing::udp_reaches(&tb.prefix, client, server, ports)
 }
 
 /// The (dport, dropped) of every waiting ring buffer record.

@@ -5,12 +5,11 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
 use sidecore_testbed::testing::root;
-use std::net::{SocketAddrV4, UdpSocket};
 use std::time::{Duration, Instant};
 
 use sidecore_firewall::{Classifier, parse::parse_table};
 use sidecore_kernel::{XdpFirewall, XdpMode};
-use sidecore_testbed::{Testbed, Topology, within};
+use sidecore_testbed::{Testbed, Topology};
 
 /// Removes the testbed even if the test fails.
 struct Bed(Testbed);
@@ -24,38 +23,11 @@ fn rules(text: &str) -> Classifier {
     Classifier::compile(&parse_table("t.rules", text).unwrap()).unwrap()
 }
 
-/// Sends one datagram to each port from the client; returns the ports that
-/// reached the server.
+/// The ports of `ports` whose datagram from the client reached the server.
 fn probe(tb: &Testbed, ports: &[u16]) -> Vec<u16> {
     let server = tb.iface("server", "middlebox").unwrap().addr;
     let client = tb.iface("client", "middlebox").unwrap().addr;
-    let ns = |h: &str| format!("{}-{h}", tb.prefix);
-    let rxs: Vec<UdpSocket> = ports
-        .iter()
-        .map(|&p| {
-            within(Some(&ns("server")), || {
-                UdpSocket::bind(SocketAddrV4::new(server, p)).unwrap()
-            })
-            .unwrap()
-        })
-        .collect();
-    let tx = within(Some(&ns("client")), || {
-        UdpSocket::bind(SocketAddrV4::new(client, 0)).unwrap()
-    })
-    .unwrap();
-    for &p in ports {
-        tx.send_to(b"probe", SocketAddrV4::new(server, p)).unwrap();
-    }
-    let mut got = Vec::new();
-    for (rx, &p) in rxs.iter().zip(ports) {
-        rx.set_read_timeout(Some(Duration::from_millis(300)))
-            .unwrap();
-        let mut b = [0u8; 16];
-        if rx.recv_from(&mut b).is_ok() {
-            got.push(p);
-        }
-    }
-    got
+    sidecore_testbed::testing::udp_reaches(&tb.prefix, client, server, ports)
 }
 
 #[test]
