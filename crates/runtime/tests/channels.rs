@@ -7,6 +7,8 @@
 //! would drop nothing).
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -18,9 +20,6 @@ use sidecore_offcode::{
 use sidecore_pe::DiscoverOptions;
 use sidecore_runtime::{Runtime, RuntimeConfig};
 use sidecore_types::PeKind;
-
-/// One deployment at a time: they share the machine's cores.
-static SERIAL: Mutex<()> = Mutex::new(());
 
 /// What each receiver (by its `tag` parameter) got, in order.
 type Seen = Arc<Mutex<BTreeMap<String, Vec<u64>>>>;
@@ -145,9 +144,7 @@ fn offcode(name: &str, n: u32, imp: &str, params: &str, port: &str) -> String {
 /// Deploys `count` records from `src` to receivers `a` and `b` over a channel
 /// with `options`; returns what each receiver saw and the channel's drops.
 fn run(count: u64, options: &str, delay_us: u64) -> (BTreeMap<String, Vec<u64>>, u64) {
-    let _g = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let _g = common::serial();
     let seen: Seen = Arc::default();
     let mut text = "[app]\nname = \"channels\"\n\n".to_string();
     text.push_str(&offcode(

@@ -7,35 +7,20 @@
 //! checksum pipeline end to end.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
+mod common;
+
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::{inventory, kinds, serial};
 use sidecore_offcode::{
     Implementation, InitCx, Interfaces, Offcode, OffcodeError, Progress, Registry, RunCx,
 };
-use sidecore_pe::{DiscoverOptions, Inventory};
+use sidecore_pe::Inventory;
 use sidecore_runtime::{AppState, EventKind, OffcodeState, Runtime, RuntimeConfig};
 use sidecore_types::PeKind;
-
-/// Serialises the tests: they pin threads to the machine's few cores.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn inventory() -> Inventory {
-    sidecore_pe::discover(&DiscoverOptions {
-        probe_kernel: false,
-        probe_wasm: false,
-        housekeeping: Some(vec![]),
-        ..Default::default()
-    })
-}
 
 /// An offcode that idles (and can be told to stall or fail).
 struct Probe {
@@ -127,15 +112,6 @@ fn deploy(rt: &Runtime, reg: &Registry, manifest: &Path) -> Result<u64, String> 
     let plan = sidecore_runtime::plan_manifest(&m, &inventory(), reg, &Default::default())
         .map_err(|e| e.to_string())?;
     rt.deploy(&plan).map_err(|e| e.to_string())
-}
-
-fn kinds_of(rt: &Runtime, app: &str, offcode: &str) -> Vec<EventKind> {
-    rt.events()
-        .of_app(app)
-        .into_iter()
-        .filter(|e| e.offcode == offcode)
-        .map(|e| e.kind)
-        .collect()
 }
 
 fn position(rt: &Runtime, app: &str, offcode: &str, want: &EventKind) -> usize {
@@ -250,7 +226,7 @@ fn falls_back_to_the_host_when_no_pe_fits() {
     let rt = Runtime::new(RuntimeConfig::default());
     let id = rt.deploy(&plan).unwrap();
     assert!(
-        kinds_of(&rt, "fb", "x")
+        kinds(&rt, "fb", "x")
             .iter()
             .any(|k| matches!(k, EventKind::Fallback { .. }))
     );
@@ -286,20 +262,20 @@ fn watchdog_stops_an_offcode_whose_turn_overran_its_period() {
         rt.events().of_app("wd")
     );
     assert!(
-        kinds_of(&rt, "wd", "slow")
+        kinds(&rt, "wd", "slow")
             .iter()
             .any(|k| matches!(k, EventKind::WatchdogExpired { period_ms: 50, .. }))
     );
     // Reported, then stopped once its turn returned.
     let t0 = Instant::now();
-    while !kinds_of(&rt, "wd", "slow")
+    while !kinds(&rt, "wd", "slow")
         .iter()
         .any(|k| matches!(k, EventKind::Stopped { .. }))
         && t0.elapsed() < Duration::from_secs(20)
     {
         std::thread::sleep(Duration::from_millis(5));
     }
-    let stopped = kinds_of(&rt, "wd", "slow");
+    let stopped = kinds(&rt, "wd", "slow");
     assert!(
         stopped
             .iter()
@@ -339,7 +315,7 @@ fn watchdog_catches_an_offcode_stuck_in_its_turn_now() {
         rt.events().of_app("stuck")
     );
     assert!(flag.load(Ordering::Acquire));
-    let k = kinds_of(&rt, "stuck", "s");
+    let k = kinds(&rt, "stuck", "s");
     let wd = k
         .iter()
         .position(|k| matches!(k, EventKind::WatchdogExpired { .. }))
@@ -381,7 +357,7 @@ fn obsolete_offcodes_are_reaped() {
             .unwrap()
             .contains("obsolete after 100 ms")
     );
-    assert!(kinds_of(&rt, "old", "short").contains(&EventKind::Obsolete { lifetime_ms: 100 }));
+    assert!(kinds(&rt, "old", "short").contains(&EventKind::Obsolete { lifetime_ms: 100 }));
     assert_eq!(
         st[0].offcodes[1].state,
         OffcodeState::Running,

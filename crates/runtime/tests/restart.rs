@@ -7,31 +7,14 @@
 //! a policy nothing changes (HYDRA's watchdog disposes of it).
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
+mod common;
+
 use std::path::Path;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use common::{inventory, kinds, serial};
 use sidecore_offcode::Registry;
-use sidecore_pe::{DiscoverOptions, Inventory};
 use sidecore_runtime::{AppState, EventKind, OffcodeState, OffcodeStatus, Runtime, RuntimeConfig};
-
-/// Serialises the tests: they pin threads to the machine's few cores.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-fn inventory() -> Inventory {
-    sidecore_pe::discover(&DiscoverOptions {
-        probe_kernel: false,
-        probe_wasm: false,
-        housekeeping: Some(vec![]),
-        ..Default::default()
-    })
-}
 
 /// The pipeline, `records` records, the middle with `fault` fields.
 fn pipeline(app: &str, records: u64, fault: &str) -> String {
@@ -74,15 +57,6 @@ fn deploy(rt: &Runtime, dir: &Path, text: &str) -> u64 {
     let plan =
         sidecore_runtime::plan_manifest(&m, &inventory(), &reg, &Default::default()).unwrap();
     rt.deploy(&plan).unwrap()
-}
-
-fn kinds(rt: &Runtime, app: &str, offcode: &str) -> Vec<EventKind> {
-    rt.events()
-        .of_app(app)
-        .into_iter()
-        .filter(|e| e.offcode == offcode)
-        .map(|e| e.kind)
-        .collect()
 }
 
 fn offcode(rt: &Runtime, name: &str) -> OffcodeStatus {
