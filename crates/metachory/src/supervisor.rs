@@ -18,8 +18,8 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use crate::filter;
 use crate::policy::{Decision, OpenRequest, Policy};
+use crate::{fdpass, filter};
 
 /// The supervision this crate implements, as `sidecore exec` reports it.
 pub const SUPERVISION: &str = "seccomp-user-notif";
@@ -95,7 +95,7 @@ pub fn run(argv: &[OsString], policy: Policy) -> Result<Outcome, Error> {
         })?),
         None => None,
     };
-    let (parent_sock, child_sock) = socketpair().map_err(|source| Error::Spawn {
+    let (parent_sock, child_sock) = fdpass::seqpacket_pair().map_err(|source| Error::Spawn {
         prog: prog.clone(),
         source,
     })?;
@@ -189,24 +189,6 @@ fn forward_signals(
     Some((handle, thread))
 }
 
-fn socketpair() -> io::Result<(OwnedFd, OwnedFd)> {
-    let mut fds = [0 as RawFd; 2];
-    // SAFETY: `fds` is a valid array of two ints for the kernel to fill.
-    let r = unsafe {
-        libc::socketpair(
-            libc::AF_UNIX,
-            libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
-            0,
-            fds.as_mut_ptr(),
-        )
-    };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: both descriptors were just created and are owned by nobody else.
-    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
-}
-
 /// In the child: no_new_privs, install the filter, send the listener fd.
 fn install_and_send(fprog_addr: usize, sock: RawFd) -> io::Result<()> {
     // SAFETY: prctl with integer arguments only.
@@ -227,85 +209,22 @@ fn install_and_send(fprog_addr: usize, sock: RawFd) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     let fd = fd as RawFd;
-    let r = send_fd(sock, fd);
+    let r = fdpass::send_fd(sock, &[0], fd);
     // SAFETY: `fd` is the listener we own in this process; the parent has its copy.
     unsafe { libc::close(fd) };
     r
 }
 
-#[repr(C)]
-struct CmsgBuf {
-    _align: [u64; 0],
-    bytes: [u8; 64],
-}
-
-fn send_fd(sock: RawFd, fd: RawFd) -> io::Result<()> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut buf = CmsgBuf {
-        _align: [],
-        bytes: [0; 64],
-    };
-    // SAFETY: zeroed msghdr is a valid empty message; fields are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &raw mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = buf.bytes.as_mut_ptr().cast();
-    // SAFETY: CMSG_SPACE is a pure size computation.
-    msg.msg_controllen = unsafe { libc::CMSG_SPACE(4) } as _;
-    // SAFETY: the control buffer (64 bytes, 8-aligned) holds CMSG_SPACE(4);
-    // CMSG_FIRSTHDR/CMSG_DATA stay inside it.
-    unsafe {
-        let c = libc::CMSG_FIRSTHDR(&raw const msg);
-        (*c).cmsg_level = libc::SOL_SOCKET;
-        (*c).cmsg_type = libc::SCM_RIGHTS;
-        (*c).cmsg_len = libc::CMSG_LEN(4) as _;
-        std::ptr::write_unaligned(libc::CMSG_DATA(c).cast::<RawFd>(), fd);
-    }
-    // SAFETY: `msg` and everything it points at are alive for the call.
-    if unsafe { libc::sendmsg(sock, &raw const msg, 0) } < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    Ok(())
-}
-
+/// The listener the child sends (through [`fdpass::recv`]).
 fn recv_fd(sock: &OwnedFd) -> io::Result<OwnedFd> {
-    let mut byte = [0u8; 1];
-    let mut iov = libc::iovec {
-        iov_base: byte.as_mut_ptr().cast(),
-        iov_len: 1,
-    };
-    let mut buf = CmsgBuf {
-        _align: [],
-        bytes: [0; 64],
-    };
-    // SAFETY: zeroed msghdr is a valid empty message; fields are set below.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_iov = &raw mut iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = buf.bytes.as_mut_ptr().cast();
-    msg.msg_controllen = buf.bytes.len() as _;
-    // SAFETY: `msg` and its buffers are alive for the call.
-    let n = unsafe { libc::recvmsg(sock.as_raw_fd(), &raw mut msg, libc::MSG_CMSG_CLOEXEC) };
-    if n < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: the kernel filled `msg`; CMSG_FIRSTHDR checks controllen.
-    let c = unsafe { libc::CMSG_FIRSTHDR(&raw const msg) };
-    // SAFETY: `c` is null or points at a header inside `buf`.
-    if c.is_null() || unsafe { (*c).cmsg_type } != libc::SCM_RIGHTS {
-        return Err(io::Error::new(
-            io::ErrorKind::UnexpectedEof,
-            "the guest exited before sending its listener (seccomp user notification unavailable?)",
-        ));
-    }
-    // SAFETY: an SCM_RIGHTS header carries at least one int in its data.
-    let fd = unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(c).cast::<RawFd>()) };
-    // SAFETY: the kernel installed `fd` in this process for us alone.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    fdpass::recv(sock.as_raw_fd())?
+        .and_then(|r| r.fd)
+        .ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                "the guest exited before sending its listener (seccomp user notification unavailable?)",
+            )
+        })
 }
 
 /// Answer notifications until every task using the filter is gone.
