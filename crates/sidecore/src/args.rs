@@ -21,6 +21,32 @@ pub struct PeArgs {
     pub housekeeping: Option<Vec<u32>>,
 }
 
+impl PeArgs {
+    /// A resolver of node names to `host:port`: a name listed in `--nodes`
+    /// (read once, here), else the argument itself when it is `HOST:PORT`.
+    /// `flag` names the option in the error (`exec --on`, `migrate --to`).
+    pub fn node_resolver(
+        &self,
+        flag: &'static str,
+    ) -> anyhow::Result<impl Fn(&str) -> anyhow::Result<String>> {
+        let nodes = match &self.nodes {
+            Some(path) => sidecore_pe::node::load_nodes(path)?,
+            None => Vec::new(),
+        };
+        Ok(move |node: &str| {
+            if let Some(n) = nodes.iter().find(|n| n.name == node) {
+                return Ok(n.addr.clone());
+            }
+            if node.contains(':') {
+                return Ok(node.to_string());
+            }
+            anyhow::bail!(
+                "{flag} {node}: no such node (give HOST:PORT, or a name listed in --nodes)"
+            )
+        })
+    }
+}
+
 /// Where the daemon's control socket is.
 #[derive(clap::Args, Debug, Clone)]
 pub struct SocketArgs {

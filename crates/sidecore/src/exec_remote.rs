@@ -15,20 +15,6 @@ use crate::exec_cmd::ExecArgs;
 /// Exit status when the remote run itself failed (not the guest).
 const RUN_FAILED: u8 = 125;
 
-/// `host:port` of a node given by name (in --nodes) or address.
-fn resolve(node: &str, args: &ExecArgs) -> anyhow::Result<String> {
-    if let Some(path) = &args.pe.nodes {
-        let nodes = sidecore_pe::node::load_nodes(path)?;
-        if let Some(n) = nodes.iter().find(|n| n.name == node) {
-            return Ok(n.addr.clone());
-        }
-    }
-    if node.contains(':') {
-        return Ok(node.to_string());
-    }
-    anyhow::bail!("exec --on {node}: no such node (give HOST:PORT, or a name listed in --nodes)")
-}
-
 fn session_number() -> u64 {
     let mut b = [0u8; 8];
     if std::fs::File::open("/dev/urandom")
@@ -42,12 +28,13 @@ fn session_number() -> u64 {
 
 pub fn run(args: &ExecArgs) -> anyhow::Result<ExitCode> {
     let node = args.on.clone().unwrap_or_default();
+    let resolve = args.pe.node_resolver("exec --on")?;
     let mut hops: Vec<String> = args
         .via
         .iter()
-        .map(|v| resolve(v, args))
+        .map(|v| resolve(v))
         .collect::<anyhow::Result<_>>()?;
-    hops.push(resolve(&node, args)?);
+    hops.push(resolve(&node)?);
     let addr = hops.remove(0);
     let cwd = std::env::current_dir().context("exec: the working directory")?;
     let project: Vec<PathBuf> = if args.project.is_empty() {

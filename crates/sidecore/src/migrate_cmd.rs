@@ -29,22 +29,9 @@ pub struct MigrateArgs {
     pub pe: crate::args::PeArgs,
 }
 
-fn resolve(node: &str, args: &MigrateArgs) -> anyhow::Result<String> {
-    if let Some(path) = &args.pe.nodes {
-        let nodes = sidecore_pe::node::load_nodes(path)?;
-        if let Some(n) = nodes.iter().find(|n| n.name == node) {
-            return Ok(n.addr.clone());
-        }
-    }
-    if node.contains(':') {
-        return Ok(node.to_string());
-    }
-    anyhow::bail!("migrate --to {node}: no such node (give HOST:PORT, or a name listed in --nodes)")
-}
-
 pub fn run(args: &MigrateArgs) -> anyhow::Result<ExitCode> {
     let req = MigrateRequest {
-        to: resolve(&args.to, args)?,
+        to: args.pe.node_resolver("migrate --to")?(&args.to)?,
         node: args.to.clone(),
         lazy: args.lazy,
     };
