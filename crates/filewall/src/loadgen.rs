@@ -136,7 +136,7 @@ impl NfsClient {
         let what = format!("{:?}", args.procedure());
         match self.call(CallArgs::Nfs3(args))? {
             ReplyResults::Nfs3(r) => {
-                let s = status(&r);
+                let s = r.status();
                 if s == NfsStat3::Ok {
                     Ok(r)
                 } else {
@@ -172,29 +172,6 @@ impl NfsClient {
                 why: format!("{other:?}"),
             }),
         }
-    }
-}
-
-fn status(r: &Nfs3Reply) -> NfsStat3 {
-    use Nfs3Reply as R;
-    match r {
-        R::Null(()) => NfsStat3::Ok,
-        R::Getattr(x) => x.status(),
-        R::Setattr(x) | R::Remove(x) | R::Rmdir(x) => x.status(),
-        R::Lookup(x) => x.status(),
-        R::Access(x) => x.status(),
-        R::Readlink(x) => x.status(),
-        R::Read(x) => x.status(),
-        R::Write(x) => x.status(),
-        R::Create(x) | R::Mkdir(x) | R::Symlink(x) | R::Mknod(x) => x.status(),
-        R::Rename(x) => x.status(),
-        R::Link(x) => x.status(),
-        R::Readdir(x) => x.status(),
-        R::Readdirplus(x) => x.status(),
-        R::Fsstat(x) => x.status(),
-        R::Fsinfo(x) => x.status(),
-        R::Pathconf(x) => x.status(),
-        R::Commit(x) => x.status(),
     }
 }
 

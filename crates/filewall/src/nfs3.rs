@@ -575,6 +575,32 @@ rpc_procedures! {
     }
 }
 
+impl Nfs3Reply {
+    /// The reply's NFS status (`NFS3_OK` for NULL, which carries none).
+    pub fn status(&self) -> NfsStat3 {
+        use Nfs3Reply as R;
+        match self {
+            R::Null(()) => NfsStat3::Ok,
+            R::Getattr(x) => x.status(),
+            R::Setattr(x) | R::Remove(x) | R::Rmdir(x) => x.status(),
+            R::Lookup(x) => x.status(),
+            R::Access(x) => x.status(),
+            R::Readlink(x) => x.status(),
+            R::Read(x) => x.status(),
+            R::Write(x) => x.status(),
+            R::Create(x) | R::Mkdir(x) | R::Symlink(x) | R::Mknod(x) => x.status(),
+            R::Rename(x) => x.status(),
+            R::Link(x) => x.status(),
+            R::Readdir(x) => x.status(),
+            R::Readdirplus(x) => x.status(),
+            R::Fsstat(x) => x.status(),
+            R::Fsinfo(x) => x.status(),
+            R::Pathconf(x) => x.status(),
+            R::Commit(x) => x.status(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

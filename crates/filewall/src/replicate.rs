@@ -178,37 +178,13 @@ fn slots(msg: &Msg) -> Vec<(Slot, Vec<u8>)> {
 fn status(msg: &Msg) -> u32 {
     match msg {
         Msg::Reply(r) => match &r.results {
-            Some(ReplyResults::Nfs3(n)) => nfs_status(n),
+            Some(ReplyResults::Nfs3(n)) => n.status().to_u32(),
             Some(ReplyResults::Mount3(MountReply::Mnt(MountRes3::Fail(s)))) => s.to_u32(),
             None => u32::MAX,
             Some(_) => 0,
         },
         _ => u32::MAX - 1,
     }
-}
-
-fn nfs_status(r: &Nfs3Reply) -> u32 {
-    use Nfs3Reply as R;
-    let s = match r {
-        R::Null(()) => NfsStat3::Ok,
-        R::Getattr(x) => x.status(),
-        R::Setattr(x) | R::Remove(x) | R::Rmdir(x) => x.status(),
-        R::Lookup(x) => x.status(),
-        R::Access(x) => x.status(),
-        R::Readlink(x) => x.status(),
-        R::Read(x) => x.status(),
-        R::Write(x) => x.status(),
-        R::Create(x) | R::Mkdir(x) | R::Symlink(x) | R::Mknod(x) => x.status(),
-        R::Rename(x) => x.status(),
-        R::Link(x) => x.status(),
-        R::Readdir(x) => x.status(),
-        R::Readdirplus(x) => x.status(),
-        R::Fsstat(x) => x.status(),
-        R::Fsinfo(x) => x.status(),
-        R::Pathconf(x) => x.status(),
-        R::Commit(x) => x.status(),
-    };
-    s.to_u32()
 }
 
 /// The reply a call gets when no replica can answer it (none for MOUNT calls but
