@@ -15,7 +15,7 @@ use aya::Ebpf;
 use aya::maps::{Array, MapData, PerCpuArray, RingBuf};
 use aya::programs::{BtfTracePoint, RawTracePoint};
 
-use crate::error::{KernelError, chain, tail};
+use crate::error::{KernelError, chain};
 use crate::objects;
 use crate::sikker_l4::cgroup_id;
 
@@ -27,8 +27,6 @@ const HOOKS: [(&str, &str, &str); 3] = [
     ("sched_process_exec", "orion_exec", "orion_exec_raw"),
     ("sched_process_exit", "orion_exit", "orion_exit_raw"),
 ];
-/// Verifier log lines kept in an error.
-const VERIFIER_LINES: usize = 12;
 /// `comm` length (`TASK_COMM_LEN`).
 pub const COMM_LEN: usize = 16;
 /// Counter slots of `orion_stats`.
@@ -141,19 +139,7 @@ fn map_err(map: &'static str) -> impl Fn(aya::maps::MapError) -> KernelError {
 }
 
 fn verify_err(program: &str) -> impl Fn(aya::programs::ProgramError) -> KernelError + '_ {
-    move |e| KernelError::Verify {
-        program: program.to_string(),
-        detail: match &e {
-            aya::programs::ProgramError::LoadError {
-                io_error,
-                verifier_log,
-            } => format!(
-                "{io_error}; the verifier said:\n{}",
-                tail(&verifier_log.to_string(), VERIFIER_LINES)
-            ),
-            other => chain(other),
-        },
-    }
+    move |e| crate::error::refused(program, &e)
 }
 
 /// The level of a cgroup v2 directory below the hierarchy's root (the root is 0).

@@ -30,7 +30,7 @@ use aya::programs::cgroup_skb::CgroupSkbLinkId;
 use aya::programs::cgroup_sock_addr::CgroupSockAddrLinkId;
 use aya::programs::{CgroupAttachMode, CgroupSkb, CgroupSkbAttachType, CgroupSockAddr};
 
-use crate::error::{KernelError, chain, tail};
+use crate::error::{KernelError, chain};
 use crate::objects;
 
 /// The object's name in errors.
@@ -57,8 +57,6 @@ const CGROUP2_MAGIC: i64 = 0x6367_7270;
 /// later), which always run beside other programs of the cgroup and take no
 /// flags: the kernel refuses BPF_F_ALLOW_MULTI on a link with EINVAL.
 const MODE: CgroupAttachMode = CgroupAttachMode::Single;
-/// Verifier log lines kept in an error.
-const VERIFIER_LINES: usize = 12;
 
 // The map layouts of bpf/sikker_l4.bpf.c, field for field.
 
@@ -291,19 +289,7 @@ fn missing(what: &'static str, name: &str) -> KernelError {
 }
 
 fn verify_err(program: &str) -> impl Fn(aya::programs::ProgramError) -> KernelError + '_ {
-    move |e| KernelError::Verify {
-        program: program.into(),
-        detail: match &e {
-            aya::programs::ProgramError::LoadError {
-                io_error,
-                verifier_log,
-            } => format!(
-                "{io_error}; the verifier said:\n{}",
-                tail(&verifier_log.to_string(), VERIFIER_LINES)
-            ),
-            other => chain(other),
-        },
-    }
+    move |e| crate::error::refused(program, &e)
 }
 
 /// Takes map `name` out of the object, typed.
