@@ -276,25 +276,38 @@ pub fn install_and_send(profile: Profile, sock: std::os::fd::RawFd) -> std::io::
         len: u16::try_from(prog.len()).unwrap_or(u16::MAX),
         filter: prog.as_ptr().cast_mut(),
     };
+    install_listener_and_send(&fprog, sock, b"seccomp")
+}
+
+/// Sets no_new_privs, installs `fprog` with a listener and sends the
+/// listener over `sock` with message `tag`. Allocates nothing and makes only
+/// async-signal-safe calls (prctl, seccomp, sendmsg, close), so it may run
+/// between fork and exec.
+pub fn install_listener_and_send(
+    fprog: &libc::sock_fprog,
+    sock: std::os::fd::RawFd,
+    tag: &[u8],
+) -> std::io::Result<()> {
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    // SAFETY: `fprog` points at `prog`, alive for the call; the kernel copies it.
+    // SAFETY: `fprog` and the filter it points at are alive for the call;
+    // the kernel copies the program.
     let fd = unsafe {
         libc::syscall(
             libc::SYS_seccomp,
             libc::SECCOMP_SET_MODE_FILTER,
             libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
-            &raw const fprog,
+            std::ptr::from_ref(fprog),
         )
     };
     if fd < 0 {
         return Err(std::io::Error::last_os_error());
     }
     let fd = fd as std::os::fd::RawFd;
-    let r = crate::fdpass::send_fd(sock, b"seccomp", fd);
-    // SAFETY: our copy of the listener; the server holds its own.
+    let r = crate::fdpass::send_fd(sock, tag, fd);
+    // SAFETY: our copy of the listener; the receiver holds its own.
     unsafe { libc::close(fd) };
     r
 }

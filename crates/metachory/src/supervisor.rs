@@ -114,7 +114,12 @@ pub fn run(argv: &[OsString], policy: Policy) -> Result<Outcome, Error> {
     // not allocate. `fprog` and `prog_filter` outlive `spawn`, and the child
     // has its own copy of that memory.
     unsafe {
-        cmd.pre_exec(move || install_and_send(fprog_addr, child_raw));
+        cmd.pre_exec(move || {
+            // SAFETY: `fprog_addr` is the address of `fprog`, alive in the
+            // child's copy of this memory (above).
+            let fprog = &*(fprog_addr as *const libc::sock_fprog);
+            filter::install_listener_and_send(fprog, child_raw, &[0])
+        });
     }
     let mut child = cmd.spawn().map_err(|source| Error::Spawn {
         prog: prog.clone(),
@@ -189,32 +194,6 @@ fn forward_signals(
     Some((handle, thread))
 }
 
-/// In the child: no_new_privs, install the filter, send the listener fd.
-fn install_and_send(fprog_addr: usize, sock: RawFd) -> io::Result<()> {
-    // SAFETY: prctl with integer arguments only.
-    if unsafe { libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `fprog_addr` points at a live `sock_fprog` whose filter array is
-    // alive too (see `run`); the kernel copies the program.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_seccomp,
-            libc::SECCOMP_SET_MODE_FILTER,
-            libc::SECCOMP_FILTER_FLAG_NEW_LISTENER,
-            fprog_addr as *const libc::sock_fprog,
-        )
-    };
-    if fd < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let fd = fd as RawFd;
-    let r = fdpass::send_fd(sock, &[0], fd);
-    // SAFETY: `fd` is the listener we own in this process; the parent has its copy.
-    unsafe { libc::close(fd) };
-    r
-}
-
 /// The listener the child sends (through [`fdpass::recv`]).
 fn recv_fd(sock: &OwnedFd) -> io::Result<OwnedFd> {
     fdpass::recv(sock.as_raw_fd())?
@@ -230,6 +209,15 @@ fn recv_fd(sock: &OwnedFd) -> io::Result<OwnedFd> {
 /// Answer notifications until every task using the filter is gone.
 fn serve(listener: &OwnedFd, policy: &Policy, root: Option<&File>) -> Counters {
     let mut counters = Counters::default();
+    until_gone(listener, || {
+        handle_one(listener, policy, root, &mut counters);
+    });
+    counters
+}
+
+/// Calls `on_notification` for each notification the seccomp `listener`
+/// has, until every task under its filter is gone (the listener hangs up).
+pub(crate) fn until_gone(listener: &OwnedFd, mut on_notification: impl FnMut()) {
     loop {
         let mut pfd = libc::pollfd {
             fd: listener.as_raw_fd(),
@@ -245,12 +233,11 @@ fn serve(listener: &OwnedFd, policy: &Policy, root: Option<&File>) -> Counters {
             break;
         }
         if pfd.revents & libc::POLLIN != 0 {
-            handle_one(listener, policy, root, &mut counters);
+            on_notification();
         } else if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
             break;
         }
     }
-    counters
 }
 
 pub(crate) fn ioctl<T>(fd: &OwnedFd, req: libc::Ioctl, arg: *mut T) -> io::Result<()> {

@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 
 use crate::filter;
 use crate::policy::{Decision, OpenRequest, Policy, normalise};
-use crate::supervisor::{Counters, guest_dir, ioctl, read_cstr};
+use crate::supervisor::{Counters, guest_dir, ioctl, read_cstr, until_gone};
 
 /// Trees that always come from the guest's own kernel view, natively.
 const NATIVE_TREES: &[&str] = &["/proc", "/dev", "/sys"];
@@ -52,26 +52,7 @@ impl Guard {
     /// Answers notifications until every task under the filter is gone.
     pub fn serve(&mut self, listener: &OwnedFd, report: &Report) -> Counters {
         let mut c = Counters::default();
-        loop {
-            let mut pfd = libc::pollfd {
-                fd: listener.as_raw_fd(),
-                events: libc::POLLIN,
-                revents: 0,
-            };
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&raw mut pfd, 1, -1) };
-            if r < 0 {
-                if io::Error::last_os_error().kind() == io::ErrorKind::Interrupted {
-                    continue;
-                }
-                break;
-            }
-            if pfd.revents & libc::POLLIN != 0 {
-                self.one(listener, report, &mut c);
-            } else if pfd.revents & (libc::POLLHUP | libc::POLLERR | libc::POLLNVAL) != 0 {
-                break;
-            }
-        }
+        until_gone(listener, || self.one(listener, report, &mut c));
         c
     }
 
