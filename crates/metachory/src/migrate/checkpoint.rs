@@ -122,25 +122,10 @@ pub fn freeze(pid: i32, opts: &CaptureOptions) -> Result<Frozen, Error> {
 /// `brk`, and the signal state, asked of the guest through injected calls
 /// on a scratch page it maps and unmaps.
 fn inject_reads(t: &mut Tracee) -> Result<(u64, MxSignals), Error> {
-    let page = t.call(
-        "mmap (scratch)",
-        libc::SYS_mmap,
-        [
-            0,
-            PAGE_BYTES,
-            (libc::PROT_READ | libc::PROT_WRITE) as u64,
-            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-            u64::MAX,
-            0,
-        ],
-    )?;
+    let page = t.map_scratch()?;
     let r = signal_state(t, page);
     let brk = t.call("brk", libc::SYS_brk, [0; 6]);
-    t.call(
-        "munmap (scratch)",
-        libc::SYS_munmap,
-        [page, PAGE_BYTES, 0, 0, 0, 0],
-    )?;
+    t.unmap_scratch(page)?;
     Ok((brk?, r?))
 }
 

@@ -304,18 +304,7 @@ pub fn finish(t: &mut Tracee, image: &MxImage, inst: &Installed) -> Result<(), E
             )?;
         }
     }
-    let scratch = t.call(
-        "mmap (scratch)",
-        libc::SYS_mmap,
-        [
-            0,
-            PAGE_BYTES,
-            (libc::PROT_READ | libc::PROT_WRITE) as u64,
-            (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
-            u64::MAX,
-            0,
-        ],
-    )?;
+    let scratch = t.map_scratch()?;
     set_mm(t, image, inst, scratch)?;
     set_signals(t, image, scratch)?;
     set_task(t, image, scratch)?;
@@ -325,11 +314,7 @@ pub fn finish(t: &mut Tracee, image: &MxImage, inst: &Installed) -> Result<(), E
     {
         t.call("close", libc::SYS_close, [fd as u64, 0, 0, 0, 0, 0])?;
     }
-    t.call(
-        "munmap (scratch)",
-        libc::SYS_munmap,
-        [scratch, PAGE_BYTES, 0, 0, 0, 0],
-    )?;
+    t.unmap_scratch(scratch)?;
     t.set_regs(&words_regs(&image.regs))?;
     t.set_xstate(&image.xstate)
 }

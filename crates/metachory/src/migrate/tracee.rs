@@ -247,6 +247,33 @@ impl Tracee {
         Ok(r as u64)
     }
 
+    /// Maps a private read-write page in the task for the arguments and
+    /// results of injected calls; its address.
+    pub fn map_scratch(&mut self) -> Result<u64, Error> {
+        self.call(
+            "mmap (scratch)",
+            libc::SYS_mmap,
+            [
+                0,
+                sidecore_wire::mx_image::PAGE_BYTES,
+                (libc::PROT_READ | libc::PROT_WRITE) as u64,
+                (libc::MAP_PRIVATE | libc::MAP_ANONYMOUS) as u64,
+                u64::MAX,
+                0,
+            ],
+        )
+    }
+
+    /// Unmaps the page [`Tracee::map_scratch`] mapped at `page`.
+    pub fn unmap_scratch(&mut self, page: u64) -> Result<(), Error> {
+        self.call(
+            "munmap (scratch)",
+            libc::SYS_munmap,
+            [page, sidecore_wire::mx_image::PAGE_BYTES, 0, 0, 0, 0],
+        )
+        .map(drop)
+    }
+
     /// The `[vdso]` moved: find its `syscall` again.
     pub fn vdso_moved(&mut self, old_start: u64, new_start: u64) {
         self.syscall_at = self.syscall_at - old_start + new_start;
