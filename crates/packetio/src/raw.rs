@@ -74,6 +74,15 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// The index of interface `name` in this network namespace.
+pub(crate) fn ifindex(name: &std::ffi::CStr) -> io::Result<u32> {
+    // SAFETY: `name` is a NUL-terminated string that outlives the call.
+    match unsafe { libc::if_nametoindex(name.as_ptr()) } {
+        0 => Err(io::Error::last_os_error()),
+        i => Ok(i),
+    }
+}
+
 fn set_int(fd: impl AsFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
     // SAFETY: `v` is a live c_int for the duration of the call and its size
     // is passed with it; `fd` is an open socket.
@@ -106,11 +115,7 @@ impl RawSocket {
         };
         let name = CString::new(o.iface.as_str())
             .map_err(|_| err("interface name")(io::Error::from(io::ErrorKind::InvalidInput)))?;
-        // SAFETY: `name` is a NUL-terminated string that outlives the call.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        if ifindex == 0 {
-            return Err(err("no such interface")(io::Error::last_os_error()));
-        }
+        let ifindex = ifindex(&name).map_err(err("no such interface"))?;
         let proto = if o.receive { ETH_P_ALL_BE } else { 0 };
         // SAFETY: plain socket(2) call; the result is checked.
         let raw = unsafe {

@@ -418,11 +418,7 @@ impl XskSocket {
         };
         let name = CString::new(o.iface.as_str())
             .map_err(|_| err("interface name")(io::Error::from(io::ErrorKind::InvalidInput)))?;
-        // SAFETY: `name` is a NUL-terminated string that outlives the call.
-        let ifindex = unsafe { libc::if_nametoindex(name.as_ptr()) };
-        if ifindex == 0 {
-            return Err(err("no such interface")(io::Error::last_os_error()));
-        }
+        let ifindex = crate::raw::ifindex(&name).map_err(err("no such interface"))?;
         // SAFETY: plain socket(2); the result is checked.
         let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
         let raw = cvt(raw).map_err(err("socket"))?;
