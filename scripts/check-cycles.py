@@ -99,6 +99,9 @@ def modules(src):
 
 def expand_use(tree):
     """`a::{b, c::{d, e as f}}` -> ['a::b', 'a::c::d', 'a::c::e']."""
+    # Renames go before the spaces do: `e as f` names e (and a name such as
+    # `fdpass` holds "as" without being one).
+    tree = re.sub(r"\s+as\s+\w+", "", tree)
     tree = re.sub(r"\s+", "", tree)
 
     def split_top(s):
@@ -117,7 +120,6 @@ def expand_use(tree):
     def go(prefix, s):
         i = s.find("{")
         if i < 0:
-            s = re.sub(r"as\w+$", "", s.split("as", 1)[0] if re.search(r"\was\w", s) else s)
             return [prefix + s]
         head, body = s[:i], s[i + 1:s.rfind("}")]
         out = []

@@ -18,8 +18,9 @@ use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use crate::fdpass;
+use crate::filter;
 use crate::policy::{Decision, OpenRequest, Policy};
-use crate::{fdpass, filter};
 
 /// The supervision this crate implements, as `sidecore exec` reports it.
 pub const SUPERVISION: &str = "seccomp-user-notif";
