@@ -50,6 +50,11 @@ enum Which {
         /// The agent's Unix socket.
         #[arg(long)]
         socket: PathBuf,
+        /// Run on this CPU as a core of its own: the agent's loop is pinned
+        /// there and busy-polls, so no message waits for the agent to wake up
+        /// (the core is then always busy).
+        #[arg(long, value_name = "CPU")]
+        core: Option<u32>,
         #[command(flatten)]
         net: crate::sikker_net::AgentNetArgs,
     },
@@ -160,6 +165,7 @@ pub fn run(cmd: SikkerCommand) -> anyhow::Result<ExitCode> {
             placement,
             host,
             socket,
+            core,
             store,
             net,
         } => agent(
@@ -167,7 +173,7 @@ pub fn run(cmd: SikkerCommand) -> anyhow::Result<ExitCode> {
             &store,
             placement.as_deref(),
             &host,
-            &socket,
+            (&socket, core),
             &net,
         ),
         Which::PutPolicy { store, file } => state::put_policy(&store, &file),
@@ -208,9 +214,23 @@ fn agent(
     store: &StoreArgs,
     placement: Option<&std::path::Path>,
     host: &str,
-    socket: &std::path::Path,
+    (socket, cpu): (&std::path::Path, Option<u32>),
     net: &crate::sikker_net::AgentNetArgs,
 ) -> anyhow::Result<ExitCode> {
+    // Checked before anything starts; pinned only once the helper threads
+    // (watches, metrics) are spawned, so they stay off the agent's core.
+    let usable = sidecore_pe::cores::allowed_cpus();
+    if let Some(c) = cpu {
+        anyhow::ensure!(
+            usable.contains(&c),
+            "--core {c}: this process may not run on CPU {c} (it may use CPUs {})",
+            usable
+                .iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
@@ -280,6 +300,12 @@ fn agent(
             );
         }
     });
+    if let Some(c) = cpu {
+        sidecore_pe::cores::pin_current_thread(c)
+            .with_context(|| format!("--core {c}: pinning the agent to CPU {c}"))?;
+        server.set_busy_poll(true);
+        eprintln!("sikker agent for host {host}: busy-polling on CPU {c}");
+    }
     eprintln!(
         "sikker agent for host {host} on {}; Ctrl-C stops it",
         socket.display()

@@ -329,3 +329,118 @@ portal = "ForBill"
     );
     common::promtool_ok(&m);
 }
+
+/// The last CPU this process may run on (`Cpus_allowed_list`, e.g. `0-1`).
+fn last_allowed_cpu(status: &str) -> u32 {
+    let list = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .unwrap()
+        .trim();
+    list.rsplit([',', '-']).next().unwrap().parse().unwrap()
+}
+
+#[test]
+fn an_agent_on_a_core_of_its_own_busy_polls_there_and_a_cpu_it_may_not_use_is_refused() {
+    if !sidecore_testbed::testing::root() {
+        return;
+    }
+    let Some(cg) = cgroup2_root() else {
+        panic!("no cgroup v2 mount on this machine");
+    };
+    let _s = serial();
+    let g = Groups::new(&cg, "sikker-core", &["a"]);
+    let dir = tempfile::tempdir().unwrap();
+    let policy = dir.path().join("policy.toml");
+    std::fs::write(
+        &policy,
+        format!(
+            "[[service]]\nname = \"a\"\ndomains = [\"In\"]\n[[service.process]]\nid = 1\ncgroup = \"{}\"\n",
+            g.path("a")
+        ),
+    )
+    .unwrap();
+    let placement = dir.path().join("placement.toml");
+    std::fs::write(
+        &placement,
+        "[[host]]\nname = \"h1\"\nprocesses = [\"a:1\"]\n",
+    )
+    .unwrap();
+    let sock = dir.path().join("agent.sock");
+    let s = sock.to_str().unwrap();
+    let agent = |cpu: &str| {
+        let mut c = bin();
+        c.args([
+            "sikker", "agent", "--host", "h1", "--socket", s, "--core", cpu,
+        ])
+        .arg("--policy")
+        .arg(&policy)
+        .arg("--placement")
+        .arg(&placement);
+        c
+    };
+    // A CPU this process may not use: refused before anything starts.
+    let o = agent("4096").output().unwrap();
+    let (_, err) = text(&o);
+    assert!(!o.status.success(), "{err}");
+    assert!(
+        err.contains("--core 4096: this process may not run on CPU 4096 (it may use CPUs"),
+        "{err}"
+    );
+    assert!(!sock.exists(), "a refused agent listened");
+
+    let cpu = last_allowed_cpu(&std::fs::read_to_string("/proc/self/status").unwrap());
+    let log = dir.path().join("agent.log");
+    let a = Guard(
+        agent(&cpu.to_string())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let busy = format!("busy-polling on CPU {cpu}");
+    assert!(
+        wait_for(
+            || std::fs::read_to_string(&log).is_ok_and(|l| l.contains(&busy)),
+            10
+        ),
+        "the agent never said it busy-polls: {}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    // Its loop (the main thread) is pinned to that CPU alone.
+    let status = std::fs::read_to_string(format!("/proc/{}/status", a.0.id())).unwrap();
+    assert_eq!(last_allowed_cpu(&status), cpu);
+    assert!(
+        status.contains(&format!("Cpus_allowed_list:\t{cpu}\n")),
+        "{status}"
+    );
+    // And it serves: a message goes through with its derived identity.
+    let procs = g.procs("a");
+    let rx = spawn_in(
+        &procs,
+        &[
+            "sikker",
+            "recv",
+            "--socket",
+            s,
+            "--count",
+            "1",
+            "--timeout-ms",
+            "8000",
+        ],
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let o = run_in(
+        &procs,
+        &["sikker", "send", "--socket", s, "--to", "a:1:In", "spun"],
+    );
+    assert!(o.status.success(), "{:?}", text(&o));
+    let r = rx.wait_with_output().unwrap();
+    assert!(r.status.success(), "{:?}", text(&r));
+    let got = lines(&r);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(
+        (got[0]["from"].as_str(), got[0]["text"].as_str()),
+        (Some("a:1"), Some("spun"))
+    );
+}

@@ -6,15 +6,21 @@
 //!   agent; against A and B bouncing the same bytes over a `SOCK_SEQPACKET`
 //!   socket pair. The agent's added latency per message is half the
 //!   difference of the medians (two traversals per round trip).
-//! * Throughput: A sends N messages to B as fast as the client library lets it
-//!   (each send waits for the agent's verdict), against A writing N messages
-//!   straight into the socket pair.
+//! * Throughput: A sends N messages to B as fast as the client library lets it,
+//!   first with `send` (each waits for the agent's verdict), then with `post`
+//!   (pipelined: verdicts collected as they come, refused ones sent again),
+//!   timed until B has taken the last; against A writing N messages straight
+//!   into the socket pair.
 //!
 //! * Across hosts: the same round trips and throughput with A and B placed on
 //!   two hosts whose agents (two threads here) link over mutual TLS on
 //!   loopback, so every message is checked at the sender's agent, forwarded,
 //!   checked at the receiver's and answered with its verdict; against a bare
 //!   TCP connection on loopback carrying the same request/response.
+//!
+//! * On a core of its own: the same local paths with the agent busy-polling
+//!   on another CPU (`AGENT_BENCH_AGENT_CPU`, default 0) while both ends stay
+//!   on theirs.
 //!
 //! Run: `cargo bench -p sidecore-sikker-agent --bench agent` (environment:
 //! `AGENT_BENCH_CPU`, default 1, the one CPU everything runs on, `none` to unpin;
@@ -79,7 +85,13 @@ fn echo(sock: &Path) {
 
 /// Round trips and throughput from A (this process, attached to `a_sock`)
 /// to B (an echo child in cgroup `b`, attached to `b_sock`).
-fn through(top: &Path, a_sock: &Path, b_sock: &Path, rounds: u64, msgs: u64) -> (Vec<u64>, f64) {
+fn through(
+    top: &Path,
+    a_sock: &Path,
+    b_sock: &Path,
+    rounds: u64,
+    msgs: u64,
+) -> (Vec<u64>, f64, f64) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .env("AGENT_BENCH_ECHO", b_sock)
         .stdin(Stdio::piped())
@@ -108,7 +120,8 @@ fn through(top: &Path, a_sock: &Path, b_sock: &Path, rounds: u64, msgs: u64) -> 
         }
         assert_eq!(d.from.to_string(), "b:1");
     }
-    // Throughput through the agent (the echo side ignores these: 'q').
+    // Throughput through the agent (the echo side ignores these: 'q'), one
+    // verdict awaited per message, then pipelined.
     let quiet = [b'q'; MSG];
     let t = Instant::now();
     let mut full = 0u64;
@@ -127,13 +140,37 @@ fn through(top: &Path, a_sock: &Path, b_sock: &Path, rounds: u64, msgs: u64) -> 
         }
     }
     let agent_tput = msgs as f64 / t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let mut left = msgs;
+    while left > 0 {
+        for _ in 0..left {
+            a.post(&to_b, &quiet).unwrap();
+        }
+        let refused = a.flush(Duration::from_secs(10)).unwrap();
+        for (_, why) in &refused {
+            assert!(
+                matches!(why, Denied::Undeliverable(_) | Denied::Remote { .. }),
+                "{why}"
+            );
+        }
+        left = refused.len() as u64;
+        full += left;
+        if left > 0 {
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+    // B takes messages in order: its echo of one more ping means it has
+    // taken every quiet one.
+    a.send(&to_b, &ping).unwrap();
+    a.recv(Duration::from_secs(5)).unwrap().unwrap();
+    let pipelined_tput = msgs as f64 / t.elapsed().as_secs_f64();
     if full > 0 {
         println!("(the receiver was full {full} times: those messages were sent again)");
     }
     a.send(&to_b, &[]).unwrap(); // stop the echo
     let _ = child.wait();
 
-    (agent_rtt, agent_tput)
+    (agent_rtt, agent_tput, pipelined_tput)
 }
 
 /// A on host h1 and B on host h2, whose agents link over mutual TLS on
@@ -145,7 +182,7 @@ fn across_hosts(
     stop: &Arc<AtomicBool>,
     rounds: u64,
     msgs: u64,
-) -> (Vec<u64>, f64, Vec<u64>, f64) {
+) -> (Vec<u64>, f64, f64, Vec<u64>, f64) {
     let two = parse_placement(
         "h.toml",
         "[[host]]\nname = \"h1\"\nprocesses = [\"a:1\"]\n[[host]]\nname = \"h2\"\nprocesses = [\"b:1\"]\n",
@@ -188,9 +225,9 @@ fn across_hosts(
     }
     // Let the two agents link.
     std::thread::sleep(Duration::from_millis(800));
-    let (rtt, tput) = through(top, &far[0].0, &far[1].0, rounds, msgs);
+    let (rtt, tput, piped) = through(top, &far[0].0, &far[1].0, rounds, msgs);
     let (tcp_rtt, tcp_tput) = tcp_control(rounds, msgs);
-    (rtt, tput, tcp_rtt, tcp_tput)
+    (rtt, tput, piped, tcp_rtt, tcp_tput)
 }
 
 /// The same request/response over a bare TCP connection on loopback.
@@ -297,8 +334,29 @@ fn main() {
         std::process::id().to_string(),
     )
     .unwrap();
-    let (agent_rtt, agent_tput) = through(&top, &sock, &sock, rounds, msgs);
-    let (far_rtt, far_tput, tcp_rtt, tcp_tput) =
+    let (agent_rtt, agent_tput, agent_piped) = through(&top, &sock, &sock, rounds, msgs);
+    // The same agent on a core of its own, busy-polling (the two ends stay
+    // on their CPU).
+    let own_cpu = env("AGENT_BENCH_AGENT_CPU", 0) as u32;
+    let spun = {
+        let nos = Nos::compile(policy.clone(), &placement).unwrap();
+        let sock = dir.path().join("spun.sock");
+        let mut server = Server::bind(AgentCore::new(nos, "h").unwrap(), &sock).unwrap();
+        server.set_busy_poll(true);
+        let st = Arc::new(AtomicBool::new(false));
+        let st2 = Arc::clone(&st);
+        let t = std::thread::spawn(move || {
+            let mut set = nix::sched::CpuSet::new();
+            set.set(own_cpu as usize).unwrap();
+            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+            server.run(&st2).unwrap();
+        });
+        let r = through(&top, &sock, &sock, rounds, msgs);
+        st.store(true, Ordering::Release);
+        t.join().unwrap();
+        r
+    };
+    let (far_rtt, far_tput, far_piped, tcp_rtt, tcp_tput) =
         across_hosts(&top, &policy, dir.path(), &stop, rounds / 4, msgs / 4);
 
     let (ping, quiet) = ([b'p'; MSG], [b'q'; MSG]);
@@ -362,10 +420,28 @@ fn main() {
         "| through the agent | {ar} | {} | {agent_tput:.0} |",
         ar / 2
     );
+    println!("| through the agent, pipelined (`post`) | | | {agent_piped:.0} |");
+    let sr = median(spun.0.clone());
     println!(
-        "agent adds ≈ {} ns per message (p50, half the round-trip difference); throughput {:.2}× the direct socket",
+        "| through the agent busy-polling on CPU {own_cpu} | {sr} | {} | {:.0} |",
+        sr / 2,
+        spun.1
+    );
+    println!(
+        "| through the agent busy-polling on CPU {own_cpu}, pipelined | | | {:.0} |",
+        spun.2
+    );
+    println!(
+        "agent on its own core adds ≈ {} ns per message (p50); throughput {:.3}× direct one verdict at a time, {:.3}× pipelined",
+        sr.saturating_sub(dr) / 2,
+        spun.1 / direct_tput,
+        spun.2 / direct_tput
+    );
+    println!(
+        "agent adds ≈ {} ns per message (p50, half the round-trip difference); throughput {:.3}× the direct socket one verdict at a time, {:.3}× pipelined",
         ar.saturating_sub(dr) / 2,
-        agent_tput / direct_tput
+        agent_tput / direct_tput,
+        agent_piped / direct_tput
     );
     println!(
         "| bare TCP on loopback (request/response) | {tr} | {} | {tcp_tput:.0} |",
@@ -375,9 +451,11 @@ fn main() {
         "| through two agents over mutual TLS (loopback) | {fr} | {} | {far_tput:.0} |",
         fr / 2
     );
+    println!("| through two agents, pipelined (`post`) | | | {far_piped:.0} |");
     println!(
-        "across hosts the agents add ≈ {} ns per message over bare TCP (p50); throughput {:.2}× bare TCP request/response",
+        "across hosts the agents add ≈ {} ns per message over bare TCP (p50); throughput {:.3}× bare TCP request/response one verdict at a time, {:.3}× pipelined",
         fr.saturating_sub(tr) / 2,
-        far_tput / tcp_tput
+        far_tput / tcp_tput,
+        far_piped / tcp_tput
     );
 }

@@ -2,8 +2,15 @@
 //! `(service, process, domain)`, receive with the sender's verified identity,
 //! and answer with a one-time permission. The process never states who it is;
 //! the agent works it out from the socket.
+//!
+//! [`Client::send`] waits for the agent's verdict on each message.
+//! [`Client::post`] does not: it keeps up to [`POST_WINDOW`] messages
+//! unanswered, files the verdicts as they come (the agent answers a run of
+//! accepted messages with one [`FromAgent::Oks`]) and [`Client::flush`] hands
+//! back the refused ones by request number, so a sender streams at the
+//! agent's pace instead of one round trip per message.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::io::{IoSlice, IoSliceMut};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::Path;
@@ -18,6 +25,11 @@ use crate::proto::{self, Denied, Dest, FromAgent, Identity, MAX_MESSAGE_BYTES, R
 
 /// How long a client waits for its agent's answer.
 pub const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How many posted messages may wait for their verdicts at once; a
+/// [`Client::post`] beyond it first reads verdicts. It keeps the answers
+/// within what the socket holds.
+pub const POST_WINDOW: usize = 128;
 
 /// Why a client call failed.
 #[derive(Debug, thiserror::Error)]
@@ -61,9 +73,15 @@ pub struct Client {
     identity: Option<Identity>,
     inbox: VecDeque<Delivery>,
     next_id: u64,
+    /// Requests sent and not answered yet.
+    unanswered: BTreeSet<u64>,
+    /// Requests refused and not handed back yet, by number.
+    refused: BTreeMap<u64, Denied>,
     /// Answers that matched no request of this client (a denial of bytes
     /// that were not a request, say).
     stray: Vec<FromAgent>,
+    /// One receive buffer, reused.
+    buf: Vec<u8>,
 }
 
 impl Client {
@@ -85,13 +103,7 @@ impl Client {
         };
         let fd = socket(AddressFamily::Unix, SockType::SeqPacket, flags, None).map_err(err)?;
         connect(fd.as_raw_fd(), &UnixAddr::new(path).map_err(err)?).map_err(err)?;
-        let mut c = Client {
-            fd,
-            identity: None,
-            inbox: VecDeque::new(),
-            next_id: 1,
-            stray: Vec::new(),
-        };
+        let mut c = Client::new(fd);
         match c.next(ANSWER_TIMEOUT)? {
             FromAgent::Attached(id) => {
                 c.identity = Some(id);
@@ -107,13 +119,20 @@ impl Client {
     /// # Safety
     /// `fd` must be an open socket descriptor that nothing else owns.
     pub unsafe fn from_raw_fd(fd: RawFd) -> Client {
+        // SAFETY: the caller hands over an open descriptor it owns.
+        Client::new(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    fn new(fd: OwnedFd) -> Client {
         Client {
-            // SAFETY: the caller hands over an open descriptor it owns.
-            fd: unsafe { OwnedFd::from_raw_fd(fd) },
+            fd,
             identity: None,
             inbox: VecDeque::new(),
             next_id: 1,
+            unanswered: BTreeSet::new(),
+            refused: BTreeMap::new(),
             stray: Vec::new(),
+            buf: vec![0u8; MAX_MESSAGE_BYTES],
         }
     }
 
@@ -172,40 +191,84 @@ impl Client {
         })
     }
 
-    /// The next message delivered to this process, waiting up to `timeout`.
-    pub fn recv(&mut self, timeout: Duration) -> Result<Option<Delivery>, ClientError> {
-        if let Some(d) = self.inbox.pop_front() {
-            return Ok(Some(d));
+    /// Sends `payload` to `to` without waiting for the agent's verdict and
+    /// returns the request's number. At most [`POST_WINDOW`] messages wait
+    /// for verdicts; beyond that it reads verdicts first. A refusal comes back
+    /// from [`Client::flush`] (or [`Client::take_refused`]) by this number.
+    pub fn post(&mut self, to: &Dest, payload: &[u8]) -> Result<u64, ClientError> {
+        while self.unanswered.len() >= POST_WINDOW {
+            let m = self.next(ANSWER_TIMEOUT)?;
+            self.absorb(m)?;
         }
-        match self.next(timeout) {
-            Ok(FromAgent::Deliver {
-                from,
-                domain,
-                payload,
-                otp,
-                requester,
-            }) => Ok(Some(Delivery {
-                from,
-                domain,
-                payload,
-                otp,
-                requester,
-            })),
-            Ok(other) => Err(ClientError::Protocol(format!("{other:?}"))),
-            Err(ClientError::Timeout(_)) => Ok(None),
-            Err(e) => Err(e),
+        self.submit(ToAgent::Send {
+            to: to.clone(),
+            payload: payload.to_vec(),
+            otp_for: None,
+            claim: None,
+        })
+    }
+
+    /// Waits up to `timeout` until every posted message has its verdict, and
+    /// hands back the refused ones (request number and reason), oldest first.
+    pub fn flush(&mut self, timeout: Duration) -> Result<Vec<(u64, Denied)>, ClientError> {
+        let deadline = Instant::now() + timeout;
+        while !self.unanswered.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Timeout(timeout));
+            }
+            let m = self.next(left)?;
+            self.absorb(m)?;
+        }
+        Ok(self.take_refused())
+    }
+
+    /// The refusals of posted messages received so far, oldest first.
+    pub fn take_refused(&mut self) -> Vec<(u64, Denied)> {
+        std::mem::take(&mut self.refused).into_iter().collect()
+    }
+
+    /// How many posted messages still wait for their verdicts.
+    pub fn unanswered(&self) -> usize {
+        self.unanswered.len()
+    }
+
+    /// The next message delivered to this process, waiting up to `timeout`.
+    /// Verdicts that arrive meanwhile are filed.
+    pub fn recv(&mut self, timeout: Duration) -> Result<Option<Delivery>, ClientError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(d) = self.inbox.pop_front() {
+                return Ok(Some(d));
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.next(left) {
+                Ok(m) => self.absorb(m)?,
+                Err(ClientError::Timeout(_)) => return Ok(None),
+                Err(e) => return Err(e),
+            }
         }
     }
 
-    /// Sends a request and waits for its answer, keeping deliveries that
-    /// arrive meanwhile.
+    /// Sends a request and waits for its answer, keeping deliveries and
+    /// other verdicts that arrive meanwhile.
     fn request(&mut self, m: &ToAgent) -> Result<(), ClientError> {
+        let id = self.submit(m.clone())?;
+        while self.unanswered.contains(&id) {
+            let m = self.next(ANSWER_TIMEOUT)?;
+            self.absorb(m)?;
+        }
+        match self.refused.remove(&id) {
+            Some(why) => Err(ClientError::Denied(why)),
+            None => Ok(()),
+        }
+    }
+
+    /// Numbers and sends a request; its answer is awaited from then on.
+    fn submit(&mut self, body: ToAgent) -> Result<u64, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
-        let bytes = proto::encode(&Request {
-            id,
-            body: m.clone(),
-        });
+        let bytes = proto::encode(&Request { id, body });
         sendmsg::<()>(
             self.fd.as_raw_fd(),
             &[IoSlice::new(&bytes)],
@@ -214,53 +277,72 @@ impl Client {
             None,
         )
         .map_err(|e| ClientError::Io(e.into()))?;
-        loop {
-            match self.next(ANSWER_TIMEOUT)? {
-                FromAgent::Ok(n) if n == id => return Ok(()),
-                FromAgent::Denied { id: Some(n), why } if n == id => {
-                    return Err(ClientError::Denied(why));
-                }
-                m @ (FromAgent::Ok(_) | FromAgent::Denied { .. }) => self.stray.push(m),
-                FromAgent::Deliver {
-                    from,
-                    domain,
-                    payload,
-                    otp,
-                    requester,
-                } => self.inbox.push_back(Delivery {
-                    from,
-                    domain,
-                    payload,
-                    otp,
-                    requester,
-                }),
-                other => return Err(ClientError::Protocol(format!("{other:?}"))),
-            }
-        }
+        self.unanswered.insert(id);
+        Ok(id)
     }
 
-    /// The next message from the agent.
+    /// Files one message from the agent: a verdict against its request, a
+    /// delivery in the inbox, an answer to nothing among the strays.
+    fn absorb(&mut self, m: FromAgent) -> Result<(), ClientError> {
+        match m {
+            FromAgent::Ok(n) if self.unanswered.remove(&n) => {}
+            FromAgent::Oks { first, last } if self.unanswered.contains(&first) => {
+                let run: Vec<u64> = self.unanswered.range(first..=last).copied().collect();
+                for n in run {
+                    self.unanswered.remove(&n);
+                }
+            }
+            FromAgent::Denied { id: Some(n), why } if self.unanswered.remove(&n) => {
+                self.refused.insert(n, why);
+            }
+            m @ (FromAgent::Ok(_) | FromAgent::Oks { .. } | FromAgent::Denied { .. }) => {
+                self.stray.push(m);
+            }
+            FromAgent::Deliver {
+                from,
+                domain,
+                payload,
+                otp,
+                requester,
+            } => self.inbox.push_back(Delivery {
+                from,
+                domain,
+                payload,
+                otp,
+                requester,
+            }),
+            other => return Err(ClientError::Protocol(format!("{other:?}"))),
+        }
+        Ok(())
+    }
+
+    /// The next message from the agent: a non-blocking read first, and a
+    /// `poll` only when nothing is waiting (one system call per message
+    /// while a stream of verdicts or deliveries is flowing).
     fn next(&mut self, timeout: Duration) -> Result<FromAgent, ClientError> {
         let deadline = Instant::now() + timeout;
-        let mut buf = vec![0u8; MAX_MESSAGE_BYTES];
         loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let ms = u16::try_from(left.as_millis()).unwrap_or(u16::MAX);
-            let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
-            match poll(&mut fds, PollTimeout::from(ms)) {
-                Ok(0) if Instant::now() >= deadline => return Err(ClientError::Timeout(timeout)),
-                Ok(0) | Err(nix::Error::EINTR) => continue,
-                Ok(_) => {}
+            let mut iov = [IoSliceMut::new(&mut self.buf)];
+            match recvmsg::<()>(self.fd.as_raw_fd(), &mut iov, None, MsgFlags::MSG_DONTWAIT) {
+                Ok(r) if r.bytes == 0 => return Err(ClientError::Closed),
+                Ok(r) => {
+                    let n = r.bytes;
+                    return proto::decode(&self.buf[..n])
+                        .map_err(|e| ClientError::Protocol(e.to_string()));
+                }
+                Err(nix::Error::EAGAIN | nix::Error::EINTR) => {}
                 Err(e) => return Err(ClientError::Io(e.into())),
             }
-            let mut iov = [IoSliceMut::new(&mut buf)];
-            let n = recvmsg::<()>(self.fd.as_raw_fd(), &mut iov, None, MsgFlags::empty())
-                .map_err(|e| ClientError::Io(e.into()))?
-                .bytes;
-            if n == 0 {
-                return Err(ClientError::Closed);
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(ClientError::Timeout(timeout));
             }
-            return proto::decode(&buf[..n]).map_err(|e| ClientError::Protocol(e.to_string()));
+            let ms = u16::try_from(left.as_millis().max(1)).unwrap_or(u16::MAX);
+            let mut fds = [PollFd::new(self.fd.as_fd(), PollFlags::POLLIN)];
+            match poll(&mut fds, PollTimeout::from(ms)) {
+                Ok(_) | Err(nix::Error::EINTR) => {}
+                Err(e) => return Err(ClientError::Io(e.into())),
+            }
         }
     }
 }

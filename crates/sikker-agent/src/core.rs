@@ -319,6 +319,15 @@ impl AgentCore {
         }
     }
 
+    /// A delivery this core handed out could not be written to its
+    /// receiver (its socket is full or it went away): it no longer counts as
+    /// delivered, and the sender's request `id` is denied as undeliverable.
+    pub fn delivery_failed(&mut self, conn: ConnId, id: u64) -> Effect {
+        self.counters.delivered = self.counters.delivered.saturating_sub(1);
+        let why = Denied::Undeliverable("the receiver's queue is full or it has gone".into());
+        self.deny(conn, Some(id), why)
+    }
+
     /// The log line of a denial just counted, with the sender and the reason
     /// in the policy's names; `None` when it is not logged. The first
     /// [`LOG_FIRST_DENIALS`] are logged, then one in [`LOG_EVERY_DENIAL`] with

@@ -151,6 +151,9 @@ pub enum FromAgent {
         /// On an answer sent with a one-time permission: who asked for it.
         requester: Option<Identity>,
     },
+    /// Requests `first..=last` of this connection were all accepted: one
+    /// answer for a run of pipelined messages ([`crate::Client::post`]).
+    Oks { first: u64, last: u64 },
 }
 
 /// Why bytes did not decode.

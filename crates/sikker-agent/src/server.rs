@@ -5,6 +5,16 @@
 //! to another process is caught at its first message; before each message the
 //! agent also checks that the attested process still runs the attested
 //! executable (an `exec` ends the identity). Single-threaded: one `poll` loop.
+//!
+//! A readable connection is drained up to [`BATCH`] messages per turn; the
+//! executable is checked once per batch, after the batch was read (so an
+//! `exec` anywhere before the check refuses the whole batch), and the
+//! accepted requests of a batch are answered with one [`FromAgent::Oks`] per
+//! run of consecutive numbers instead of one answer each.
+//!
+//! On a dedicated core ([`Server::set_busy_poll`]) the loop never sleeps: it
+//! polls with a zero timeout, so a message is picked up without a wake-up —
+//! HYDRA's offload of a service onto a core that would otherwise idle.
 
 use std::collections::HashMap;
 use std::io::{IoSlice, IoSliceMut};
@@ -40,6 +50,8 @@ enum Refusal {
 const POLL_MS: u16 = 100;
 /// Connections waiting to be accepted.
 const BACKLOG: i32 = 128;
+/// Messages read from one connection per turn, before the others get theirs.
+const BATCH: usize = 64;
 
 /// The server: the core, the listening socket and the attached connections.
 pub struct Server {
@@ -52,7 +64,15 @@ pub struct Server {
     epoch: Instant,
     on_turn: Option<TurnHook>,
     links: Option<Links>,
+    /// One receive buffer, reused.
+    buf: Vec<u8>,
+    /// Spin instead of sleeping in `poll` (a dedicated core).
+    busy: bool,
 }
+
+/// One message read from a connection: its bytes decoded (or why not) and
+/// the pid the kernel says sent it.
+type Received = (Result<Request, proto::DecodeError>, Option<i32>);
 
 /// Called with the core once per turn.
 type TurnHook = Box<dyn FnMut(&mut AgentCore) + Send>;
@@ -108,6 +128,8 @@ impl Server {
             epoch: Instant::now(),
             on_turn: None,
             links: None,
+            buf: vec![0u8; MAX_MESSAGE_BYTES + 1],
+            busy: false,
         })
     }
 
@@ -125,6 +147,13 @@ impl Server {
     /// the server's thread: how policy updates reach a running agent.
     pub fn set_on_turn(&mut self, f: impl FnMut(&mut AgentCore) + Send + 'static) {
         self.on_turn = Some(Box::new(f));
+    }
+
+    /// Busy-polls (for an agent pinned to a core of its own): `poll` never
+    /// waits, so messages are taken as they arrive, at the price of the whole
+    /// core.
+    pub fn set_busy_poll(&mut self, on: bool) {
+        self.busy = on;
     }
 
     /// Links this agent to the other hosts' agents through `links`.
@@ -165,7 +194,9 @@ impl Server {
         }
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
         // Held messages wait for tokens, links for heartbeats: wake for them.
-        let wait = if self.core.holding() {
+        let wait = if self.busy {
+            0
+        } else if self.core.holding() {
             1
         } else if self.links.is_some() {
             20
@@ -323,54 +354,68 @@ impl Server {
         self.conns.remove(&conn);
     }
 
-    /// A message (or the close) on an attached connection.
+    /// Messages (or the close) on an attached connection: up to [`BATCH`]
+    /// of them, checked and handled together.
     fn readable(&mut self, conn: ConnId, hup: bool) {
-        let Some(fd) = self.conns.get(&conn) else {
-            return;
-        };
-        let mut buf = vec![0u8; MAX_MESSAGE_BYTES + 1];
-        let mut space = nix::cmsg_space!(UnixCredentials);
-        let mut iov = [IoSliceMut::new(&mut buf)];
-        let r = recvmsg::<()>(
-            fd.as_raw_fd(),
-            &mut iov,
-            Some(&mut space),
-            MsgFlags::MSG_DONTWAIT,
-        );
-        let (len, sender) = match r {
-            Ok(m) if m.bytes > 0 => {
-                let sender = m.cmsgs().ok().and_then(|mut c| {
-                    c.find_map(|m| match m {
-                        ControlMessageOwned::ScmCredentials(u) => Some(u.pid()),
-                        _ => None,
-                    })
-                });
-                (m.bytes, sender)
+        let mut batch: Vec<Received> = Vec::new();
+        let mut gone = false;
+        while batch.len() < BATCH {
+            let Some(fd) = self.conns.get(&conn) else {
+                return;
+            };
+            let mut space = nix::cmsg_space!(UnixCredentials);
+            let mut iov = [IoSliceMut::new(&mut self.buf)];
+            let r = recvmsg::<()>(
+                fd.as_raw_fd(),
+                &mut iov,
+                Some(&mut space),
+                MsgFlags::MSG_DONTWAIT,
+            );
+            match r {
+                Ok(m) if m.bytes > 0 => {
+                    let sender = m.cmsgs().ok().and_then(|mut c| {
+                        c.find_map(|m| match m {
+                            ControlMessageOwned::ScmCredentials(u) => Some(u.pid()),
+                            _ => None,
+                        })
+                    });
+                    let len = m.bytes;
+                    batch.push((proto::decode(&self.buf[..len]), sender));
+                }
+                Err(nix::Error::EAGAIN) => {
+                    gone = hup;
+                    break;
+                }
+                // 0 bytes, an error or a hang-up: the process is gone.
+                _ => {
+                    gone = true;
+                    break;
+                }
             }
-            Err(nix::Error::EAGAIN) if !hup => return,
-            // 0 bytes, an error or a hang-up: the process is gone.
-            _ => return self.close(conn),
-        };
-        let effects = self.check_and_handle(conn, &buf[..len], sender);
-        self.apply(conn, effects);
+        }
+        if !batch.is_empty() {
+            let mut oks = Vec::new();
+            for effects in self.check_and_handle(conn, batch) {
+                self.apply_deferring(conn, effects, &mut oks);
+            }
+            self.send_oks(conn, &oks);
+        }
+        if gone {
+            self.close(conn);
+        }
     }
 
-    /// The per-message identity checks, then the core.
-    fn check_and_handle(&mut self, conn: ConnId, bytes: &[u8], sender: Option<i32>) -> Vec<Effect> {
+    /// The per-message identity checks, then the core: the effects of each
+    /// message in turn.
+    fn check_and_handle(&mut self, conn: ConnId, batch: Vec<Received>) -> Vec<Vec<Effect>> {
         let Some((pid, exe)) = self.core.attested(conn).map(|(p, e)| (p, e.to_path_buf())) else {
             return Vec::new();
         };
-        let req = proto::decode::<Request>(bytes);
-        let id = req.as_ref().ok().map(|r| r.id);
-        if sender != Some(pid) {
-            let d = Denied::PassedSocket {
-                attached: pid,
-                sender: sender.unwrap_or(-1),
-            };
-            return vec![self.core.deny(conn, id, d)];
-        }
         let now = std::fs::read_link(self.proc_root.join(pid.to_string()).join("exe"));
         if now.as_deref().ok() != Some(exe.as_path()) {
+            let id = batch
+                .first()
+                .and_then(|(r, _)| r.as_ref().ok().map(|r| r.id));
             let d = Denied::Exec {
                 pid,
                 attested: exe.display().to_string(),
@@ -378,30 +423,53 @@ impl Server {
             };
             let e = self.core.deny(conn, id, d);
             self.core.detach(conn);
-            return vec![e];
+            return vec![vec![e]];
         }
-        match req {
-            Ok(r) => {
-                let now_ns = self.now_ns();
-                self.core.handle(conn, r.id, r.body, now_ns)
-            }
-            Err(e) => vec![self.core.deny(conn, None, Denied::Malformed(e.to_string()))],
+        let mut out = Vec::with_capacity(batch.len());
+        for (req, sender) in batch {
+            let id = req.as_ref().ok().map(|r| r.id);
+            out.push(if sender != Some(pid) {
+                let d = Denied::PassedSocket {
+                    attached: pid,
+                    sender: sender.unwrap_or(-1),
+                };
+                vec![self.core.deny(conn, id, d)]
+            } else {
+                match req {
+                    Ok(r) => {
+                        let now_ns = self.now_ns();
+                        self.core.handle(conn, r.id, r.body, now_ns)
+                    }
+                    Err(e) => vec![self.core.deny(conn, None, Denied::Malformed(e.to_string()))],
+                }
+            });
         }
+        out
     }
 
-    /// Sends the effects; a delivery the receiver cannot take turns the
-    /// sender's `Ok` into a denial, so nothing is lost silently.
+    /// Sends the effects of one message; see [`Server::apply_deferring`].
     fn apply(&mut self, from: ConnId, effects: Vec<Effect>) {
+        let mut oks = Vec::new();
+        self.apply_deferring(from, effects, &mut oks);
+        self.send_oks(from, &oks);
+    }
+
+    /// Sends the effects of one message, except the sender's `Ok`, which
+    /// joins `oks` to be answered with the rest of its batch. A delivery the
+    /// receiver cannot take turns the sender's `Ok` into a denial, so nothing
+    /// is lost silently.
+    fn apply_deferring(&mut self, from: ConnId, effects: Vec<Effect>, oks: &mut Vec<u64>) {
         let mut undelivered = false;
         for e in effects {
-            let msg = match (&e.msg, undelivered) {
-                (FromAgent::Ok(id), true) if e.to == from => FromAgent::Denied {
-                    id: Some(*id),
-                    why: Denied::Undeliverable(
-                        "the receiver's queue is full or it has gone".into(),
-                    ),
-                },
-                _ => e.msg,
+            let msg = match (e.msg, undelivered) {
+                (FromAgent::Ok(id), true) if e.to == from => {
+                    self.core.delivery_failed(from, id).msg
+                }
+                (FromAgent::Ok(id), false) if e.to == from => {
+                    oks.push(id);
+                    continue;
+                }
+                (msg, _) => msg,
             };
             let is_delivery = matches!(msg, FromAgent::Deliver { .. });
             let sent = self.conns.get(&e.to).is_some_and(|fd| send(fd, &msg));
@@ -412,6 +480,25 @@ impl Server {
         if !self.conns.is_empty() && self.core.attested(from).is_none() {
             // The identity ended (an exec): the connection goes too.
             self.conns.remove(&from);
+        }
+    }
+
+    /// Answers the accepted requests `ids` (in the order handled): one `Ok`
+    /// for a lone number, one `Oks` per run of consecutive ones.
+    fn send_oks(&self, to: ConnId, ids: &[u64]) {
+        let Some(fd) = self.conns.get(&to) else {
+            return;
+        };
+        for run in ids.chunk_by(|a, b| b.checked_sub(*a) == Some(1)) {
+            let msg = match run {
+                [one] => FromAgent::Ok(*one),
+                [first, .., last] => FromAgent::Oks {
+                    first: *first,
+                    last: *last,
+                },
+                [] => continue,
+            };
+            send(fd, &msg);
         }
     }
 }

@@ -2,7 +2,9 @@
 //! test process attests as the policy's process whose cgroup is its own. A
 //! permitted message goes through with the derived identity; a denial says
 //! why; malformed bytes get a clear error and the connection keeps working;
-//! and a second agent refuses a host that is not in the placement.
+//! and a second agent refuses a host that is not in the placement. Posted
+//! (pipelined) messages stream through a busy-polling agent, and flushing
+//! hands back exactly the refused ones.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
 use std::io::IoSlice;
@@ -113,5 +115,70 @@ fn an_agent_for_a_host_outside_the_placement_does_not_start() {
     assert!(
         e.contains("host `h2` is not in the placement (hosts: h1)"),
         "{e}"
+    );
+}
+
+#[test]
+fn posted_messages_stream_through_a_busy_polling_agent_and_flush_returns_exactly_the_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let mut server = Server::bind(AgentCore::new(nos("h1"), "h1").unwrap(), &sock).unwrap();
+    server.set_busy_poll(true);
+    let stop = Arc::new(AtomicBool::new(false));
+    let st = Arc::clone(&stop);
+    let t = std::thread::spawn(move || {
+        server.run(&st).unwrap();
+        server.core().counters().clone()
+    });
+    let mut rx = Client::connect(&sock).unwrap();
+    rx.listen().unwrap();
+    const N: u32 = 3000;
+    // The receiver takes everything until the end marker.
+    let got = std::thread::spawn(move || {
+        let mut got = Vec::new();
+        while let Some(d) = rx.recv(Duration::from_secs(10)).unwrap() {
+            if d.payload == b"end" {
+                break;
+            }
+            got.push(u32::from_le_bytes(d.payload[..4].try_into().unwrap()));
+        }
+        got
+    });
+    let mut tx = Client::connect(&sock).unwrap();
+    let (good, bad): (Dest, Dest) = ("echo:1:In".parse().unwrap(), "echo:9:In".parse().unwrap());
+    let mut sent = std::collections::BTreeMap::new();
+    for i in 0..N {
+        let to = if i % 7 == 3 { &bad } else { &good };
+        let id = tx.post(to, &i.to_le_bytes()).unwrap();
+        assert!(tx.unanswered() <= sidecore_sikker_agent::client::POST_WINDOW);
+        sent.insert(id, i);
+    }
+    let refused = tx.flush(Duration::from_secs(10)).unwrap();
+    assert_eq!(tx.unanswered(), 0);
+    // Every message to the unknown process is refused as such, by its number;
+    // anything else refused could only be a full receiver, said so.
+    let mut unknown = Vec::new();
+    let mut full = std::collections::BTreeSet::new();
+    for (id, why) in refused {
+        let i = sent[&id];
+        match why {
+            Denied::Unknown { what, .. } if what == "process" => unknown.push(i),
+            Denied::Undeliverable(_) => assert!(full.insert(i)),
+            other => panic!("message {i}: {other}"),
+        }
+    }
+    let expect_unknown: Vec<u32> = (0..N).filter(|i| i % 7 == 3).collect();
+    assert_eq!(unknown, expect_unknown);
+    // A blocking send after the posts is answered as itself.
+    tx.send(&good, b"end").unwrap();
+    let got = got.join().unwrap();
+    let expect: Vec<u32> = (0..N).filter(|i| i % 7 != 3 && !full.contains(i)).collect();
+    assert_eq!(got, expect, "delivered in order, each once");
+    stop.store(true, Ordering::Release);
+    let counters = t.join().unwrap();
+    assert_eq!(counters.delivered, expect.len() as u64 + 1);
+    assert_eq!(
+        counters.denied.get("unknown-name"),
+        Some(&(expect_unknown.len() as u64))
     );
 }

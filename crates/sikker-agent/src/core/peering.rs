@@ -175,6 +175,10 @@ impl AgentCore {
     /// Whether the delivery of message `fid` from `host` went out to its
     /// process; the sending agent learns the verdict.
     pub fn forward_delivered(&mut self, host: &str, fid: u64, delivered: bool) {
+        if !delivered {
+            // Counted when the delivery was made; it never went out.
+            self.counters.delivered = self.counters.delivered.saturating_sub(1);
+        }
         let denied = (!delivered).then(|| {
             (
                 "undeliverable".to_string(),
