@@ -417,6 +417,18 @@ pub fn sikker(
         h(),
         c.policy_refused,
     );
+    e.counter(
+        "sikker_placement_updates",
+        "Placement updates applied",
+        h(),
+        c.placement_updates,
+    );
+    e.counter(
+        "sikker_placement_refused",
+        "Placement updates refused (the last good placement kept)",
+        h(),
+        c.placement_refused,
+    );
     for (slot, r) in rates {
         let mut l = h();
         l.push(("limit", slot.to_string()));

@@ -327,6 +327,11 @@ portal = "ForBill"
         m.contains("sidecore_sikker_attachments_total{host=\"h1\"}"),
         "{m}"
     );
+    // No placement change came: applied and refused both read zero.
+    for name in ["placement_updates", "placement_refused"] {
+        let key = format!("sidecore_sikker_{name}_total{{host=\"h1\"}}");
+        assert_eq!(common::sample(&m, &key), Some(0.0), "{key} in {m}");
+    }
     common::promtool_ok(&m);
 }
 

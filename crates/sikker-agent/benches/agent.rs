@@ -77,8 +77,10 @@ fn echo(sock: &Path) {
         if d.payload.is_empty() {
             break;
         }
-        if d.payload[0] == b'p' {
-            c.send(&back, &d.payload).unwrap();
+        match d.payload[0] {
+            b'p' => c.send(&back, &d.payload).unwrap(),
+            b'r' => drop(c.post(&back, &d.payload).unwrap()),
+            _ => {}
         }
     }
 }
@@ -91,7 +93,7 @@ fn through(
     b_sock: &Path,
     rounds: u64,
     msgs: u64,
-) -> (Vec<u64>, f64, f64) {
+) -> (Vec<u64>, Vec<u64>, f64, f64) {
     let mut child = Command::new(std::env::current_exe().unwrap())
         .env("AGENT_BENCH_ECHO", b_sock)
         .stdin(Stdio::piped())
@@ -120,6 +122,19 @@ fn through(
         }
         assert_eq!(d.from.to_string(), "b:1");
     }
+    // Round trips with posted messages: neither end waits for a verdict.
+    let mut posted_rtt = Vec::with_capacity(rounds as usize);
+    let rping = [b'r'; MSG];
+    for i in 0..rounds + 1000 {
+        let t = Instant::now();
+        a.post(&to_b, &rping).unwrap();
+        let d = a.recv(Duration::from_secs(5)).unwrap().unwrap();
+        if i >= 1000 {
+            posted_rtt.push(t.elapsed().as_nanos() as u64);
+        }
+        assert_eq!(d.payload[0], b'r');
+    }
+    assert!(a.flush(Duration::from_secs(5)).unwrap().is_empty());
     // Throughput through the agent (the echo side ignores these: 'q'), one
     // verdict awaited per message, then pipelined.
     let quiet = [b'q'; MSG];
@@ -170,7 +185,7 @@ fn through(
     a.send(&to_b, &[]).unwrap(); // stop the echo
     let _ = child.wait();
 
-    (agent_rtt, agent_tput, pipelined_tput)
+    (agent_rtt, posted_rtt, agent_tput, pipelined_tput)
 }
 
 /// A on host h1 and B on host h2, whose agents link over mutual TLS on
@@ -225,7 +240,7 @@ fn across_hosts(
     }
     // Let the two agents link.
     std::thread::sleep(Duration::from_millis(800));
-    let (rtt, tput, piped) = through(top, &far[0].0, &far[1].0, rounds, msgs);
+    let (rtt, _, tput, piped) = through(top, &far[0].0, &far[1].0, rounds, msgs);
     let (tcp_rtt, tcp_tput) = tcp_control(rounds, msgs);
     (rtt, tput, piped, tcp_rtt, tcp_tput)
 }
@@ -266,6 +281,86 @@ fn tcp_control(rounds: u64, msgs: u64) -> (Vec<u64>, f64) {
     let tput = msgs as f64 / t0.elapsed().as_secs_f64();
     s.write_all(&[b'x'; MSG]).unwrap();
     t.join().unwrap();
+    (rtt, tput)
+}
+
+/// Pins the calling thread to `cpu`.
+fn pin(cpu: usize) {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).unwrap();
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+}
+
+/// The controls: A and an echo thread B over `SOCK_SEQPACKET` socket pairs,
+/// the same round trips and one-way messages as through the agent. With
+/// `relay_cpu`, a bare relay thread busy-polling on that CPU forwards both
+/// ways between two socket pairs (what an agent on its own core costs with
+/// no checks at all); without, A and B share one pair.
+fn direct_pair(rounds: u64, msgs: u64, relay_cpu: Option<usize>) -> (Vec<u64>, f64) {
+    let pair = || {
+        socketpair(
+            AddressFamily::Unix,
+            SockType::SeqPacket,
+            None,
+            SockFlag::empty(),
+        )
+        .unwrap()
+    };
+    let (x, y) = pair();
+    // The echo's end: y itself, or the far end of a relay.
+    let (y, relay_t) = match relay_cpu {
+        None => (y, None),
+        Some(cpu) => {
+            let (y2, z) = pair();
+            let t = std::thread::spawn(move || {
+                pin(cpu);
+                let mut buf = [0u8; 256];
+                let mut done = false;
+                while !done {
+                    for (from, to) in [(&y, &y2), (&y2, &y)] {
+                        if let Ok(n) = recv(from.as_raw_fd(), &mut buf, MsgFlags::MSG_DONTWAIT) {
+                            send(to.as_raw_fd(), &buf[..n], MsgFlags::empty()).unwrap();
+                            done |= n == 0 || buf[0] == b'x';
+                        }
+                    }
+                }
+            });
+            (z, Some(t))
+        }
+    };
+    let echo_t = std::thread::spawn(move || {
+        let mut buf = [0u8; 256];
+        loop {
+            let n = recv(y.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+            if n == 0 || buf[0] == b'x' {
+                break;
+            }
+            if buf[0] == b'p' {
+                send(y.as_raw_fd(), &buf[..n], MsgFlags::empty()).unwrap();
+            }
+        }
+    });
+    let (ping, quiet) = ([b'p'; MSG], [b'q'; MSG]);
+    let mut rtt = Vec::with_capacity(rounds as usize);
+    let mut buf = [0u8; 256];
+    for i in 0..rounds + 1000 {
+        let t = Instant::now();
+        send(x.as_raw_fd(), &ping, MsgFlags::empty()).unwrap();
+        recv(x.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
+        if i >= 1000 {
+            rtt.push(t.elapsed().as_nanos() as u64);
+        }
+    }
+    let t = Instant::now();
+    for _ in 0..msgs {
+        send(x.as_raw_fd(), &quiet, MsgFlags::empty()).unwrap();
+    }
+    send(x.as_raw_fd(), b"x", MsgFlags::empty()).unwrap();
+    echo_t.join().unwrap();
+    let tput = msgs as f64 / t.elapsed().as_secs_f64();
+    if let Some(t) = relay_t {
+        t.join().unwrap();
+    }
     (rtt, tput)
 }
 
@@ -334,7 +429,8 @@ fn main() {
         std::process::id().to_string(),
     )
     .unwrap();
-    let (agent_rtt, agent_tput, agent_piped) = through(&top, &sock, &sock, rounds, msgs);
+    let (agent_rtt, agent_posted_rtt, agent_tput, agent_piped) =
+        through(&top, &sock, &sock, rounds, msgs);
     // The same agent on a core of its own, busy-polling (the two ends stay
     // on their CPU).
     let own_cpu = env("AGENT_BENCH_AGENT_CPU", 0) as u32;
@@ -346,9 +442,7 @@ fn main() {
         let st = Arc::new(AtomicBool::new(false));
         let st2 = Arc::clone(&st);
         let t = std::thread::spawn(move || {
-            let mut set = nix::sched::CpuSet::new();
-            set.set(own_cpu as usize).unwrap();
-            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
+            pin(own_cpu as usize);
             server.run(&st2).unwrap();
         });
         let r = through(&top, &sock, &sock, rounds, msgs);
@@ -359,44 +453,8 @@ fn main() {
     let (far_rtt, far_tput, far_piped, tcp_rtt, tcp_tput) =
         across_hosts(&top, &policy, dir.path(), &stop, rounds / 4, msgs / 4);
 
-    let (ping, quiet) = ([b'p'; MSG], [b'q'; MSG]);
-    // The same over a direct socket pair (two threads of this process).
-    let (x, y) = socketpair(
-        AddressFamily::Unix,
-        SockType::SeqPacket,
-        None,
-        SockFlag::empty(),
-    )
-    .unwrap();
-    let echo_t = std::thread::spawn(move || {
-        let mut buf = [0u8; 256];
-        loop {
-            let n = recv(y.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
-            if n == 0 || buf[0] == b'x' {
-                break;
-            }
-            if buf[0] == b'p' {
-                send(y.as_raw_fd(), &buf[..n], MsgFlags::empty()).unwrap();
-            }
-        }
-    });
-    let mut direct_rtt = Vec::with_capacity(rounds as usize);
-    let mut buf = [0u8; 256];
-    for i in 0..rounds + 1000 {
-        let t = Instant::now();
-        send(x.as_raw_fd(), &ping, MsgFlags::empty()).unwrap();
-        recv(x.as_raw_fd(), &mut buf, MsgFlags::empty()).unwrap();
-        if i >= 1000 {
-            direct_rtt.push(t.elapsed().as_nanos() as u64);
-        }
-    }
-    let t = Instant::now();
-    for _ in 0..msgs {
-        send(x.as_raw_fd(), &quiet, MsgFlags::empty()).unwrap();
-    }
-    send(x.as_raw_fd(), b"x", MsgFlags::empty()).unwrap();
-    echo_t.join().unwrap();
-    let direct_tput = msgs as f64 / t.elapsed().as_secs_f64();
+    let (direct_rtt, direct_tput) = direct_pair(rounds, msgs, None);
+    let (relay_rtt, relay_tput) = direct_pair(rounds, msgs, Some(own_cpu as usize));
 
     stop.store(true, Ordering::Release);
     agent.join().unwrap();
@@ -420,21 +478,39 @@ fn main() {
         "| through the agent | {ar} | {} | {agent_tput:.0} |",
         ar / 2
     );
-    println!("| through the agent, pipelined (`post`) | | | {agent_piped:.0} |");
-    let sr = median(spun.0.clone());
+    let apr = median(agent_posted_rtt);
+    println!(
+        "| through the agent, pipelined (`post`) | {apr} | {} | {agent_piped:.0} |",
+        apr / 2
+    );
+    let (sr, spr) = (median(spun.0), median(spun.1));
     println!(
         "| through the agent busy-polling on CPU {own_cpu} | {sr} | {} | {:.0} |",
         sr / 2,
-        spun.1
-    );
-    println!(
-        "| through the agent busy-polling on CPU {own_cpu}, pipelined | | | {:.0} |",
         spun.2
     );
     println!(
-        "agent on its own core adds ≈ {} ns per message (p50); throughput {:.3}× direct one verdict at a time, {:.3}× pipelined",
+        "| through the agent busy-polling on CPU {own_cpu}, pipelined | {spr} | {} | {:.0} |",
+        spr / 2,
+        spun.3
+    );
+    let rr = median(relay_rtt);
+    println!(
+        "| control: a bare relay busy-polling on CPU {own_cpu} (no checks) | {rr} | {} | {relay_tput:.0} |",
+        rr / 2
+    );
+    println!(
+        "on its own core, pipelined, the agent adds ≈ {} ns per message over the bare relay (p50) and keeps {:.3}× its throughput",
+        spr.saturating_sub(rr) / 2,
+        spun.3 / relay_tput
+    );
+    println!(
+        "pipelined, the agent adds ≈ {} ns per message (p50) and keeps {:.3}× the direct throughput; on its own core ≈ {} ns and {:.3}× (one verdict at a time there: {} ns, {:.3}×)",
+        apr.saturating_sub(dr) / 2,
+        agent_piped / direct_tput,
+        spr.saturating_sub(dr) / 2,
+        spun.3 / direct_tput,
         sr.saturating_sub(dr) / 2,
-        spun.1 / direct_tput,
         spun.2 / direct_tput
     );
     println!(
