@@ -251,11 +251,11 @@ fn agent(
         server = server.with_links(l);
     }
     let mut feed = if net.l4 {
-        let placement = placement
-            .context("--l4 needs --placement FILE (its L4 addresses are read from it once)")?;
-        Some(crate::sikker_l4::L4Feed::start(
+        let source = placement.map_or_else(|| "etcd".to_string(), |f| f.display().to_string());
+        Some(crate::sikker_l4::L4Feed::start_with(
             &p,
-            placement,
+            placed.placement(),
+            &source,
             host,
             net.l4_cgroup.as_deref(),
         )?)
@@ -293,10 +293,12 @@ fn agent(
             state::placement_update(core, u, &host_name, &mut placed);
         }
         if let Some(f) = feed.as_mut() {
+            let c = core.counters();
             f.refresh(
                 core.nos().policy(),
                 core.nos(),
-                core.counters().policy_updates,
+                c.policy_updates + c.placement_updates,
+                &placed.placement().l4,
             );
         }
     });

@@ -293,8 +293,19 @@ impl L4Feed {
         cgroup: Option<&Path>,
     ) -> anyhow::Result<L4Feed> {
         let p = load_placement(placement, policy)?;
-        let nos = Nos::compile(policy.clone(), &p)
-            .map_err(|e| anyhow::anyhow!("{}: {e}", placement.display()))?;
+        Self::start_with(policy, &p, &placement.display().to_string(), host, cgroup)
+    }
+
+    /// As [`L4Feed::start`], from a placement already read (the agent's, from
+    /// a file or etcd); `source` names it in errors.
+    pub fn start_with(
+        policy: &Policy,
+        p: &Placement,
+        source: &str,
+        host: &str,
+        cgroup: Option<&Path>,
+    ) -> anyhow::Result<L4Feed> {
+        let nos = Nos::compile(policy.clone(), p).map_err(|e| anyhow::anyhow!("{source}: {e}"))?;
         let root = cgroup2_root().context(
             "no cgroup v2 file system is mounted (none in /proc/self/mountinfo); L4 mode needs one",
         )?;
@@ -313,7 +324,7 @@ impl L4Feed {
         Ok(L4Feed {
             state,
             l4,
-            l4_addrs: p.l4,
+            l4_addrs: p.l4.clone(),
             host: host.to_string(),
             updates_seen: 0,
             missing,
@@ -321,13 +332,22 @@ impl L4Feed {
         })
     }
 
-    /// After a policy update the agent applied, the maps follow it; every
-    /// second, cgroups that appeared are mapped. A policy L4 mode cannot
-    /// hold is reported and the maps keep the last one.
-    pub fn refresh(&mut self, policy: &Policy, nos: &Nos, updates: u64) {
+    /// After a policy or placement update the agent applied (`updates`
+    /// counts both), the maps follow it: the policy's permissions and limits
+    /// at the placement's L4 addresses (`l4_addrs`). Every second, cgroups
+    /// that appeared are mapped. What L4 mode cannot hold is reported and the
+    /// maps keep the last good one.
+    pub fn refresh(
+        &mut self,
+        policy: &Policy,
+        nos: &Nos,
+        updates: u64,
+        l4_addrs: &BTreeMap<(u32, u32), Vec<std::net::SocketAddr>>,
+    ) {
         if updates != self.updates_seen {
             self.updates_seen = updates;
-            let next = plan(nos, &self.l4_addrs, &self.host).map(|plan| State {
+            let moved = *l4_addrs != self.l4_addrs;
+            let next = plan(nos, l4_addrs, &self.host).map(|plan| State {
                 policy: policy.clone(),
                 plan,
                 root: self.state.root.clone(),
@@ -341,7 +361,12 @@ impl L4Feed {
                 Ok((st, missing)) => {
                     self.state = st;
                     self.missing = missing;
-                    eprintln!("sikker l4: maps follow the new policy");
+                    if moved {
+                        self.l4_addrs = l4_addrs.clone();
+                        eprintln!("sikker l4: maps follow the new placement's L4 addresses");
+                    } else {
+                        eprintln!("sikker l4: maps follow the new policy");
+                    }
                 }
                 Err(e) => eprintln!("sikker l4: the new policy is not installed: {e:#}"),
             }

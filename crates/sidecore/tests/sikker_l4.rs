@@ -288,10 +288,12 @@ fn a_malformed_l4_address_and_an_unknown_host_are_refused_with_file_and_line() {
     );
 }
 
-/// `sidecore sikker agent --l4`: the agent feeds L4 mode from its policy as
-/// it changes. eve may not connect to kvs's L4 address; the policy file is
-/// rewritten to grant eve a portal, and within a bound eve connects; a broken
-/// policy is refused and the maps keep the last good one.
+/// `sidecore sikker agent --l4`: the agent feeds L4 mode from its policy and
+/// its placement as they change. eve may not connect to kvs's L4 address;
+/// the placement moves that address to another port, and within a bound the
+/// new port is refused to eve and the old one no longer is; the policy file
+/// is rewritten to grant eve a portal, and within a bound eve connects; a
+/// broken policy is refused and the maps keep the last good one.
 #[test]
 fn the_agent_feeds_l4_mode_and_a_live_policy_update_reaches_plain_tcp() {
     if !sidecore_testbed::testing::root() {
@@ -302,26 +304,33 @@ fn the_agent_feeds_l4_mode_and_a_live_policy_update_reaches_plain_tcp() {
     };
     let _s = serial();
     let g = Groups::new(&cg, "l4-agent", &["kvs", "bill", "eve"]);
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for s in listener.incoming() {
-            drop(s);
-        }
-    });
+    let listen = || {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        std::thread::spawn(move || {
+            for s in listener.incoming() {
+                drop(s);
+            }
+        });
+        port
+    };
+    let (first, port) = (listen(), listen());
     let dir = tempfile::tempdir().unwrap();
     let pol = dir.path().join("policy.toml");
     let base = policy(&g);
     std::fs::write(&pol, &base).unwrap();
     let placement = dir.path().join("placement.toml");
-    std::fs::write(
-        &placement,
-        format!(
-            "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\", \"bill:101\", \"eve:1\"]\n\
-             l4 = {{ \"kvs:3\" = \"127.0.0.1:{port}\" }}\n"
-        ),
-    )
-    .unwrap();
+    let place = |at: u16| {
+        std::fs::write(
+            &placement,
+            format!(
+                "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\", \"bill:101\", \"eve:1\"]\n\
+                 l4 = {{ \"kvs:3\" = \"127.0.0.1:{at}\" }}\n"
+            ),
+        )
+        .unwrap();
+    };
+    place(first);
     let top = g
         .procs("kvs")
         .parent()
@@ -353,9 +362,32 @@ fn the_agent_feeds_l4_mode_and_a_live_policy_update_reaches_plain_tcp() {
         "{}",
         stderr.lock().unwrap()
     );
-    assert_eq!(connect_from(&g.procs("bill"), port), Ok(()));
-    let e = connect_from(&g.procs("eve"), port).unwrap_err();
+    assert_eq!(connect_from(&g.procs("bill"), first), Ok(()));
+    let e = connect_from(&g.procs("eve"), first).unwrap_err();
     assert!(e.contains("Operation not permitted"), "{e}");
+    assert_eq!(connect_from(&g.procs("eve"), port), Ok(()), "not kvs's yet");
+    // kvs moves its L4 address: the maps follow the placement.
+    place(port);
+    assert!(
+        wait_for(
+            || connect_from(&g.procs("eve"), port)
+                .is_err_and(|e| e.contains("Operation not permitted")),
+            10
+        ),
+        "{}",
+        stderr.lock().unwrap()
+    );
+    assert_eq!(
+        connect_from(&g.procs("eve"), first),
+        Ok(()),
+        "no longer kvs's"
+    );
+    assert_eq!(connect_from(&g.procs("bill"), port), Ok(()));
+    assert!(
+        said("maps follow the new placement's L4 addresses"),
+        "{}",
+        stderr.lock().unwrap()
+    );
     // Grant eve the portal: the agent applies it, and the maps follow.
     std::fs::write(
         &pol,
