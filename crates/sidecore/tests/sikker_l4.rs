@@ -110,6 +110,30 @@ fn start(pol: &Path, placement: &Path, top: &Path) -> (Guard, Arc<Mutex<String>>
     (Guard(child), stderr)
 }
 
+/// Starts `sikker agent --l4` attached at `top`; its stderr is collected.
+fn start_agent(
+    pol: &Path,
+    placement: &Path,
+    sock: &Path,
+    top: &Path,
+) -> (Guard, Arc<Mutex<String>>) {
+    let mut child = bin()
+        .args(["sikker", "agent", "--host", "h1", "--l4", "--policy"])
+        .arg(pol)
+        .arg("--placement")
+        .arg(placement)
+        .arg("--socket")
+        .arg(sock)
+        .arg("--l4-cgroup")
+        .arg(top)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = collect_stderr(&mut child);
+    (Guard(child), stderr)
+}
+
 /// The child's stderr, collected as it comes.
 fn collect_stderr(child: &mut std::process::Child) -> Arc<Mutex<String>> {
     let stderr = Arc::new(Mutex::new(String::new()));
@@ -338,21 +362,7 @@ fn the_agent_feeds_l4_mode_and_a_live_policy_update_reaches_plain_tcp() {
         .parent()
         .unwrap()
         .to_path_buf();
-    let mut child = bin()
-        .args(["sikker", "agent", "--host", "h1", "--l4", "--policy"])
-        .arg(&pol)
-        .arg("--placement")
-        .arg(&placement)
-        .arg("--socket")
-        .arg(dir.path().join("agent.sock"))
-        .arg("--l4-cgroup")
-        .arg(&top)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = collect_stderr(&mut child);
-    let _child = Guard(child);
+    let (_child, stderr) = start_agent(&pol, &placement, &dir.path().join("agent.sock"), &top);
     let said = |what: &str| stderr.lock().unwrap().contains(what);
     assert!(
         wait_for(
