@@ -21,6 +21,12 @@
 //!   ring successors through them and posts what it declares on the process's health
 //!   board, where the daemon hears it and has its runtime re-place the dead node's
 //!   offcodes.
+//! - **Dedicated cores** ([`core_sensors`], [`core_watch`], [`core_monitor`]): each
+//!   executor pinned to a core ticks an explicit sensor and marks when it is inside an
+//!   offcode; a monitor thread judges every core by those ticks and the threads'
+//!   `schedstat` (counter-slope, k refreshes), tells a starved or offline core from an
+//!   offcode stuck in one long turn (the watchdog's case), and declares `core:N` dead
+//!   or recovered on the health board, like a dead node.
 //! - **Remote OS lock** ([`lock`]): `cgroup.freeze` on the suspect subtree, with a
 //!   timeout, released on false positives.
 //! - **Repair** ([`tree`], [`procscan`], [`policy`], [`repair`], [`actions`]): the shadow
@@ -32,6 +38,9 @@
 pub mod actions;
 pub mod aggregate;
 pub mod client;
+pub mod core_monitor;
+pub mod core_sensors;
+pub mod core_watch;
 pub mod detect;
 pub mod error;
 pub mod health;
