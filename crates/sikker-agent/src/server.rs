@@ -26,8 +26,9 @@ use std::time::Instant;
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use nix::sys::socket::{
-    AddressFamily, ControlMessageOwned, MsgFlags, SockFlag, SockType, UnixAddr, UnixCredentials,
-    accept4, bind, getsockopt, listen, recvmsg, sendmsg, setsockopt, socket, sockopt,
+    AddressFamily, ControlMessage, ControlMessageOwned, MsgFlags, MultiHeaders, SockFlag, SockType,
+    UnixAddr, UnixCredentials, accept4, bind, getsockopt, listen, recvmsg, sendmmsg, sendmsg,
+    setsockopt, socket, sockopt,
 };
 
 use crate::attest::read_facts;
@@ -394,11 +395,8 @@ impl Server {
             }
         }
         if !batch.is_empty() {
-            let mut oks = Vec::new();
-            for effects in self.check_and_handle(conn, batch) {
-                self.apply_deferring(conn, effects, &mut oks);
-            }
-            self.send_oks(conn, &oks);
+            let per_message = self.check_and_handle(conn, batch);
+            self.apply_batch(conn, per_message);
         }
         if gone {
             self.close(conn);
@@ -447,36 +445,63 @@ impl Server {
         out
     }
 
-    /// Sends the effects of one message; see [`Server::apply_deferring`].
+    /// Sends the effects of one message (a held one whose tokens came).
     fn apply(&mut self, from: ConnId, effects: Vec<Effect>) {
-        let mut oks = Vec::new();
-        self.apply_deferring(from, effects, &mut oks);
-        self.send_oks(from, &oks);
+        self.apply_batch(from, vec![effects]);
     }
 
-    /// Sends the effects of one message, except the sender's `Ok`, which
-    /// joins `oks` to be answered with the rest of its batch. A delivery the
-    /// receiver cannot take turns the sender's `Ok` into a denial, so nothing
-    /// is lost silently.
-    fn apply_deferring(&mut self, from: ConnId, effects: Vec<Effect>, oks: &mut Vec<u64>) {
-        let mut undelivered = false;
-        for e in effects {
-            let msg = match (e.msg, undelivered) {
-                (FromAgent::Ok(id), true) if e.to == from => {
-                    self.core.delivery_failed(from, id).msg
+    /// Sends the effects of a batch of `from`'s messages, one list per
+    /// message: the deliveries to each receiver together (one `sendmmsg`),
+    /// then the verdicts. A delivery the receiver cannot take turns its
+    /// message's `Ok` into a denial, and so does every later one to that
+    /// receiver in the batch, so nothing is lost silently and nothing
+    /// arrives out of order; the other `Ok`s go out as runs
+    /// ([`Server::send_oks`]).
+    fn apply_batch(&mut self, from: ConnId, per_message: Vec<Vec<Effect>>) {
+        let n = per_message.len();
+        // Encoded deliveries by receiver, each with the message it carries.
+        let mut queued: Vec<(ConnId, Vec<(Vec<u8>, usize)>)> = Vec::new();
+        let mut verdicts: Vec<Option<u64>> = vec![None; n];
+        for (i, effects) in per_message.into_iter().enumerate() {
+            for e in effects {
+                match e.msg {
+                    FromAgent::Ok(id) if e.to == from => verdicts[i] = Some(id),
+                    m @ FromAgent::Deliver { .. } => {
+                        let bytes = proto::encode(&m);
+                        match queued.iter_mut().find(|(c, _)| *c == e.to) {
+                            Some((_, q)) => q.push((bytes, i)),
+                            None => queued.push((e.to, vec![(bytes, i)])),
+                        }
+                    }
+                    m => {
+                        if let Some(fd) = self.conns.get(&e.to) {
+                            send(fd, &m);
+                        }
+                    }
                 }
-                (FromAgent::Ok(id), false) if e.to == from => {
-                    oks.push(id);
-                    continue;
-                }
-                (msg, _) => msg,
-            };
-            let is_delivery = matches!(msg, FromAgent::Deliver { .. });
-            let sent = self.conns.get(&e.to).is_some_and(|fd| send(fd, &msg));
-            if is_delivery && !sent {
-                undelivered = true;
             }
         }
+        let mut undelivered = vec![false; n];
+        for (to, q) in &queued {
+            let sent = self.conns.get(to).map_or(0, |fd| send_many(fd, q));
+            for (_, i) in &q[sent..] {
+                undelivered[*i] = true;
+            }
+        }
+        let mut oks = Vec::with_capacity(n);
+        for (i, v) in verdicts.into_iter().enumerate() {
+            match v {
+                Some(id) if undelivered[i] => {
+                    let e = self.core.delivery_failed(from, id);
+                    if let Some(fd) = self.conns.get(&from) {
+                        send(fd, &e.msg);
+                    }
+                }
+                Some(id) => oks.push(id),
+                None => {}
+            }
+        }
+        self.send_oks(from, &oks);
         if !self.conns.is_empty() && self.core.attested(from).is_none() {
             // The identity ended (an exec): the connection goes too.
             self.conns.remove(&from);
@@ -501,6 +526,35 @@ impl Server {
             send(fd, &msg);
         }
     }
+}
+
+/// Sends encoded messages in order without blocking, with as few
+/// `sendmmsg` calls as it takes; how many went out (the rest did not: the
+/// receiver's queue is full or it has gone).
+fn send_many(fd: &OwnedFd, msgs: &[(Vec<u8>, usize)]) -> usize {
+    let mut sent = 0;
+    for chunk in msgs.chunks(BATCH) {
+        let slices: Vec<[IoSlice<'_>; 1]> = chunk.iter().map(|(b, _)| [IoSlice::new(b)]).collect();
+        let addrs: Vec<Option<()>> = vec![None; chunk.len()];
+        let mut headers = MultiHeaders::<()>::preallocate(chunk.len(), None);
+        let cmsgs: [ControlMessage<'_>; 0] = [];
+        let n = match sendmmsg(
+            fd.as_raw_fd(),
+            &mut headers,
+            &slices,
+            &addrs,
+            cmsgs,
+            MsgFlags::MSG_DONTWAIT | MsgFlags::MSG_NOSIGNAL,
+        ) {
+            Ok(r) => r.count(),
+            Err(_) => 0,
+        };
+        sent += n;
+        if n < chunk.len() {
+            break;
+        }
+    }
+    sent
 }
 
 /// Sends one message without blocking; false if it could not.
