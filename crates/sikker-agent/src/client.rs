@@ -6,7 +6,8 @@
 //! [`Client::send`] waits for the agent's verdict on each message.
 //! [`Client::post`] does not: it keeps up to [`POST_WINDOW`] messages
 //! unanswered, files the verdicts as they come (the agent answers a run of
-//! accepted messages with one [`FromAgent::Oks`]) and [`Client::flush`] hands
+//! accepted messages with one [`FromAgent::Oks`], delayed a little so that it
+//! rarely wakes the sender) and [`Client::flush`] asks for the rest and hands
 //! back the refused ones by request number, so a sender streams at the
 //! agent's pace instead of one round trip per message.
 
@@ -200,18 +201,25 @@ impl Client {
             let m = self.next(ANSWER_TIMEOUT)?;
             self.absorb(m)?;
         }
-        self.submit(ToAgent::Send {
-            to: to.clone(),
-            payload: payload.to_vec(),
-            otp_for: None,
-            claim: None,
-        })
+        self.submit(
+            ToAgent::Send {
+                to: to.clone(),
+                payload: payload.to_vec(),
+                otp_for: None,
+                claim: None,
+            },
+            true,
+        )
     }
 
     /// Waits up to `timeout` until every posted message has its verdict, and
     /// hands back the refused ones (request number and reason), oldest first.
     pub fn flush(&mut self, timeout: Duration) -> Result<Vec<(u64, Denied)>, ClientError> {
         let deadline = Instant::now() + timeout;
+        if !self.unanswered.is_empty() {
+            // The agent may be holding acceptances back: ask for them now.
+            self.submit(ToAgent::Sync, false)?;
+        }
         while !self.unanswered.is_empty() {
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
@@ -253,7 +261,7 @@ impl Client {
     /// Sends a request and waits for its answer, keeping deliveries and
     /// other verdicts that arrive meanwhile.
     fn request(&mut self, m: &ToAgent) -> Result<(), ClientError> {
-        let id = self.submit(m.clone())?;
+        let id = self.submit(m.clone(), false)?;
         while self.unanswered.contains(&id) {
             let m = self.next(ANSWER_TIMEOUT)?;
             self.absorb(m)?;
@@ -264,11 +272,12 @@ impl Client {
         }
     }
 
-    /// Numbers and sends a request; its answer is awaited from then on.
-    fn submit(&mut self, body: ToAgent) -> Result<u64, ClientError> {
+    /// Numbers and sends a request; its answer is awaited from then on
+    /// (`lazy`: not at once, see [`Request::lazy`]).
+    fn submit(&mut self, body: ToAgent, lazy: bool) -> Result<u64, ClientError> {
         let id = self.next_id;
         self.next_id += 1;
-        let bytes = proto::encode(&Request { id, body });
+        let bytes = proto::encode(&Request { id, body, lazy });
         sendmsg::<()>(
             self.fd.as_raw_fd(),
             &[IoSlice::new(&bytes)],

@@ -363,6 +363,7 @@ impl AgentCore {
             return vec![self.deny(conn, Some(id), why)];
         };
         let r = match msg {
+            ToAgent::Sync => Ok(Flow::Done(Vec::new())),
             ToAgent::Listen => {
                 if let Some(a) = self.attached.get_mut(&conn) {
                     a.listening = true;

@@ -70,6 +70,10 @@ impl std::fmt::Display for Identity {
 pub struct Request {
     pub id: u64,
     pub body: ToAgent,
+    /// The sender does not wait for this answer: an acceptance may be
+    /// delayed and sent with later ones (a refusal is answered at once).
+    /// What [`crate::Client::post`] sets, like TCP's delayed ACK.
+    pub lazy: bool,
 }
 
 /// From a process to its agent.
@@ -89,6 +93,9 @@ pub enum ToAgent {
     },
     /// Answer using the one-time permission `otp` received with a message.
     Reply { otp: u32, payload: Vec<u8> },
+    /// Answer every earlier request of this connection now (the delayed
+    /// acceptances of lazy ones), then this one.
+    Sync,
 }
 
 /// Why a message was refused.

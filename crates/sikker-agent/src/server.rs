@@ -10,7 +10,11 @@
 //! executable is checked once per batch, after the batch was read (so an
 //! `exec` anywhere before the check refuses the whole batch), and the
 //! accepted requests of a batch are answered with one [`FromAgent::Oks`] per
-//! run of consecutive numbers instead of one answer each.
+//! run of consecutive numbers instead of one answer each. The acceptance of a
+//! lazy request ([`crate::proto::Request::lazy`], what `Client::post` sends)
+//! is held back up to [`ACK_DELAY`] or until [`ACK_BATCH`] are waiting, so a
+//! streaming sender is not woken for each one; a refusal, an eager request in
+//! the batch or a `Sync` sends them at once.
 //!
 //! On a dedicated core ([`Server::set_busy_poll`]) the loop never sleeps: it
 //! polls with a zero timeout, so a message is picked up without a wake-up —
@@ -53,6 +57,10 @@ const POLL_MS: u16 = 100;
 const BACKLOG: i32 = 128;
 /// Messages read from one connection per turn, before the others get theirs.
 const BATCH: usize = 64;
+/// How long the acceptance of a lazy request may wait for company.
+const ACK_DELAY: std::time::Duration = std::time::Duration::from_micros(500);
+/// How many held-back acceptances are sent without waiting longer.
+const ACK_BATCH: usize = 64;
 
 /// The server: the core, the listening socket and the attached connections.
 pub struct Server {
@@ -69,7 +77,16 @@ pub struct Server {
     buf: Vec<u8>,
     /// Spin instead of sleeping in `poll` (a dedicated core).
     busy: bool,
+    /// Acceptances held back per connection, and since when.
+    acks: HashMap<ConnId, (Vec<u64>, Instant)>,
 }
+
+/// Encoded deliveries to one receiver, each with the index of the message
+/// (in its batch) it carries.
+type Queue = Vec<(Vec<u8>, usize)>;
+
+/// One message's effects, and whether its sender waits for the answer.
+type Handled = (Vec<Effect>, bool);
 
 /// One message read from a connection: its bytes decoded (or why not) and
 /// the pid the kernel says sent it.
@@ -131,6 +148,7 @@ impl Server {
             links: None,
             buf: vec![0u8; MAX_MESSAGE_BYTES + 1],
             busy: false,
+            acks: HashMap::new(),
         })
     }
 
@@ -197,7 +215,7 @@ impl Server {
         // Held messages wait for tokens, links for heartbeats: wake for them.
         let wait = if self.busy {
             0
-        } else if self.core.holding() {
+        } else if self.core.holding() || !self.acks.is_empty() {
             1
         } else if self.links.is_some() {
             20
@@ -310,6 +328,15 @@ impl Server {
                 l.send(&h, &m, now);
             }
         }
+        let due: Vec<ConnId> = self
+            .acks
+            .iter()
+            .filter(|(_, (_, since))| since.elapsed() >= ACK_DELAY)
+            .map(|(c, _)| *c)
+            .collect();
+        for c in due {
+            self.flush_acks(c, &[]);
+        }
     }
 
     /// Sends effects; whether every delivery among them went out.
@@ -353,6 +380,7 @@ impl Server {
     fn close(&mut self, conn: ConnId) {
         self.core.detach(conn);
         self.conns.remove(&conn);
+        self.acks.remove(&conn);
     }
 
     /// Messages (or the close) on an attached connection: up to [`BATCH`]
@@ -405,7 +433,7 @@ impl Server {
 
     /// The per-message identity checks, then the core: the effects of each
     /// message in turn.
-    fn check_and_handle(&mut self, conn: ConnId, batch: Vec<Received>) -> Vec<Vec<Effect>> {
+    fn check_and_handle(&mut self, conn: ConnId, batch: Vec<Received>) -> Vec<Handled> {
         let Some((pid, exe)) = self.core.attested(conn).map(|(p, e)| (p, e.to_path_buf())) else {
             return Vec::new();
         };
@@ -421,33 +449,39 @@ impl Server {
             };
             let e = self.core.deny(conn, id, d);
             self.core.detach(conn);
-            return vec![vec![e]];
+            return vec![(vec![e], false)];
         }
         let mut out = Vec::with_capacity(batch.len());
         for (req, sender) in batch {
             let id = req.as_ref().ok().map(|r| r.id);
-            out.push(if sender != Some(pid) {
-                let d = Denied::PassedSocket {
-                    attached: pid,
-                    sender: sender.unwrap_or(-1),
-                };
-                vec![self.core.deny(conn, id, d)]
-            } else {
-                match req {
-                    Ok(r) => {
-                        let now_ns = self.now_ns();
-                        self.core.handle(conn, r.id, r.body, now_ns)
+            let lazy = req.as_ref().is_ok_and(|r| r.lazy);
+            out.push((
+                if sender != Some(pid) {
+                    let d = Denied::PassedSocket {
+                        attached: pid,
+                        sender: sender.unwrap_or(-1),
+                    };
+                    vec![self.core.deny(conn, id, d)]
+                } else {
+                    match req {
+                        Ok(r) => {
+                            let now_ns = self.now_ns();
+                            self.core.handle(conn, r.id, r.body, now_ns)
+                        }
+                        Err(e) => {
+                            vec![self.core.deny(conn, None, Denied::Malformed(e.to_string()))]
+                        }
                     }
-                    Err(e) => vec![self.core.deny(conn, None, Denied::Malformed(e.to_string()))],
-                }
-            });
+                },
+                lazy,
+            ));
         }
         out
     }
 
     /// Sends the effects of one message (a held one whose tokens came).
     fn apply(&mut self, from: ConnId, effects: Vec<Effect>) {
-        self.apply_batch(from, vec![effects]);
+        self.apply_batch(from, vec![(effects, false)]);
     }
 
     /// Sends the effects of a batch of `from`'s messages, one list per
@@ -456,13 +490,15 @@ impl Server {
     /// message's `Ok` into a denial, and so does every later one to that
     /// receiver in the batch, so nothing is lost silently and nothing
     /// arrives out of order; the other `Ok`s go out as runs
-    /// ([`Server::send_oks`]).
-    fn apply_batch(&mut self, from: ConnId, per_message: Vec<Vec<Effect>>) {
+    /// ([`Server::send_oks`]), at once if any request of the batch is eager,
+    /// else held back with the connection's other lazy ones.
+    fn apply_batch(&mut self, from: ConnId, per_message: Vec<Handled>) {
         let n = per_message.len();
+        let eager = per_message.iter().any(|(_, lazy)| !lazy);
         // Encoded deliveries by receiver, each with the message it carries.
-        let mut queued: Vec<(ConnId, Vec<(Vec<u8>, usize)>)> = Vec::new();
+        let mut queued: Vec<(ConnId, Queue)> = Vec::new();
         let mut verdicts: Vec<Option<u64>> = vec![None; n];
-        for (i, effects) in per_message.into_iter().enumerate() {
+        for (i, (effects, _)) in per_message.into_iter().enumerate() {
             for e in effects {
                 match e.msg {
                     FromAgent::Ok(id) if e.to == from => verdicts[i] = Some(id),
@@ -501,10 +537,32 @@ impl Server {
                 None => {}
             }
         }
-        self.send_oks(from, &oks);
+        if eager {
+            self.flush_acks(from, &oks);
+        } else if !oks.is_empty() {
+            let (held, _) = self
+                .acks
+                .entry(from)
+                .or_insert_with(|| (Vec::new(), Instant::now()));
+            held.extend(oks);
+            if held.len() >= ACK_BATCH {
+                self.flush_acks(from, &[]);
+            }
+        }
         if !self.conns.is_empty() && self.core.attested(from).is_none() {
             // The identity ended (an exec): the connection goes too.
             self.conns.remove(&from);
+        }
+    }
+
+    /// Sends `conn`'s held-back acceptances, then `more`.
+    fn flush_acks(&mut self, conn: ConnId, more: &[u64]) {
+        match self.acks.remove(&conn) {
+            Some((mut held, _)) => {
+                held.extend_from_slice(more);
+                self.send_oks(conn, &held);
+            }
+            None => self.send_oks(conn, more),
         }
     }
 
@@ -531,7 +589,7 @@ impl Server {
 /// Sends encoded messages in order without blocking, with as few
 /// `sendmmsg` calls as it takes; how many went out (the rest did not: the
 /// receiver's queue is full or it has gone).
-fn send_many(fd: &OwnedFd, msgs: &[(Vec<u8>, usize)]) -> usize {
+fn send_many(fd: &OwnedFd, msgs: &Queue) -> usize {
     let mut sent = 0;
     for chunk in msgs.chunks(BATCH) {
         let slices: Vec<[IoSlice<'_>; 1]> = chunk.iter().map(|(b, _)| [IoSlice::new(b)]).collect();
