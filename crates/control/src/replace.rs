@@ -1,9 +1,13 @@
 //! HYDRA's reaction to a dead PE: when an Orion monitor of this process declares a
-//! PE dead (`sidecore_orion::health`), every app with an offcode on it is re-solved
+//! PE dead (`sidecore_orion::health`) — a peer node (the ring's monitor) or a
+//! dedicated core of this machine (the core monitor) — its offcodes fail with the
+//! declaration as the reason, and every app with an offcode on it is re-solved
 //! without that PE and started again from its manifest — its offcodes land on the PEs
 //! that are left, and its pipeline resumes. The dead PE stays out of every later
 //! layout until a monitor sees it recover. Each step goes to the event log (app
-//! `orion` for the declarations, the app's own name for its re-placement).
+//! `orion` for the declarations, the app's own name for its re-placement). When
+//! no PE is left that can take an offcode, the app stays stopped and the log says
+//! why (`cannot re-place without PE: ...`).
 //!
 //! The whole app restarts, not only the offcodes of the dead PE: its channels to
 //! offcodes that lived are rebuilt with the new layout.
@@ -57,6 +61,7 @@ impl Daemon {
 
     /// Re-places every app deployed from a manifest that has an offcode on `pe`.
     pub fn replace_off(&self, pe: &str) {
+        self.runtime().fail_on_dead_pes();
         let affected: Vec<(AppId, String, PathBuf)> = self
             .manifests()
             .into_iter()

@@ -73,7 +73,9 @@ impl Drop for CoreMonitor {
     }
 }
 
-/// The monitor thread: fixed-rate refreshes until stopped.
+/// The monitor thread: refreshes until stopped, each at least a period after the
+/// last (never two in quick succession after a late one, which would judge `k`
+/// views over less than `k` periods).
 fn run(mut watch: CoreWatch, by: &str, stop: &AtomicBool, on_note: &NoteSink) {
     let refresh = Duration::from_nanos(watch.config().refresh_ns);
     let epoch = Instant::now();
@@ -85,11 +87,7 @@ fn run(mut watch: CoreWatch, by: &str, stop: &AtomicBool, on_note: &NoteSink) {
             std::thread::sleep((next - now).min(STOP_POLL));
             continue;
         }
-        // Fixed-rate refreshes; a monitor that fell far behind starts afresh.
-        next += refresh;
-        if next <= now {
-            next = now + refresh;
-        }
+        next = now + refresh;
         let now_ns = u64::try_from(epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
         for n in watch.refresh(now_ns, &core_sensors::views()) {
             post(by, &n);

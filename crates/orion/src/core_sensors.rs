@@ -6,10 +6,12 @@
 //!   milliseconds whenever the thread is given its CPU, busy or idle — and marks when
 //!   it is `inside` an offcode's code (a turn or a command), where a long stay is the
 //!   offcode's doing, not the core's.
-//! - **Implicit**, read at fetch time without the target's help ([`read_sched`],
-//!   [`read_online`]): each registered thread's `/proc/self/task/TID/schedstat` (time
-//!   on the CPU, time waiting on the run queue) and the CPU's
-//!   `/sys/devices/system/cpu/cpuN/online`.
+//! - **Implicit**, read at fetch time without the target's help ([`read_run_ns`],
+//!   [`read_runnable`], [`read_online`]): each registered thread's CPU time (its
+//!   thread CPU-time clock, exact even between scheduler ticks), whether it is
+//!   runnable (`R` in `/proc/self/task/TID/stat`: on a CPU or waiting for one), and the
+//!   CPU's `/sys/devices/system/cpu/cpuN/online`. (`schedstat`'s run-queue wait is no
+//!   use here: the kernel adds a wait to it only once the wait ends.)
 //!
 //! [`views`] gathers both into one [`CoreView`] per core, for the sans-IO judgement of
 //! [`crate::core_watch`]. The registry is process-wide, like the health board: the
@@ -92,15 +94,6 @@ pub fn register(cpu: u32) -> SensorGuard {
     SensorGuard(s)
 }
 
-/// A thread's scheduler accounting (`/proc/self/task/TID/schedstat`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
-pub struct SchedStat {
-    /// Time on the CPU (ns).
-    pub run_ns: u64,
-    /// Time runnable but waiting on a run queue (ns).
-    pub wait_ns: u64,
-}
-
 /// One thread as seen at one fetch.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct ThreadSample {
@@ -110,8 +103,10 @@ pub struct ThreadSample {
     pub ticks: u64,
     /// In an offcode's code at the fetch.
     pub inside: bool,
-    /// Its scheduler accounting (None: unreadable).
-    pub sched: Option<SchedStat>,
+    /// Its CPU time so far (ns; None: unreadable).
+    pub run_ns: Option<u64>,
+    /// Runnable: on a CPU or waiting for one (None: unreadable).
+    pub runnable: Option<bool>,
 }
 
 /// One core at one fetch.
@@ -125,19 +120,38 @@ pub struct CoreView {
     pub threads: Vec<ThreadSample>,
 }
 
-/// Parses a schedstat line: `run_ns wait_ns timeslices`.
-pub fn parse_schedstat(text: &str) -> Option<SchedStat> {
-    let mut it = text.split_whitespace().map(str::parse::<u64>);
-    Some(SchedStat {
-        run_ns: it.next()?.ok()?,
-        wait_ns: it.next()?.ok()?,
-    })
+/// The state letter of a `/proc/.../stat` line (the field after the parenthesised
+/// command, which may itself hold spaces and parentheses).
+pub fn parse_stat_state(text: &str) -> Option<char> {
+    let rest = &text[text.rfind(')')? + 1..];
+    rest.split_whitespace().next()?.chars().next()
 }
 
-/// Thread `tid` of this process's scheduler accounting.
-pub fn read_sched(tid: i32) -> Option<SchedStat> {
-    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat")).ok()?;
-    parse_schedstat(&text)
+/// Whether thread `tid` of this process is runnable (state `R`).
+pub fn read_runnable(tid: i32) -> Option<bool> {
+    let text = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).ok()?;
+    parse_stat_state(&text).map(|c| c == 'R')
+}
+
+/// Thread `tid`'s CPU time (ns), from its thread CPU-time clock.
+pub fn read_run_ns(tid: i32) -> Option<u64> {
+    // The kernel's clock id of a thread's CPU time: the complement of its tid shifted
+    // left by 3, with CPUCLOCK_PERTHREAD (4) and CPUCLOCK_SCHED (2) set — the id
+    // `pthread_getcpuclockid` returns, which needs a pthread_t rather than a tid.
+    let clock = (!tid << 3) | 6;
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec; an id naming no thread of this
+    // process makes clock_gettime fail with EINVAL, which is returned as None.
+    let rc = unsafe { libc::clock_gettime(clock, &mut ts) };
+    if rc != 0 {
+        return None;
+    }
+    let secs = u64::try_from(ts.tv_sec).ok()?;
+    let nanos = u64::try_from(ts.tv_nsec).ok()?;
+    Some(secs * 1_000_000_000 + nanos)
 }
 
 /// Whether `cpu` is online; None when the kernel offers no `online` file for it.
@@ -158,7 +172,8 @@ pub fn views() -> Vec<CoreView> {
             tid: s.tid,
             ticks,
             inside,
-            sched: read_sched(s.tid),
+            run_ns: read_run_ns(s.tid),
+            runnable: read_runnable(s.tid),
         });
     }
     by_cpu
@@ -176,16 +191,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn schedstat_lines_parse_and_bad_ones_do_not() {
-        assert_eq!(
-            parse_schedstat("54695945 8531081 202\n"),
-            Some(SchedStat {
-                run_ns: 54_695_945,
-                wait_ns: 8_531_081
-            })
-        );
-        assert_eq!(parse_schedstat(""), None);
-        assert_eq!(parse_schedstat("12 x 3"), None);
+    fn stat_states_parse_and_bad_lines_do_not() {
+        assert_eq!(parse_stat_state("42 (sc-core:1) R 1 42 42"), Some('R'));
+        assert_eq!(parse_stat_state("42 (a) b) (c) S 1"), Some('S'));
+        assert_eq!(parse_stat_state("42 (sc"), None);
+        assert_eq!(parse_stat_state("42 (x)"), None);
     }
 
     #[test]
@@ -197,7 +207,9 @@ mod tests {
         let v = views().into_iter().find(|v| v.cpu == 4000).unwrap();
         let me = v.threads.iter().find(|t| t.tid == current_tid()).unwrap();
         assert_eq!((me.ticks, me.inside), (2, true));
-        assert!(me.sched.is_some_and(|s| s.run_ns > 0), "{me:?}");
+        assert!(me.run_ns.is_some_and(|n| n > 0), "{me:?}");
+        assert_eq!(me.runnable, Some(true), "this thread is running");
+        assert_eq!(read_run_ns(-5), None, "no such thread");
         assert_eq!(v.online, None, "no CPU 4000 here");
         drop(g);
         assert!(!views().iter().any(|v| v.cpu == 4000));

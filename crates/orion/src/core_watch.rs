@@ -8,20 +8,21 @@
 //! *progressing* at a view when any of its threads ticked since the last view. Flat
 //! ticks mean a thread that was not run, or one that is held inside an offcode's code:
 //!
-//! - *inside* an offcode's turn or command, and either on the CPU (its `schedstat`
-//!   run time grew: a non-yielding offcode in one long turn) or not asking for it (its
-//!   run-queue wait did not grow: blocked in a system call) — that is a **stuck
+//! - *inside* an offcode's turn or command, and either on the CPU (its CPU time
+//!   grew: a non-yielding offcode in one long turn) or not asking for it (not
+//!   runnable: blocked in a system call) — that is a **stuck
 //!   offcode**, not a dead core. The runtime's watchdog owns it (the supervisor fails
 //!   a turn that outlives its period); the view counts as progress for the core, and
 //!   [`CoreNote::Stuck`] says so once.
-//! - otherwise — runnable but not run (waiting on the run queue: a real-time hog, an
+//! - otherwise — runnable but not run (waiting for the CPU: a real-time hog, an
 //!   interrupt storm, a stalled CPU), or not run at all outside an offcode (frozen,
 //!   stopped) — a view **without progress**. So is any view of a CPU whose
 //!   `online` file reads 0 (its pinned threads were moved off it by the kernel and may
 //!   still tick elsewhere).
 //!
 //! After `k` views without progress the core is declared dead, with the evidence (the
-//! refreshes, the time waited on the run queue and run). Recovery is stricter than
+//! refreshes, the CPU time its threads had, and at how many views they were waiting
+//! for it). Recovery is stricter than
 //! the first declaration: the kernel keeps starved ordinary threads alive with a
 //! trickle (real-time throttling and the fair server lend them 5% of each second), so a
 //! dead core recovers only after [`RECOVERY_NS`] of progress at every view.
@@ -30,7 +31,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::core_sensors::{CoreView, SchedStat, ThreadSample};
+use crate::core_sensors::{CoreView, ThreadSample};
 use crate::detect::{LivenessConfig, SlopeDetector, Transition};
 use crate::error::OrionError;
 
@@ -47,12 +48,12 @@ pub enum Verdict {
     Progress,
     /// No tick, but each thread is held inside an offcode (tids): the watchdog's case.
     Stuck(Vec<i32>),
-    /// No tick; the threads waited `wait_ns` on the run queue and ran `run_ns`.
+    /// No tick, and a thread neither ran inside an offcode nor was blocked there.
     Starved {
-        /// Run-queue wait since the last view, summed over the threads.
-        wait_ns: u64,
-        /// Time on the CPU since the last view, summed.
+        /// Time on the CPU since the last view, summed over the threads.
         run_ns: u64,
+        /// A thread was runnable (waiting for the CPU) at the view.
+        runnable: bool,
     },
     /// The CPU is offline.
     Offline,
@@ -64,7 +65,7 @@ pub fn judge(prev: &BTreeMap<i32, ThreadSample>, view: &CoreView) -> Verdict {
         return Verdict::Offline;
     }
     let mut stuck = Vec::new();
-    let (mut wait_ns, mut run_ns, mut starved) = (0, 0, false);
+    let (mut run_ns, mut runnable, mut starved) = (0, false, false);
     for t in &view.threads {
         let Some(p) = prev.get(&t.tid) else {
             return Verdict::Progress;
@@ -72,26 +73,19 @@ pub fn judge(prev: &BTreeMap<i32, ThreadSample>, view: &CoreView) -> Verdict {
         if t.ticks != p.ticks {
             return Verdict::Progress;
         }
-        let delta = match (t.sched, p.sched) {
-            (Some(a), Some(b)) => Some(SchedStat {
-                run_ns: a.run_ns.saturating_sub(b.run_ns),
-                wait_ns: a.wait_ns.saturating_sub(b.wait_ns),
-            }),
-            _ => None,
-        };
-        let excused = t.inside && delta.is_none_or(|d| d.run_ns > 0 || d.wait_ns == 0);
+        let ran = t.run_ns.zip(p.run_ns).map(|(a, b)| a.saturating_sub(b));
+        // Inside an offcode: on the CPU, or blocked (not asking for it), or unknown.
+        let excused = t.inside && (ran.is_none_or(|r| r > 0) || t.runnable.is_none_or(|r| !r));
         if excused {
             stuck.push(t.tid);
         } else {
             starved = true;
-            if let Some(d) = delta {
-                wait_ns += d.wait_ns;
-                run_ns += d.run_ns;
-            }
+            run_ns += ran.unwrap_or(0);
+            runnable |= t.runnable == Some(true);
         }
     }
     if starved {
-        Verdict::Starved { wait_ns, run_ns }
+        Verdict::Starved { run_ns, runnable }
     } else if stuck.is_empty() {
         Verdict::Progress
     } else {
@@ -134,9 +128,10 @@ struct CoreState {
     detector: SlopeDetector,
     /// Views judged progressing so far: the detector's liveness counter.
     alive: u64,
-    /// Since the last progress: views offline, run-queue wait and run time.
+    /// Since the last progress: views offline, views with a thread waiting for
+    /// the CPU, and the CPU time its threads had.
     offline: u32,
-    wait_ns: u64,
+    waiting: u32,
     run_ns: u64,
     stuck_said: bool,
     /// Declared dead; the start of the current run of progressing views.
@@ -198,7 +193,7 @@ impl CoreWatch {
                 detector: SlopeDetector::new(cfg),
                 alive: 0,
                 offline: 0,
-                wait_ns: 0,
+                waiting: 0,
                 run_ns: 0,
                 stuck_said: false,
                 dead: false,
@@ -248,10 +243,10 @@ fn step(
     let mut note = None;
     match verdict {
         Verdict::Progress => {
-            (s.offline, s.wait_ns, s.run_ns, s.stuck_said) = (0, 0, 0, false);
+            (s.offline, s.waiting, s.run_ns, s.stuck_said) = (0, 0, 0, false);
         }
         Verdict::Stuck(tids) => {
-            (s.offline, s.wait_ns, s.run_ns) = (0, 0, 0);
+            (s.offline, s.waiting, s.run_ns) = (0, 0, 0);
             if !std::mem::replace(&mut s.stuck_said, true) {
                 note = Some(CoreNote::Stuck {
                     cpu,
@@ -259,8 +254,8 @@ fn step(
                 });
             }
         }
-        Verdict::Starved { wait_ns, run_ns } => {
-            s.wait_ns += wait_ns;
+        Verdict::Starved { run_ns, runnable } => {
+            s.waiting += u32::from(*runnable);
             s.run_ns += run_ns;
         }
         Verdict::Offline => s.offline += 1,
@@ -300,9 +295,16 @@ fn evidence(cfg: LivenessConfig, s: &CoreState, cpu: u32, flat_ns: u64) -> Strin
         )
     } else {
         format!(
-            "{head}; its threads waited {:.1} ms on the run queue and ran {:.1} ms",
-            ms(s.wait_ns),
-            ms(s.run_ns)
+            "{head}; its threads ran {:.1} ms meanwhile and were waiting for the CPU at {} of \
+             the {} views (runnable, not run){}",
+            ms(s.run_ns),
+            s.waiting,
+            cfg.k,
+            if s.waiting == 0 {
+                ": not runnable outside an offcode — stopped or frozen"
+            } else {
+                ""
+            }
         )
     }
 }
@@ -318,7 +320,7 @@ mod tests {
     }
 
     /// A view of CPU 1 with one thread (tid 7).
-    fn view(ticks: u64, inside: bool, run_ms: u64, wait_ms: u64) -> CoreView {
+    fn view(ticks: u64, inside: bool, run_ms: u64, runnable: bool) -> CoreView {
         CoreView {
             cpu: 1,
             online: Some(true),
@@ -326,10 +328,8 @@ mod tests {
                 tid: 7,
                 ticks,
                 inside,
-                sched: Some(SchedStat {
-                    run_ns: run_ms * MS,
-                    wait_ns: wait_ms * MS,
-                }),
+                run_ns: Some(run_ms * MS),
+                runnable: Some(runnable),
             }],
         }
     }
@@ -348,11 +348,12 @@ mod tests {
     #[test]
     fn a_starved_core_is_declared_after_k_flat_views_with_its_evidence() {
         let mut w = CoreWatch::new(cfg(3)).unwrap();
-        // Ticks until view 3, then runnable but never run.
+        // Ticks until view 3, then runnable but never run (inside an offcode at one
+        // view: preempted in the middle of a turn).
         let views: Vec<CoreView> = (0..8)
             .map(|i| {
                 let t = i.min(3);
-                view(t * 100, false, 10 + t, 2 + i.saturating_sub(3) * 25)
+                view(t * 100, i == 5, 10 + t, true)
             })
             .collect();
         let notes = run(&mut w, &views);
@@ -366,7 +367,7 @@ mod tests {
             "{evidence}"
         );
         assert!(
-            evidence.contains("waited 75.0 ms on the run queue and ran 0.0 ms"),
+            evidence.contains("ran 0.0 ms meanwhile and were waiting for the CPU at 3 of the 3"),
             "{evidence}"
         );
         assert_eq!(w.dead(), vec![1]);
@@ -376,7 +377,9 @@ mod tests {
     fn an_idle_but_healthy_core_is_never_declared() {
         // An idle executor still ticks (it sleeps between iterations): never flat.
         let mut w = CoreWatch::new(cfg(1)).unwrap();
-        let views: Vec<CoreView> = (0..400).map(|i| view(i * 5, false, i / 10, 0)).collect();
+        let views: Vec<CoreView> = (0..400)
+            .map(|i| view(i * 5, false, i / 10, i % 2 == 0))
+            .collect();
         assert!(run(&mut w, &views).is_empty());
     }
 
@@ -384,10 +387,10 @@ mod tests {
     fn an_offcode_stuck_in_one_long_turn_is_not_a_dead_core() {
         let mut w = CoreWatch::new(cfg(2)).unwrap();
         // Inside an offcode with flat ticks, on the CPU the whole time.
-        let mut views = vec![view(10, false, 5, 0)];
-        views.extend((1..20).map(|i| view(11, true, 5 + i * 25, 1)));
-        // Then blocked in a system call inside it: neither run nor waiting.
-        views.extend((0..10).map(|_| view(11, true, 500, 1)));
+        let mut views = vec![view(10, false, 5, true)];
+        views.extend((1..20).map(|i| view(11, true, 5 + i * 25, true)));
+        // Then blocked in a system call inside it: not running, not runnable.
+        views.extend((0..10).map(|_| view(11, true, 500, false)));
         let notes = run(&mut w, &views);
         assert_eq!(
             notes.iter().map(|n| &n.1).collect::<Vec<_>>(),
@@ -397,20 +400,28 @@ mod tests {
             }],
             "said once, never declared"
         );
-        // But inside an offcode and starved of the CPU is the core's doing.
+        // But inside an offcode and runnable without running is the core's doing.
         let mut w = CoreWatch::new(cfg(2)).unwrap();
-        let mut views = vec![view(10, true, 5, 0)];
-        views.extend((1..4).map(|i| view(10, true, 5, i * 25)));
+        let mut views = vec![view(10, true, 5, true)];
+        views.extend((1..4).map(|_| view(10, true, 5, true)));
         assert!(matches!(
             run(&mut w, &views).last(),
             Some((_, CoreNote::Declared { .. }))
         ));
+        // And so is a thread not run outside an offcode (stopped, frozen).
+        let mut w = CoreWatch::new(cfg(2)).unwrap();
+        let views: Vec<CoreView> = (0..4).map(|_| view(10, false, 5, false)).collect();
+        let notes = run(&mut w, &views);
+        let Some((_, CoreNote::Declared { evidence, .. })) = notes.last() else {
+            panic!("{notes:?}")
+        };
+        assert!(evidence.contains("stopped or frozen"), "{evidence}");
     }
 
     #[test]
     fn an_offline_cpu_is_declared_even_if_its_threads_tick_elsewhere() {
         let mut w = CoreWatch::new(cfg(2)).unwrap();
-        let mut views: Vec<CoreView> = (0..5).map(|i| view(i, false, i, 0)).collect();
+        let mut views: Vec<CoreView> = (0..5).map(|i| view(i, false, i, true)).collect();
         for v in &mut views[2..] {
             v.online = Some(false);
         }
@@ -428,19 +439,19 @@ mod tests {
     fn recovery_needs_progress_at_every_view_for_the_whole_span() {
         let mut w = CoreWatch::new(cfg(1)).unwrap();
         let per = (RECOVERY_NS / (25 * MS)) as usize;
-        let mut views = vec![view(0, false, 0, 0), view(0, false, 0, 25)];
+        let mut views = vec![view(0, false, 0, true), view(0, false, 0, true)];
         let mut ticks = 0;
         // A trickle: one progressing view in every four, for a long time.
         for i in 0..(per * 3) {
             if i % 4 == 0 {
                 ticks += 1;
             }
-            views.push(view(ticks, false, 0, 0));
+            views.push(view(ticks, false, 0, true));
         }
         // Then steady progress.
         for _ in 0..(per + 2) {
             ticks += 1;
-            views.push(view(ticks, false, 0, 0));
+            views.push(view(ticks, false, 0, true));
         }
         let notes = run(&mut w, &views);
         let kinds: Vec<&str> = notes
@@ -460,12 +471,12 @@ mod tests {
     #[test]
     fn a_core_whose_threads_left_is_forgotten_unless_dead() {
         let mut w = CoreWatch::new(cfg(1)).unwrap();
-        w.refresh(0, &[view(1, false, 0, 0)]);
+        w.refresh(0, &[view(1, false, 0, true)]);
         assert!(w.refresh(25 * MS, &[]).is_empty());
         // Watched afresh: its first view is a baseline, not a miss.
-        assert!(w.refresh(50 * MS, &[view(1, false, 0, 0)]).is_empty());
+        assert!(w.refresh(50 * MS, &[view(1, false, 0, true)]).is_empty());
         assert!(matches!(
-            w.refresh(75 * MS, &[view(1, false, 0, 9)])[..],
+            w.refresh(75 * MS, &[view(1, false, 0, true)])[..],
             [CoreNote::Declared { .. }]
         ));
         w.refresh(100 * MS, &[]);

@@ -12,6 +12,11 @@
 //! caught by the supervisor ([`crate::supervisor`]), which watches what each
 //! executor is running right now through its [`ExecutorState`].
 //!
+//! On a dedicated core, the loop also ticks Orion's liveness sensor of that core
+//! (`sidecore_orion::core_sensors`) once per iteration, busy or idle, and marks
+//! when it is inside an offcode's turn or a command: the core monitor tells a
+//! core that no longer runs its executor from an offcode stuck in one turn.
+//!
 //! An offcode with a restart policy that fails (an error from its turn, or
 //! its watchdog) is *parked*: its instance is stopped, its ports, out-of-band
 //! endpoint and call bindings stay here. The supervisor decides; on
@@ -313,8 +318,11 @@ pub fn spawn(
                 return;
             }
             let _ = ready_tx.send(Ok(()));
+            // Orion's liveness sensor of the core: a tick per loop iteration.
+            let sensor = spec.pin.map(sidecore_orion::core_sensors::register);
             Executor {
                 spec,
+                sensor,
                 app,
                 state: st,
                 events,
@@ -339,6 +347,8 @@ pub fn spawn(
 /// The executor thread's own state.
 struct Executor {
     spec: ExecutorSpec,
+    /// On a dedicated core: ticked every iteration, marked inside offcode code.
+    sensor: Option<sidecore_orion::core_sensors::SensorGuard>,
     app: String,
     state: Arc<ExecutorState>,
     events: EventLog,
@@ -357,6 +367,9 @@ impl Executor {
     fn run(mut self, rx: &Receiver<Command>) {
         let mut idle_turns: u64 = 0;
         loop {
+            if let Some(s) = &self.sensor {
+                s.tick();
+            }
             // Commands: block briefly only when there is nothing to run.
             let cmd = if self.slots.iter().any(|r| r.started) {
                 rx.try_recv().ok()
@@ -368,7 +381,10 @@ impl Executor {
                 }
             };
             if let Some(cmd) = cmd {
-                if !self.command(cmd) {
+                self.inside(true);
+                let carry_on = self.command(cmd);
+                self.inside(false);
+                if !carry_on {
                     return;
                 }
                 continue;
@@ -379,6 +395,13 @@ impl Executor {
                 idle_turns += 1;
                 self.idle(idle_turns);
             }
+        }
+    }
+
+    /// Marks this executor's core sensor inside (or out of) an offcode's code.
+    fn inside(&self, yes: bool) {
+        if let Some(s) = &self.sensor {
+            s.inside(yes);
         }
     }
 
@@ -614,7 +637,13 @@ impl Executor {
             return Turned::Removed;
         }
         let t0 = self.state.begin_turn(r.index);
+        if let Some(s) = &self.sensor {
+            s.inside(true);
+        }
         let outcome = turn(&mut r.slot);
+        if let Some(s) = &self.sensor {
+            s.inside(false);
+        }
         let took = self.state.end_turn(t0);
         handle.turns.fetch_add(1, Ordering::Relaxed);
         store_counts(&handle, &r.slot.outlets);

@@ -21,11 +21,13 @@
 //! factory); [`resolve`], [`place`], [`plan`]; [`node`] (parts on peer nodes:
 //! the origin's side and the peer's); [`interfaces`] (manifest interfaces
 //! against the library, used by resolve and `sidecore check`); [`serve`]
-//! (the provider's side of calls, used by the executor); [`start`],
+//! (the provider's side of calls, used by the executor); [`dead`] (offcodes
+//! on a PE an Orion monitor declared dead fail); [`start`],
 //! [`restart`] (the restart decisions, sans-IO), [`supervisor`], [`app`];
 //! [`runtime`] (the [`Runtime`] itself); [`error`] is shared by all.
 
 pub mod app;
+pub mod dead;
 pub mod dispatch;
 pub mod error;
 pub mod events;

@@ -255,6 +255,15 @@ impl Runtime {
         Some((released, last))
     }
 
+    /// Fails now, with the declaration as the reason, every offcode running
+    /// here on a PE an Orion monitor declared dead (the supervisor does it at
+    /// its next sweep too; this is for whoever acts on the declaration first).
+    pub fn fail_on_dead_pes(&self) {
+        for a in self.apps().iter().filter(|a| a.state == AppState::Running) {
+            crate::dead::sweep(a, &self.events);
+        }
+    }
+
     /// Waits until the app has finished (every offcode done or stopped by the
     /// runtime). Returns false on timeout or if the app is unknown.
     pub fn wait_finished(&self, id: AppId, timeout: Duration) -> bool {

@@ -25,6 +25,7 @@ use sidecore_offcode::{BuildSpec, Inlet, Offcode, OffcodeInfo, Outlet};
 use sidecore_types::{AppId, AppState, PeKind, RestartPolicy};
 
 use crate::app::{AppEntry, ChannelEntry};
+use crate::dead::DEAD_PE_GRACE;
 use crate::dispatch::TaskSpec;
 use crate::error::DeployError;
 use crate::events::{EventKind, EventLog};
@@ -267,6 +268,7 @@ fn spawn_executors(
             })?;
         let txc = tx.clone();
         let join = Mutex::new(Some(join));
+        let (pe, app, events) = (o.pe.clone(), plan.app.clone(), env.events.clone());
         let pinned = o
             .cpu
             .map(|c| format!(" (pinned to CPU {c})"))
@@ -282,13 +284,43 @@ fn spawn_executors(
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .take();
                 if let Some(j) = taken {
-                    let _ = j.join();
+                    join_executor(j, &pe, &app, &events);
                 }
             },
         );
         execs.insert(name, Exec { tx, state, node });
     }
     Ok(execs)
+}
+
+/// Waits for an executor told to shut down; on a PE declared dead, for at
+/// most [`DEAD_PE_GRACE`], after which it is left behind (it exits if its
+/// CPU ever runs it again) and the log says so.
+fn join_executor(j: std::thread::JoinHandle<()>, pe: &str, app: &str, events: &EventLog) {
+    const POLL: Duration = Duration::from_millis(5);
+    if !sidecore_orion::health::is_dead(pe) {
+        let _ = j.join();
+        return;
+    }
+    let deadline = Instant::now() + DEAD_PE_GRACE;
+    while !j.is_finished() && Instant::now() < deadline {
+        std::thread::sleep(POLL);
+    }
+    if j.is_finished() {
+        let _ = j.join();
+    } else {
+        events.emit(
+            app,
+            "-",
+            EventKind::App {
+                message: format!(
+                    "executor on {pe} did not exit within {} ms of being told to (its PE is \
+                     declared dead): left behind",
+                    DEAD_PE_GRACE.as_millis()
+                ),
+            },
+        );
+    }
 }
 
 /// A handle per offcode; a peer enforces the watchdog, obsolete time and
@@ -484,8 +516,9 @@ fn land(
         slot
     };
     ask(&exec.tx, |r| Command::Land(Box::new(slot), r)).map_err(|e| fail(e.to_string()))?;
-    // The offcode's node: tearing it down stops it on its executor.
-    let (txc, name) = (exec.tx.clone(), o.name.clone());
+    // The offcode's node: tearing it down stops it on its executor (on a
+    // dead PE without waiting: the executor's own teardown bounds that).
+    let (txc, name, pe) = (exec.tx.clone(), o.name.clone(), o.pe.clone());
     env.tree.add(
         Some(exec.node),
         ResourceKind::Offcode,
@@ -495,6 +528,7 @@ fn land(
             if txc
                 .send(Command::Stop(name, "app stopped".into(), ack_tx))
                 .is_ok()
+                && !sidecore_orion::health::is_dead(&pe)
             {
                 let _ = ack_rx.recv_timeout(COMMAND_TIMEOUT);
             }

@@ -1,6 +1,7 @@
 //! Stage 6 of the pipeline, **supervise** (HYDRA §4.1.1): the runtime's
 //! supervisor thread calls [`sweep`] every `supervise_every` over the running
-//! apps. It enforces each offcode's watchdog (a turn that has been running for
+//! apps. It fails the offcodes that run on a PE an Orion monitor declared
+//! dead ([`crate::dead`]), enforces each offcode's watchdog (a turn that has been running for
 //! longer than its period right now: the executor itself catches the turns
 //! that overran once they return) and obsolete time (counted from landing),
 //! owns restarts, and finds the apps whose offcodes have all finished, for
@@ -34,6 +35,9 @@ pub fn sweep(apps: &mut [AppEntry], events: &EventLog) -> Vec<(ResourceId, Strin
     let mut finished = Vec::new();
     let now = Instant::now();
     for a in apps.iter_mut() {
+        if a.state == AppState::Running {
+            crate::dead::sweep(a, events);
+        }
         watchdogs(a, events);
         obsolete(a, events);
         restarts(a, events, now);

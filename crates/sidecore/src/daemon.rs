@@ -38,6 +38,13 @@ pub struct DaemonArgs {
     /// Busy-poll on idle cores.
     #[arg(long)]
     spin: bool,
+    /// Orion's watch of the dedicated cores: refresh period in ms, 0 turns it
+    /// off [default: 25].
+    #[arg(long)]
+    core_refresh_ms: Option<u64>,
+    /// Refreshes without progress before a core is declared dead [default: 8].
+    #[arg(long)]
+    core_k: Option<u32>,
     /// Serve /metrics and the dashboard here [default: 127.0.0.1:9464]; `off` disables.
     #[arg(long)]
     http: Option<String>,
@@ -79,6 +86,12 @@ fn settings(args: &DaemonArgs) -> anyhow::Result<(DaemonConfig, PeArgs)> {
     c.http_expose |= args.http_expose;
     c.services.extend(args.services.iter().cloned());
     c.spin |= args.spin;
+    if args.core_refresh_ms.is_some() {
+        c.core_refresh_ms = args.core_refresh_ms;
+    }
+    if args.core_k.is_some() {
+        c.core_k = args.core_k;
+    }
     let pe = PeArgs {
         nodes: args.pe.nodes.clone().or_else(|| c.nodes.clone()),
         housekeeping: args
@@ -106,6 +119,7 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<ExitCode> {
     // declarations of monitors here re-place the dead PE's apps.
     let sensors = Arc::new(sidecore_orion::node_sensors::NodeSensors::start(name)?);
     d.follow_health();
+    let _cores = watch_cores(&cfg, name, &d)?;
     let node = match &cfg.listen {
         Some(addr) => Some(NodeListener::start_with(
             addr,
@@ -151,6 +165,40 @@ pub fn run(args: &DaemonArgs) -> anyhow::Result<ExitCode> {
     drop(node);
     eprintln!("sidecore daemon stopped");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Orion's watch of this node's dedicated cores (declarations go to the health
+/// board, which `follow_health` hears); its other notes go to the event log.
+fn watch_cores(
+    cfg: &DaemonConfig,
+    name: &str,
+    d: &Daemon,
+) -> anyhow::Result<Option<sidecore_orion::core_monitor::CoreMonitor>> {
+    use crate::daemon_config::{DEFAULT_CORE_K, DEFAULT_CORE_REFRESH_MS};
+    use sidecore_orion::core_watch::CoreNote;
+    let refresh_ms = cfg.core_refresh_ms.unwrap_or(DEFAULT_CORE_REFRESH_MS);
+    if refresh_ms == 0 {
+        return Ok(None);
+    }
+    let k = cfg.core_k.unwrap_or(DEFAULT_CORE_K);
+    let lc = sidecore_orion::detect::LivenessConfig::new(refresh_ms * 1_000_000, k)?;
+    let events = d.runtime().events().clone();
+    let sink = Box::new(move |n: &CoreNote| {
+        if let CoreNote::Stuck { cpu, tids } = n {
+            let message = format!(
+                "threads {tids:?} on core {cpu} are inside an offcode with flat ticks while the \
+                 core runs them: a stuck offcode (its watchdog's case), not a dead core"
+            );
+            events.emit(
+                sidecore_control::replace::EVENTS_APP,
+                &sidecore_orion::core_monitor::core_pe(*cpu),
+                sidecore_runtime::EventKind::App { message },
+            );
+        }
+    });
+    Ok(Some(sidecore_orion::core_monitor::CoreMonitor::start(
+        lc, name, sink,
+    )?))
 }
 
 fn check_config(args: &DaemonArgs) -> ExitCode {

@@ -13,6 +13,13 @@ use sidecore_observe::services::ServiceSpec;
 
 /// The default address of the metrics and dashboard listener.
 pub const DEFAULT_HTTP: &str = "127.0.0.1:9464";
+/// Orion's core watch by default: a refresh of 25 ms, and 8 refreshes without
+/// progress (200 ms, above what a loaded machine starves an ordinary thread;
+/// the seed's k = 3 is `core_k = 3`).
+pub const DEFAULT_CORE_REFRESH_MS: u64 = 25;
+pub const DEFAULT_CORE_K: u32 = 8;
+/// The shortest core-watch refresh (an idle executor may sleep 5 ms between ticks).
+pub const MIN_CORE_REFRESH_MS: u64 = 10;
 
 /// The file's contents; every field is optional, flags override them.
 #[derive(Debug, Clone, Default, PartialEq, Deserialize)]
@@ -36,6 +43,10 @@ pub struct DaemonConfig {
     /// Busy-poll on idle cores.
     #[serde(default)]
     pub spin: bool,
+    /// Orion's watch of the dedicated cores: refresh period in ms (0: off).
+    pub core_refresh_ms: Option<u64>,
+    /// Refreshes without progress before a core is declared dead.
+    pub core_k: Option<u32>,
     /// Manifests kept deployed (relative paths are against the file's folder).
     #[serde(default)]
     pub apps: Vec<PathBuf>,
@@ -109,6 +120,18 @@ impl DaemonConfig {
                 ));
             }
         }
+        if let Some(r) = c
+            .core_refresh_ms
+            .filter(|r| *r != 0 && *r < MIN_CORE_REFRESH_MS)
+        {
+            return Err(field(
+                "core_refresh_ms",
+                format!("{r}: at least {MIN_CORE_REFRESH_MS} ms, or 0 to turn the core watch off"),
+            ));
+        }
+        if c.core_k == Some(0) {
+            return Err(field("core_k", "0: at least 1".into()));
+        }
         if let Some(l) = &c.listen {
             l.parse::<SocketAddr>()
                 .map_err(|e| field("listen", format!("`{l}` is not an address: {e}")))?;
@@ -170,6 +193,12 @@ mod tests {
             e.contains("e.toml:1:") && e.contains("not an address"),
             "{e}"
         );
+        let fast = write(d.path(), "f.toml", "core_refresh_ms = 2\n");
+        let e = DaemonConfig::load(&fast).unwrap_err().to_string();
+        assert!(e.contains("`core_refresh_ms`: 2: at least 10 ms"), "{e}");
+        let k0 = write(d.path(), "g.toml", "core_k = 0\n");
+        let e = DaemonConfig::load(&k0).unwrap_err().to_string();
+        assert!(e.contains("`core_k`: 0"), "{e}");
         let ok = write(d.path(), "d.toml", "http = \"off\"\nspin = true\n");
         let c = DaemonConfig::load(&ok).unwrap();
         assert!(c.spin && c.apps.is_empty());

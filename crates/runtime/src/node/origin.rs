@@ -430,14 +430,8 @@ impl Mirror<'_> {
                 Err(e) => break format!("connection to node {} lost: {e}", self.node),
             }
             // A peer declared dead will not answer a stop either.
-            if let Some(d) = sidecore_orion::health::dead()
-                .into_iter()
-                .find(|d| d.pe == pe)
-            {
-                break format!(
-                    "{} declared dead by the Orion monitor of {}: {}",
-                    d.pe, d.by, d.evidence
-                );
+            if let Some(why) = crate::dead::declared(&pe) {
+                break why;
             }
             if stopping.load(Ordering::Acquire) {
                 if stop_seen.get_or_insert_with(Instant::now).elapsed() > STEP_TIMEOUT {
@@ -498,17 +492,6 @@ impl Mirror<'_> {
 
     /// The peer went away while the part ran: its offcodes failed.
     fn fail_all(&self, lost: &str) {
-        for h in self.handles.iter().filter(|h| !h.exited()) {
-            h.request_stop(lost);
-            h.set_state(OffcodeState::Failed);
-            self.events.emit(
-                self.app,
-                &h.name,
-                EventKind::Failed {
-                    error: lost.to_string(),
-                },
-            );
-            h.set_exited();
-        }
+        crate::dead::fail(self.handles, self.app, self.events, lost);
     }
 }
