@@ -8,7 +8,8 @@
 //! * **io_uring** (the `io-uring` crate): one multishot `POLL_ADD` per socket
 //!   (edge-triggered, as io_uring's multishot poll is by default); the PPE
 //!   peeks the completion queue in shared memory without a system call and
-//!   enters the kernel only to submit new polls or to park. SQPOLL is
+//!   enters the kernel only to submit new polls, to run the polls' task
+//!   work (deferred, see `TaskRun`) when the kernel flags it, or to park. SQPOLL is
 //!   available (`sqpoll`) but off by default: its kernel thread spins on a
 //!   core of its own, and on a two-core machine that core is the application
 //!   core.
@@ -76,15 +77,75 @@ pub enum Poller {
         /// Submissions queued since the last `submit`.
         queued: usize,
         sqpoll: bool,
+        /// Made disabled, to be enabled by the thread that will use it (its
+        /// single issuer) before it first enters the kernel.
+        disabled: bool,
     },
     Epoll(Epoll),
+}
+
+/// How the kernel runs the task work that completes a multishot poll on the
+/// PPE's thread. With the default (`Interrupt`), each completion a softirq
+/// produces interrupts the busy-polling PPE to run it: measured, that cost
+/// the PPE about half its CPU per megabyte in the stream benchmark
+/// (BENCHMARKS.md, TCPServers). `Deferred` runs it only when the PPE enters
+/// the kernel asking for events, all pending at once; the kernel raises
+/// `IORING_SQ_TASKRUN` so a PPE that only peeks the CQ knows to enter. It
+/// needs a single issuer, so the ring is made disabled and enabled by the
+/// PPE's own thread at its first poll.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum TaskRun {
+    Deferred,
+    Cooperative,
+    Interrupt,
+}
+
+impl TaskRun {
+    fn setup(self, b: &mut io_uring::Builder) {
+        match self {
+            TaskRun::Deferred => {
+                b.setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .setup_taskrun_flag()
+                    .setup_r_disabled();
+            }
+            TaskRun::Cooperative => {
+                b.setup_coop_taskrun().setup_taskrun_flag();
+            }
+            TaskRun::Interrupt => {}
+        }
+    }
+}
+
+impl std::fmt::Display for TaskRun {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TaskRun::Deferred => "deferred",
+            TaskRun::Cooperative => "cooperative",
+            TaskRun::Interrupt => "interrupting",
+        })
+    }
 }
 
 impl Poller {
     /// Opens the preferred backend; io_uring falls back to epoll (with the
     /// reason) when the kernel refuses it. `cpu` pins an SQPOLL thread.
     pub fn open(want: Backend, cpu: Option<usize>) -> io::Result<(Poller, Option<String>)> {
-        if let Backend::IoUring { sqpoll } = want {
+        let Backend::IoUring { sqpoll } = want else {
+            let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
+            return Ok((Poller::Epoll(ep), None));
+        };
+        // Without SQPOLL, the task work that completes a poll runs only when
+        // the PPE asks (deferred, Linux 6.1), else without an interrupt
+        // (cooperative, 5.19), else as the kernel likes: the first the kernel
+        // takes. See `TaskRun`.
+        let modes: &[TaskRun] = if sqpoll {
+            &[TaskRun::Interrupt]
+        } else {
+            &[TaskRun::Deferred, TaskRun::Cooperative, TaskRun::Interrupt]
+        };
+        let mut refused = Vec::new();
+        for &mode in modes {
             let mut b = IoUring::builder();
             if sqpoll {
                 b.setup_sqpoll(50);
@@ -95,27 +156,26 @@ impl Poller {
             // A CQ larger than the default 2 × SQ: every connection has a
             // multishot poll that may post several completions between peeks.
             b.setup_cqsize(CQ_ENTRIES);
+            mode.setup(&mut b);
             match b.build(SQ_ENTRIES) {
                 Ok(ring) => {
-                    return Ok((
-                        Poller::Uring {
-                            ring: Box::new(ring),
-                            queued: 0,
-                            sqpoll,
-                        },
-                        None,
-                    ));
+                    let note = (!refused.is_empty()).then(|| {
+                        format!("io_uring with {mode} task work ({})", refused.join("; "))
+                    });
+                    let poller = Poller::Uring {
+                        ring: Box::new(ring),
+                        queued: 0,
+                        sqpoll,
+                        disabled: mode == TaskRun::Deferred,
+                    };
+                    return Ok((poller, note));
                 }
-                Err(e) => {
-                    let why = format!("io_uring refused ({e}); using epoll");
-                    let ep =
-                        Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
-                    return Ok((Poller::Epoll(ep), Some(why)));
-                }
+                Err(e) => refused.push(format!("{mode} refused: {e}")),
             }
         }
+        let why = format!("io_uring refused ({}); using epoll", refused.join("; "));
         let ep = Epoll::new(EpollCreateFlags::EPOLL_CLOEXEC).map_err(io::Error::from)?;
-        Ok((Poller::Epoll(ep), None))
+        Ok((Poller::Epoll(ep), Some(why)))
     }
 
     /// The backend in use.
@@ -151,7 +211,13 @@ impl Poller {
     /// or handing it to another PPE.
     pub fn remove(&mut self, fd: BorrowedFd<'_>, token: u64) -> io::Result<()> {
         match self {
-            Poller::Uring { ring, queued, .. } => {
+            Poller::Uring {
+                ring,
+                queued,
+                disabled,
+                ..
+            } => {
+                enable(ring, disabled)?;
                 let sqe = opcode::PollRemove::new(token)
                     .build()
                     .user_data(TOKEN_IGNORE);
@@ -168,7 +234,13 @@ impl Poller {
     /// waits up to `d` for one (the PPE parks); with `None` it never blocks.
     pub fn poll(&mut self, out: &mut Vec<(u64, Ready)>, park: Option<Duration>) -> io::Result<()> {
         match self {
-            Poller::Uring { ring, queued, .. } => {
+            Poller::Uring {
+                ring,
+                queued,
+                disabled,
+                ..
+            } => {
+                enable(ring, disabled)?;
                 if let Some(d) = park {
                     if ring.completion().is_empty() {
                         let ts = types::Timespec::from(d);
@@ -273,6 +345,15 @@ fn push(ring: &mut IoUring, queued: &mut usize, sqe: &io_uring::squeue::Entry) -
             .map_err(|_| io::Error::other("io_uring submission queue full after a submit"))?;
     }
     *queued += 1;
+    Ok(())
+}
+
+/// Enables a ring made disabled, on the thread that calls (which becomes its
+/// single issuer).
+fn enable(ring: &IoUring, disabled: &mut bool) -> io::Result<()> {
+    if std::mem::take(disabled) {
+        ring.submitter().register_enable_rings()?;
+    }
     Ok(())
 }
 
