@@ -206,6 +206,21 @@ pub fn run(cmd: SikkerCommand) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// Refuses a `--core` this process may not run on, naming those it may.
+fn usable_cpu(c: u32) -> anyhow::Result<()> {
+    let usable = sidecore_pe::cores::allowed_cpus();
+    anyhow::ensure!(
+        usable.contains(&c),
+        "--core {c}: this process may not run on CPU {c} (it may use CPUs {})",
+        usable
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
 /// How often the agent's loop copies its counters out for `--metrics`.
 const METRICS_EVERY: Duration = Duration::from_millis(250);
 
@@ -219,17 +234,8 @@ fn agent(
 ) -> anyhow::Result<ExitCode> {
     // Checked before anything starts; pinned only once the helper threads
     // (watches, metrics) are spawned, so they stay off the agent's core.
-    let usable = sidecore_pe::cores::allowed_cpus();
     if let Some(c) = cpu {
-        anyhow::ensure!(
-            usable.contains(&c),
-            "--core {c}: this process may not run on CPU {c} (it may use CPUs {})",
-            usable
-                .iter()
-                .map(u32::to_string)
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
+        usable_cpu(c)?;
     }
     let stop = Arc::new(AtomicBool::new(false));
     for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
@@ -308,10 +314,8 @@ fn agent(
         server.set_busy_poll(true);
         eprintln!("sikker agent for host {host}: busy-polling on CPU {c}");
     }
-    eprintln!(
-        "sikker agent for host {host} on {}; Ctrl-C stops it",
-        socket.display()
-    );
+    let on = socket.display();
+    eprintln!("sikker agent for host {host} on {on}; Ctrl-C stops it");
     server.run(&stop)?;
     println!("{}", serde_json::to_string(server.core().counters())?);
     Ok(ExitCode::SUCCESS)
