@@ -45,6 +45,8 @@ pub enum OobError {
 /// The receiving side of an endpoint.
 pub struct OobEndpoint {
     name: String,
+    /// Which registration of `name` this is (see [`OobDirectory::evict`]).
+    id: u64,
     rx: Receiver<OobMessage>,
     directory: OobDirectory,
 }
@@ -73,14 +75,19 @@ impl OobEndpoint {
 
 impl Drop for OobEndpoint {
     fn drop(&mut self) {
-        self.directory.unregister(&self.name);
+        self.directory.unregister(&self.name, self.id);
     }
 }
+
+/// One name's registration: which one it is, and its queue.
+type Registration = (u64, Sender<OobMessage>);
 
 /// Name → endpoint map shared by everything in one runtime.
 #[derive(Clone, Default)]
 pub struct OobDirectory {
-    inner: Arc<RwLock<HashMap<String, Sender<OobMessage>>>>,
+    /// Each name's registration: its number and its queue.
+    inner: Arc<RwLock<HashMap<String, Registration>>>,
+    next: Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl OobDirectory {
@@ -102,12 +109,27 @@ impl OobDirectory {
             return Err(OobError::Duplicate(name.to_string()));
         }
         let (tx, rx) = bounded(Self::DEPTH);
-        map.insert(name.to_string(), tx);
+        let id = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        map.insert(name.to_string(), (id, tx));
         Ok(OobEndpoint {
             name: name.to_string(),
+            id,
             rx,
             directory: self.clone(),
         })
+    }
+
+    /// Takes `name` away from whoever registered it, so that it can be
+    /// opened again while the old endpoint still lives: for an offcode left
+    /// behind on a PE declared dead, whose executor may never run again to
+    /// drop it. Messages to `name` then go to the new endpoint; the old one's
+    /// eventual drop leaves the new registration alone. Whether it was there.
+    pub fn evict(&self, name: &str) -> bool {
+        self.inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(name)
+            .is_some()
     }
 
     /// Sends `msg` to the endpoint named `to`, without waiting.
@@ -116,7 +138,7 @@ impl OobDirectory {
             .inner
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let tx = map
+        let (_, tx) = map
             .get(to)
             .ok_or_else(|| OobError::Unknown(to.to_string()))?;
         tx.try_send(msg).map_err(|e| match e {
@@ -136,11 +158,15 @@ impl OobDirectory {
         v
     }
 
-    fn unregister(&self, name: &str) {
-        self.inner
+    /// Removes registration `id` of `name`, if it is still the current one.
+    fn unregister(&self, name: &str, id: u64) {
+        let mut map = self
+            .inner
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(name);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if map.get(name).is_some_and(|(current, _)| *current == id) {
+            map.remove(name);
+        }
     }
 }
 
@@ -171,6 +197,24 @@ mod tests {
         drop(a);
         assert_eq!(
             d.send("app/a", OobMessage::Stop { reason: "x".into() }),
+            Err(OobError::Unknown("app/a".into()))
+        );
+    }
+
+    #[test]
+    fn an_evicted_name_opens_again_and_the_old_endpoint_s_drop_leaves_it_alone() {
+        let d = OobDirectory::new();
+        let old = d.open("app/a").unwrap();
+        assert!(d.evict("app/a"));
+        assert!(!d.evict("app/a"), "already gone");
+        let new = d.open("app/a").unwrap();
+        drop(old);
+        let stop = || OobMessage::Stop { reason: "x".into() };
+        d.send("app/a", stop()).unwrap();
+        assert!(matches!(new.try_recv(), Some(OobMessage::Stop { .. })));
+        drop(new);
+        assert_eq!(
+            d.send("app/a", stop()),
             Err(OobError::Unknown("app/a".into()))
         );
     }

@@ -269,6 +269,13 @@ fn spawn_executors(
         let txc = tx.clone();
         let join = Mutex::new(Some(join));
         let (pe, app, events) = (o.pe.clone(), plan.app.clone(), env.events.clone());
+        // The out-of-band endpoints its offcodes hold, to take back if it is
+        // left behind.
+        let endpoints: Vec<String> = (0..plan.offcodes.len())
+            .filter(|&j| plan.offcodes[j].pe_kind != PeKind::Node && exec_name(plan, j) == name)
+            .map(|j| format!("{}/{}", plan.app, plan.offcodes[j].name))
+            .collect();
+        let oob = env.oob.clone();
         let pinned = o
             .cpu
             .map(|c| format!(" (pinned to CPU {c})"))
@@ -283,8 +290,12 @@ fn spawn_executors(
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
                     .take();
-                if let Some(j) = taken {
-                    join_executor(j, &pe, &app, &events);
+                if let Some(j) = taken
+                    && !join_executor(j, &pe, &app, &events)
+                {
+                    for e in &endpoints {
+                        oob.evict(e);
+                    }
                 }
             },
         );
@@ -295,12 +306,14 @@ fn spawn_executors(
 
 /// Waits for an executor told to shut down; on a PE declared dead, for at
 /// most [`DEAD_PE_GRACE`], after which it is left behind (it exits if its
-/// CPU ever runs it again) and the log says so.
-fn join_executor(j: std::thread::JoinHandle<()>, pe: &str, app: &str, events: &EventLog) {
+/// CPU ever runs it again) and the log says so. Whether it exited (if not,
+/// the caller takes back its offcodes' out-of-band names, so that the app
+/// can start again at once).
+fn join_executor(j: std::thread::JoinHandle<()>, pe: &str, app: &str, events: &EventLog) -> bool {
     const POLL: Duration = Duration::from_millis(5);
     if !sidecore_orion::health::is_dead(pe) {
         let _ = j.join();
-        return;
+        return true;
     }
     let deadline = Instant::now() + DEAD_PE_GRACE;
     while !j.is_finished() && Instant::now() < deadline {
@@ -308,19 +321,20 @@ fn join_executor(j: std::thread::JoinHandle<()>, pe: &str, app: &str, events: &E
     }
     if j.is_finished() {
         let _ = j.join();
-    } else {
-        events.emit(
-            app,
-            "-",
-            EventKind::App {
-                message: format!(
-                    "executor on {pe} did not exit within {} ms of being told to (its PE is \
-                     declared dead): left behind",
-                    DEAD_PE_GRACE.as_millis()
-                ),
-            },
-        );
+        return true;
     }
+    events.emit(
+        app,
+        "-",
+        EventKind::App {
+            message: format!(
+                "executor on {pe} did not exit within {} ms of being told to (its PE is \
+                 declared dead): left behind, its offcodes' endpoints taken back",
+                DEAD_PE_GRACE.as_millis()
+            ),
+        },
+    );
+    false
 }
 
 /// A handle per offcode; a peer enforces the watchdog, obsolete time and
