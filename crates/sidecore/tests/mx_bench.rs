@@ -25,6 +25,7 @@ const PROBE: &str = r#"
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 static double now(void){struct timespec t;clock_gettime(CLOCK_MONOTONIC,&t);return t.tv_sec*1e9+t.tv_nsec;}
@@ -40,6 +41,12 @@ int main(int argc, char **argv){
   best = 1e18;
   for (int r = 0; r < 3; r++) { t0 = now(); for (int i = 0; i < 2000; i++) { int fd = open(argv[1], O_RDONLY); close(fd); } double d = (now()-t0)/2000; if (d < best) best = d; }
   printf("open %.1f\n", best);
+  /* a round trip between two processes over pipes: untrapped, the price of
+     the two wake-ups every trapped call also pays (the control) */
+  { int a[2], b[2]; char x = 0; int m = 20000; pipe(a); pipe(b);
+    if (fork() == 0) { for (int i = 0; i < m; i++) { read(a[0], &x, 1); write(b[1], &x, 1); } _exit(0); }
+    t0 = now(); for (int i = 0; i < m; i++) { write(a[1], &x, 1); read(b[0], &x, 1); }
+    printf("pingpong %.1f\n", (now()-t0)/m); wait(0); }
   /* page faults on a 16 MB anonymous region, 16 KB stride (seed 9.1) */
   double rf = 0, war = 0, dw = 0;
   for (int r = 0; r < 5; r++) {
@@ -161,6 +168,11 @@ fn metachory_tables() {
             "75.6 (min) – 119.9 (avg)",
         ),
         ("open", "open+close, projected file (trapped)", "–"),
+        (
+            "pingpong",
+            "control: a round trip between two processes over pipes (not trapped)",
+            "–",
+        ),
         ("readfault", "read fault (16 MB, 16 KB stride)", "67.7"),
         ("writeafterread", "write after read", "22.8"),
         ("directwrite", "direct write", "58.4"),
