@@ -122,6 +122,11 @@ pub fn run(argv: &[OsString], policy: Policy) -> Result<Outcome, Error> {
             filter::install_listener_and_send(fprog, child_raw, &[0])
         });
     }
+    // The handlers go in before the guest exists: a signal sent once the
+    // guest has started (it may say so before this thread runs again) waits
+    // in the iterator instead of meeting the default action, or SIG_IGN
+    // inherited from a shell's background job, and being lost.
+    let signals = signal_hook::iterator::Signals::new(FORWARDED).ok();
     let mut child = cmd.spawn().map_err(|source| Error::Spawn {
         prog: prog.clone(),
         source,
@@ -137,7 +142,7 @@ pub fn run(argv: &[OsString], policy: Policy) -> Result<Outcome, Error> {
     };
     drop(parent_sock);
     let serve = std::thread::spawn(move || serve(&listener, &policy, root.as_ref()));
-    let forward = forward_signals(child.id());
+    let forward = signals.and_then(|s| forward_signals(s, child.id()));
     let status = child.wait().map_err(Error::Wait)?;
     if let Some((handle, thread)) = forward {
         handle.close();
@@ -159,12 +164,13 @@ pub fn run(argv: &[OsString], policy: Policy) -> Result<Outcome, Error> {
 /// foreground process group; it may see that SIGINT twice.)
 const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
-/// Starts forwarding [`FORWARDED`] to `pid` through a pidfd, which keeps
-/// naming the guest after it is reaped (a late signal then fails with ESRCH
-/// instead of reaching whatever process reuses the number); `None` when the
-/// handlers or the pidfd cannot be had (the guest then only gets what its
-/// process group gets).
+/// Starts forwarding what `signals` (registered for [`FORWARDED`]) caught,
+/// and catches, to `pid` through a pidfd, which keeps naming the guest after
+/// it is reaped (a late signal then fails with ESRCH instead of reaching
+/// whatever process reuses the number); `None` when the pidfd cannot be had
+/// (the guest then only gets what its process group gets).
 fn forward_signals(
+    mut signals: signal_hook::iterator::Signals,
     pid: u32,
 ) -> Option<(signal_hook::iterator::Handle, std::thread::JoinHandle<()>)> {
     let pid = libc::pid_t::try_from(pid).ok()?;
@@ -175,7 +181,6 @@ fn forward_signals(
     // SAFETY: the descriptor was just returned by the kernel and is owned by
     // nothing else.
     let pidfd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let mut signals = signal_hook::iterator::Signals::new(FORWARDED).ok()?;
     let handle = signals.handle();
     let thread = std::thread::spawn(move || {
         for sig in signals.forever() {
