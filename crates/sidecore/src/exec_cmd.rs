@@ -52,6 +52,11 @@ pub struct ExecArgs {
     /// Supervise with PTRACE_SYSEMU instead of seccomp user notification.
     #[arg(long, requires = "on")]
     pub ptrace: bool,
+    /// Run the guest and its supervisor on this CPU of the node: a trapped
+    /// call is then a hand-off on one CPU, not two wake-ups across CPUs
+    /// (seccomp supervision; the guest gets that one CPU).
+    #[arg(long, value_name = "CPU", requires = "on")]
+    pub cpu: Option<u32>,
     #[command(flatten)]
     pub pe: crate::args::PeArgs,
     /// The program and its arguments.

@@ -69,6 +69,7 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<ExitCode> {
         ptrace: args.ptrace,
         route: hops,
         verdict,
+        cpu: args.cpu,
     };
     let o = match session::run(&opts) {
         Ok(o) => o,

@@ -711,3 +711,40 @@ fn unprivileged_mode_ptrace_fallback_and_a_relay() {
         text(&r.stderr)
     );
 }
+
+/// `exec --cpu N`: the guest runs on that one CPU of the node (its
+/// supervisor beside it); a CPU the node's daemon may not use is refused with
+/// the CPUs it may, and nothing runs.
+#[test]
+fn a_session_pinned_to_one_cpu_runs_there_and_a_cpu_the_node_lacks_is_refused() {
+    if !root() {
+        return;
+    }
+    let _one = one();
+    let dir = tempfile::tempdir().unwrap();
+    let n = node(dir.path());
+    let cwd = dir.path().join("pinned");
+    std::fs::create_dir_all(&cwd).unwrap();
+    // The last CPU this machine has (the node is a namespace on it).
+    let last = std::thread::available_parallelism().map_or(1, std::num::NonZero::get) - 1;
+    let cpu = last.to_string();
+    let script = "grep Cpus_allowed_list /proc/self/status; cat /proc/self/status > /dev/null";
+    let r = exec(&n.addr, &cwd, &["-q", "--cpu", &cpu, "sh", "-c", script]);
+    let out = text(&r.stdout);
+    assert!(r.status.success(), "{out}{}", text(&r.stderr));
+    assert_eq!(out.trim(), format!("Cpus_allowed_list:\t{cpu}"), "{out}");
+    // Unpinned, the guest may use every CPU.
+    if last > 0 {
+        let r = exec(&n.addr, &cwd, &["-q", "sh", "-c", script]);
+        assert_ne!(text(&r.stdout).trim(), format!("Cpus_allowed_list:\t{cpu}"));
+    }
+    // A CPU the node does not have.
+    let r = exec(&n.addr, &cwd, &["-q", "--cpu", "4096", "echo", "ran"]);
+    let (out, err) = (text(&r.stdout), text(&r.stderr));
+    assert!(!r.status.success(), "{out}{err}");
+    assert!(!out.contains("ran"), "{out}");
+    assert!(
+        err.contains("--cpu 4096: this node's daemon may not run on CPU 4096 (it may use CPUs"),
+        "{err}"
+    );
+}

@@ -68,6 +68,11 @@ pub struct MxOpen {
     /// source's image on a page stream ([`crate::mx_image`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume: Option<MxResume>,
+    /// Run the guest's container and its seccomp supervisor on this CPU of
+    /// the server (`sidecore exec --cpu`): every trapped call is then a
+    /// hand-off on one CPU instead of two cross-CPU wake-ups.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<u32>,
 }
 
 /// How a guest migrates in.
@@ -517,6 +522,7 @@ mod tests {
             ptrace: false,
             route: vec![],
             resume: None,
+            cpu: None,
         }
     }
 

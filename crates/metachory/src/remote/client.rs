@@ -55,6 +55,8 @@ pub struct RemoteOptions {
     /// Hops after the first node (relays forward to them).
     pub route: Vec<String>,
     pub verdict: Verdict,
+    /// The server's CPU for the guest and its supervisor ([`MxOpen::cpu`]).
+    pub cpu: Option<u32>,
 }
 
 /// How a remote run ended.
@@ -226,6 +228,7 @@ pub(super) fn open_for(opts: &RemoteOptions, server: u32, tty: Option<(u16, u16)
         ptrace: opts.ptrace,
         route: opts.route.clone(),
         resume: None,
+        cpu: opts.cpu,
     }
 }
 

@@ -69,6 +69,8 @@ pub enum ServerError {
     Container(String),
     #[error(transparent)]
     Link(#[from] LinkError),
+    #[error("--cpu {cpu}: this node's daemon may not run on CPU {cpu} (it may use CPUs {usable})")]
+    Cpu { cpu: u32, usable: String },
 }
 
 /// Serves one session; errors go back to the client.
@@ -145,6 +147,46 @@ fn stdio(tty: Option<(u16, u16)>) -> std::io::Result<Stdio3> {
     })
 }
 
+/// Refuses a `--cpu` outside the CPUs this daemon may run on.
+fn usable_cpu(cpu: u32) -> Result<(), ServerError> {
+    // SAFETY: a zeroed cpu_set_t is a valid set for the kernel to fill.
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: pid 0 is this thread; the pointer and size describe `set`.
+    let ok =
+        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
+            == 0;
+    let usable: Vec<u32> = (0..libc::CPU_SETSIZE as u32)
+        // SAFETY: i < CPU_SETSIZE, inside `set`.
+        .filter(|&i| ok && unsafe { libc::CPU_ISSET(i as usize, &set) })
+        .collect();
+    if usable.contains(&cpu) {
+        return Ok(());
+    }
+    let usable = usable
+        .iter()
+        .map(u32::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    Err(ServerError::Cpu { cpu, usable })
+}
+
+/// Pins the calling thread to `cpu`: no allocation, one system call, so it
+/// may run between `fork` and `exec` ([`spawn_shim`]).
+fn pin_to(cpu: u32) -> std::io::Result<()> {
+    if cpu as usize >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is an empty set; cpu < CPU_SETSIZE (checked).
+    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
+    // SAFETY: pid 0 is the calling thread; the pointer and size describe `set`.
+    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn spawn_shim(
     open: &MxOpen,
     opts: &ServerOptions,
@@ -168,6 +210,7 @@ fn spawn_shim(
     let json = serde_json::to_string(&spec).map_err(std::io::Error::other)?;
     let [i, o, e] = guest;
     let ctl_raw = ctl.as_raw_fd();
+    let cpu = open.cpu;
     let mut cmd = Command::new(&opts.exe);
     cmd.arg("__mx-init")
         .arg(json)
@@ -198,6 +241,11 @@ fn spawn_shim(
             );
             // The container dies with the server (its init dies with it).
             libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+            // `--cpu`: the container (and so the guest) on that CPU alone
+            // (checked against the daemon's CPUs when the session opened).
+            if let Some(c) = cpu {
+                pin_to(c)?;
+            }
             libc::fcntl(CTL_FD, libc::F_SETFD, 0);
             Ok(())
         });
@@ -227,6 +275,9 @@ fn run(
     opts: &ServerOptions,
     stop: &AtomicBool,
 ) -> Result<(), ServerError> {
+    if let Some(cpu) = open.cpu {
+        usable_cpu(cpu)?;
+    }
     std::fs::create_dir_all(&opts.state_dir)?;
     let work = tempfile::Builder::new()
         .prefix(&format!("mx-{}-", open.session))
@@ -424,7 +475,12 @@ impl Ctl<'_> {
             self.shared.guest.store(pid, Ordering::Release);
         }
         let (c, userns, report) = (Arc::clone(&self.counters), self.open.userns, self.report());
+        let cpu = self.open.cpu;
         self.threads.push(std::thread::spawn(move || {
+            // `--cpu`: the supervisor beside its guest.
+            if let Some(cpu) = cpu {
+                let _ = pin_to(cpu);
+            }
             let got = Guard::new(userns).serve(&fd, &report);
             *lock(&c) = got.to_string();
         }));

@@ -44,6 +44,7 @@ fuzz_target!(|data: &[u8]| {
         ptrace: false,
         route: vec![],
         resume: None,
+        cpu: None,
     });
     enc.encode(&open.encode(), &mut bytes);
     for chunk in data.split(|b| *b == 0xff) {
