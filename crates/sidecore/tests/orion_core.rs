@@ -25,54 +25,14 @@ use sidecore_testbed::testing::root;
 const HOG_MAX: Duration = Duration::from_secs(15);
 
 fn pipeline_manifest(dir: &Path) -> PathBuf {
-    let p = dir.join("pipeline.toml");
-    std::fs::write(
-        &p,
-        r#"
-[app]
-name = "pipeline"
-
-[[offcode]]
-name = "source"
-id = "6c2e0b63-9d52-4f1c-b7e3-8c6fad1a2c01"
-impl = "record-source"
-outputs = ["out"]
-params = { record_size = 64, records = 0, rate = 2000 }
-  [[offcode.target]]
-  kind = "host"
-
-[[offcode]]
-name = "relay"
-id = "6c2e0b63-9d52-4f1c-b7e3-8c6fad1a2c02"
-impl = "inet-checksum"
-inputs = ["in"]
-outputs = ["out"]
-  [[offcode.target]]
-  kind = "core"
-
-[[offcode]]
-name = "back"
-id = "6c2e0b63-9d52-4f1c-b7e3-8c6fad1a2c03"
-impl = "inet-checksum"
-inputs = ["in"]
-  [[offcode.target]]
-  kind = "host"
-
-[[channel]]
-name = "records"
-from = "source.out"
-to = "relay.in"
-slot_size = 128
-
-[[channel]]
-name = "sums"
-from = "relay.out"
-to = "back.in"
-slot_size = 64
-"#,
+    let params = "record_size = 64, records = 0, rate = 2000";
+    chain_manifest(
+        dir,
+        "pipeline",
+        "6c2e0b63-9d52-4f1c-b7e3-8c6fad1a2c0",
+        ("relay", "core"),
+        params,
     )
-    .unwrap();
-    p
 }
 
 fn app(sock: &Path) -> Option<serde_json::Value> {

@@ -94,54 +94,14 @@ params = {{ me = "{me}", ring = [{ring}], refresh_ms = 25, k = 8, ring_k = 1 }}
 }
 
 fn pipeline_manifest(dir: &Path) -> PathBuf {
-    let p = dir.join("pipeline.toml");
-    std::fs::write(
-        &p,
-        r#"
-[app]
-name = "pipeline"
-
-[[offcode]]
-name = "source"
-id = "5b1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b01"
-impl = "record-source"
-outputs = ["out"]
-params = { record_size = 64, records = 0, rate = 2000 }
-  [[offcode.target]]
-  kind = "host"
-
-[[offcode]]
-name = "relay"
-id = "5b1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b02"
-impl = "inet-checksum"
-inputs = ["in"]
-outputs = ["out"]
-  [[offcode.target]]
-  kind = "node"
-
-[[offcode]]
-name = "back"
-id = "5b1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b03"
-impl = "inet-checksum"
-inputs = ["in"]
-  [[offcode.target]]
-  kind = "host"
-
-[[channel]]
-name = "records"
-from = "source.out"
-to = "relay.in"
-slot_size = 128
-
-[[channel]]
-name = "sums"
-from = "relay.out"
-to = "back.in"
-slot_size = 64
-"#,
+    let params = "record_size = 64, records = 0, rate = 2000";
+    chain_manifest(
+        dir,
+        "pipeline",
+        "5b1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b0",
+        ("relay", "node"),
+        params,
     )
-    .unwrap();
-    p
 }
 
 fn up(sock: &Path, manifest: &Path) {

@@ -59,57 +59,9 @@ fn nodes_file(dir: &Path, addr: &str) -> PathBuf {
 /// source (here) → checksum `remote` → checksum `back` (here): both
 /// directions of a stream channel in one app. `where_remote` is the target
 /// kind of the middle offcode, `params` the source's parameters.
-fn chain_manifest(dir: &Path, where_remote: &str, source_params: &str) -> PathBuf {
-    let p = dir.join("chain.toml");
-    std::fs::write(
-        &p,
-        format!(
-            r#"
-[app]
-name = "chain"
-
-[[offcode]]
-name = "source"
-id = "3f1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b01"
-impl = "record-source"
-outputs = ["out"]
-params = {{ {source_params} }}
-  [[offcode.target]]
-  kind = "host"
-
-[[offcode]]
-name = "remote"
-id = "3f1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b02"
-impl = "inet-checksum"
-inputs = ["in"]
-outputs = ["out"]
-  [[offcode.target]]
-  kind = "{where_remote}"
-
-[[offcode]]
-name = "back"
-id = "3f1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b03"
-impl = "inet-checksum"
-inputs = ["in"]
-  [[offcode.target]]
-  kind = "host"
-
-[[channel]]
-name = "records"
-from = "source.out"
-to = "remote.in"
-slot_size = 128
-
-[[channel]]
-name = "sums"
-from = "remote.out"
-to = "back.in"
-slot_size = 64
-"#
-        ),
-    )
-    .unwrap();
-    p
+fn chain(dir: &Path, where_remote: &str, source_params: &str) -> PathBuf {
+    let id = "3f1d9a52-8c41-4e0b-a6d2-7b5e9c0f1b0";
+    chain_manifest(dir, "chain", id, ("remote", where_remote), source_params)
 }
 
 /// The apps a daemon runs, from `sidecore ps --json`.
@@ -141,7 +93,7 @@ fn expected_sums(n: u64) -> (u64, u64) {
 /// record went there and back exactly once.
 fn run_chain_through(dir: &Path, addr: &str, peer_sock: &Path) {
     const N: u64 = 50_000;
-    let m = chain_manifest(
+    let m = chain(
         dir,
         "node",
         &format!("record_size = {RECORD}, records = {N}"),
@@ -255,7 +207,7 @@ fn the_peer_tears_its_part_down_when_the_origin_dies() {
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
     let (_peer, peer_sock) = start_peer(dir.path(), &addr, None);
-    let m = chain_manifest(dir.path(), "node", "record_size = 64, records = 0");
+    let m = chain(dir.path(), "node", "record_size = 64, records = 0");
     let nodes = nodes_file(dir.path(), &addr);
     let mut origin = Guard(
         bin()
@@ -294,7 +246,7 @@ fn the_origin_fails_the_part_when_the_peer_dies() {
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
     let (mut peer, peer_sock) = start_peer(dir.path(), &addr, None);
-    let m = chain_manifest(dir.path(), "node", "record_size = 64, records = 0");
+    let m = chain(dir.path(), "node", "record_size = 64, records = 0");
     let nodes = nodes_file(dir.path(), &addr);
     let mut origin = Guard(
         bin()
@@ -384,7 +336,7 @@ fn a_zero_copy_channel_is_refused_across_machines() {
     let dir = tempfile::tempdir().unwrap();
     let addr = format!("127.0.0.1:{}", free_port());
     let (_peer, peer_sock) = start_peer(dir.path(), &addr, None);
-    let m = chain_manifest(dir.path(), "node", "record_size = 64, records = 100");
+    let m = chain(dir.path(), "node", "record_size = 64, records = 100");
     let manifest = std::fs::read_to_string(&m).unwrap().replace(
         "to = \"remote.in\"\n",
         "to = \"remote.in\"\nzero_copy = true\n",
@@ -504,7 +456,7 @@ fn a_failing_offcode_on_a_peer_is_restarted_there() {
     let addr = format!("127.0.0.1:{}", free_port());
     let (_peer, peer_sock) = start_peer(dir.path(), &addr, None);
     const N: u64 = 30_000;
-    let manifest = std::fs::read_to_string(chain_manifest(
+    let manifest = std::fs::read_to_string(chain(
         dir.path(),
         "node",
         &format!("record_size = {RECORD}, records = {N}"),

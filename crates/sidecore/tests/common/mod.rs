@@ -149,3 +149,64 @@ pub fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }
+
+/// Writes `DIR/{app}.toml`: app `app`, a three-offcode chain `source` (a
+/// `record-source` with `source_params`, on the host) → `middle` (an
+/// `inet-checksum` whose target kind is `middle_kind`) → `back` (an
+/// `inet-checksum` on the host), over channels `records` (128-byte slots)
+/// and `sums` (64). `id` is the offcodes' id without its last digit.
+pub fn chain_manifest(
+    dir: &std::path::Path,
+    app: &str,
+    id: &str,
+    (middle, middle_kind): (&str, &str),
+    source_params: &str,
+) -> PathBuf {
+    let p = dir.join(format!("{app}.toml"));
+    let text = format!(
+        r#"
+[app]
+name = "{app}"
+
+[[offcode]]
+name = "source"
+id = "{id}1"
+impl = "record-source"
+outputs = ["out"]
+params = {{ {source_params} }}
+  [[offcode.target]]
+  kind = "host"
+
+[[offcode]]
+name = "{middle}"
+id = "{id}2"
+impl = "inet-checksum"
+inputs = ["in"]
+outputs = ["out"]
+  [[offcode.target]]
+  kind = "{middle_kind}"
+
+[[offcode]]
+name = "back"
+id = "{id}3"
+impl = "inet-checksum"
+inputs = ["in"]
+  [[offcode.target]]
+  kind = "host"
+
+[[channel]]
+name = "records"
+from = "source.out"
+to = "{middle}.in"
+slot_size = 128
+
+[[channel]]
+name = "sums"
+from = "{middle}.out"
+to = "back.in"
+slot_size = 64
+"#
+    );
+    std::fs::write(&p, text).unwrap();
+    p
+}
