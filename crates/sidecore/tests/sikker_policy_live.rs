@@ -369,6 +369,7 @@ fn the_agent_follows_its_policy_in_etcd_across_an_etcd_restart() {
     // A broken text written straight to the key: refused, located.
     sidecore_sikker_agent::store::put(
         std::slice::from_ref(&ep),
+        None,
         key,
         &policy(&g, GRANT_ALL, "bogus = 1\n"),
     )

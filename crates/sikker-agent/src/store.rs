@@ -24,8 +24,10 @@
 //!   and a streaming `/v3/watch` from the revision after the one read, keys
 //!   and values in base64. The client is `ureq` (small, blocking, no async
 //!   runtime); not the `etcd-client` crate, which speaks gRPC through
-//!   tonic/prost and needs `protoc` at build time. Plain HTTP only: the
-//!   endpoints are expected on loopback or a trusted network.
+//!   tonic/prost and needs `protoc` at build time. `https://` endpoints are
+//!   reached over TLS with the authority and client certificate of an
+//!   [`EtcdTls`] (rustls); etcd's own user/password authentication is not
+//!   spoken.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -37,6 +39,9 @@ use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use sidecore_sikker_policy::{Policy, parse_policy};
+
+mod tls;
+pub use tls::{EtcdTls, TlsFileError};
 
 /// How often a watched file is looked at.
 pub const FILE_POLL: Duration = Duration::from_millis(200);
@@ -56,12 +61,15 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(5);
 pub enum Source {
     /// A TOML file on this node.
     File(PathBuf),
-    /// A key in etcd; endpoints as `http://HOST:PORT` (or `HOST:PORT`).
+    /// A key in etcd; endpoints as `http://HOST:PORT` (or `HOST:PORT`),
+    /// or `https://HOST:PORT` with `tls`.
     Etcd {
         /// Client URLs, tried in turn.
         endpoints: Vec<String>,
         /// The key holding the document's TOML text.
         key: String,
+        /// How to reach `https://` endpoints.
+        tls: Option<EtcdTls>,
     },
 }
 
@@ -72,7 +80,7 @@ impl std::fmt::Display for Source {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Source::File(p) => write!(f, "{}", p.display()),
-            Source::Etcd { endpoints, key } => {
+            Source::Etcd { endpoints, key, .. } => {
                 write!(f, "etcd key {key} at {}", endpoints.join(","))
             }
         }
@@ -159,7 +167,11 @@ pub fn watch_doc<T: Send + 'static>(
 ) -> JoinHandle<()> {
     std::thread::spawn(move || match src {
         Source::File(path) => watch_file(&path, &kind, &tx),
-        Source::Etcd { endpoints, key } => EtcdWatch::new(&endpoints, key, kind, tx).run(),
+        Source::Etcd {
+            endpoints,
+            key,
+            tls,
+        } => EtcdWatch::new(&endpoints, tls.as_ref(), key, kind, tx).run(),
     })
 }
 
@@ -259,13 +271,13 @@ pub struct Etcd {
     good: usize,
 }
 
-fn agent(whole: Option<Duration>) -> ureq::Agent {
+fn agent(whole: Option<Duration>, tls: Option<&EtcdTls>) -> ureq::Agent {
     let cfg = ureq::Agent::config_builder()
         .timeout_connect(Some(CONNECT_TIMEOUT))
         .timeout_global(whole)
-        .http_status_as_error(false)
-        .build();
-    ureq::Agent::new_with_config(cfg)
+        .http_status_as_error(false);
+    let cfg = cfg.tls_config(tls.map_or_else(tls::trust_nothing, EtcdTls::config));
+    ureq::Agent::new_with_config(cfg.build())
 }
 
 /// An `int64` as etcd's JSON gateway writes it (a string), or 0.
@@ -279,6 +291,11 @@ fn int(v: &Value) -> i64 {
 impl Etcd {
     /// A client for these endpoints (`HOST:PORT` gets `http://`).
     pub fn new(endpoints: &[String]) -> Etcd {
+        Self::with_tls(endpoints, None)
+    }
+
+    /// A client for these endpoints, `https://` ones reached with `tls`.
+    pub fn with_tls(endpoints: &[String], tls: Option<&EtcdTls>) -> Etcd {
         let endpoints = endpoints
             .iter()
             .map(|e| {
@@ -292,8 +309,8 @@ impl Etcd {
             .collect();
         Etcd {
             endpoints,
-            short: agent(Some(REQUEST_TIMEOUT)),
-            long: agent(None),
+            short: agent(Some(REQUEST_TIMEOUT), tls),
+            long: agent(None, tls),
             good: 0,
         }
     }
@@ -415,9 +432,14 @@ fn decode(v: &Value, key: &str) -> Result<Vec<u8>, EtcdError> {
 }
 
 /// Stores a text (a policy, a placement) at `key` in the etcd at
-/// `endpoints`; the revision.
-pub fn put(endpoints: &[String], key: &str, text: &str) -> Result<i64, EtcdError> {
-    Etcd::new(endpoints).put(key, text.as_bytes())
+/// `endpoints` (`https://` ones with `tls`); the revision.
+pub fn put(
+    endpoints: &[String],
+    tls: Option<&EtcdTls>,
+    key: &str,
+    text: &str,
+) -> Result<i64, EtcdError> {
+    Etcd::with_tls(endpoints, tls).put(key, text.as_bytes())
 }
 
 /// What the watching thread tells its receiver about an etcd key.
@@ -493,11 +515,12 @@ struct EtcdWatch<T> {
 impl<T> EtcdWatch<T> {
     fn new(
         endpoints: &[String],
+        tls: Option<&EtcdTls>,
         key: String,
         kind: DocKind<T>,
         tx: Sender<Update<T>>,
     ) -> EtcdWatch<T> {
-        let etcd = Etcd::new(endpoints);
+        let etcd = Etcd::with_tls(endpoints, tls);
         let source = format!("etcd key {key} at {}", etcd.endpoints.join(","));
         EtcdWatch {
             etcd,
@@ -560,6 +583,18 @@ pub struct LocalEtcd {
     client: u16,
     peer: u16,
     child: Option<std::process::Child>,
+    /// Serving clients over TLS ([`LocalEtcd::start_tls`]).
+    tls: Option<LocalTls>,
+}
+
+/// The TLS side of a [`LocalEtcd`]: its server certificate and key, the
+/// authority its clients' certificates must chain to, and the client
+/// configuration it probes itself with.
+struct LocalTls {
+    cert: PathBuf,
+    key: PathBuf,
+    ca: PathBuf,
+    probe: EtcdTls,
 }
 
 /// Why a [`LocalEtcd`] could not be started.
@@ -612,6 +647,34 @@ impl LocalEtcd {
         dir: &std::path::Path,
         ip: std::net::IpAddr,
     ) -> Result<LocalEtcd, LocalEtcdError> {
+        Self::start_with(dir, ip, None)
+    }
+
+    /// Starts one on `ip` that serves clients only over TLS with `cert` and
+    /// `key`, demands a client certificate chaining to `ca`
+    /// (`--client-cert-auth`), and answers `probe` (a client configuration
+    /// it accepts) within 15 s.
+    pub fn start_tls(
+        dir: &std::path::Path,
+        ip: std::net::IpAddr,
+        (cert, key): (&std::path::Path, &std::path::Path),
+        ca: &std::path::Path,
+        probe: EtcdTls,
+    ) -> Result<LocalEtcd, LocalEtcdError> {
+        let tls = LocalTls {
+            cert: cert.to_path_buf(),
+            key: key.to_path_buf(),
+            ca: ca.to_path_buf(),
+            probe,
+        };
+        Self::start_with(dir, ip, Some(tls))
+    }
+
+    fn start_with(
+        dir: &std::path::Path,
+        ip: std::net::IpAddr,
+        tls: Option<LocalTls>,
+    ) -> Result<LocalEtcd, LocalEtcdError> {
         std::fs::create_dir_all(dir).map_err(|source| LocalEtcdError::File {
             path: dir.to_path_buf(),
             source,
@@ -622,14 +685,19 @@ impl LocalEtcd {
             client: free_port(ip)?,
             peer: free_port(ip)?,
             child: None,
+            tls,
         };
         e.restart()?;
         Ok(e)
     }
 
-    /// Its client URL.
+    /// Its client URL (`https://` when it serves TLS).
     pub fn endpoint(&self) -> String {
-        format!("http://{}", std::net::SocketAddr::new(self.ip, self.client))
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!(
+            "{scheme}://{}",
+            std::net::SocketAddr::new(self.ip, self.client)
+        )
     }
 
     /// Kills it (its data stays).
@@ -654,7 +722,14 @@ impl LocalEtcd {
             })?;
         let log2 = log.try_clone().map_err(LocalEtcdError::Log)?;
         let peer = format!("http://{}", std::net::SocketAddr::new(self.ip, self.peer));
-        let child = std::process::Command::new(&bin)
+        let mut cmd = std::process::Command::new(&bin);
+        if let Some(t) = &self.tls {
+            cmd.arg(format!("--cert-file={}", t.cert.display()))
+                .arg(format!("--key-file={}", t.key.display()))
+                .arg(format!("--trusted-ca-file={}", t.ca.display()))
+                .arg("--client-cert-auth");
+        }
+        let child = cmd
             .arg("--name=default")
             .arg(format!("--data-dir={}", self.dir.join("data").display()))
             .arg(format!("--listen-client-urls={}", self.endpoint()))
@@ -671,7 +746,7 @@ impl LocalEtcd {
                 source,
             })?;
         self.child = Some(child);
-        let mut probe = Etcd::new(&[self.endpoint()]);
+        let mut probe = Etcd::with_tls(&[self.endpoint()], self.tls.as_ref().map(|t| &t.probe));
         let t0 = std::time::Instant::now();
         while t0.elapsed() < Duration::from_secs(15) {
             if probe.get_value("/sidecore/probe").is_ok() {

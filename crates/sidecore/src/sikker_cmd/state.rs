@@ -33,9 +33,50 @@ pub(super) struct StoreArgs {
     /// The etcd key holding the placement.
     #[arg(long = "etcd-placement-key", default_value = store::DEFAULT_ETCD_PLACEMENT_KEY)]
     pub(super) etcd_placement_key: String,
+    /// For `https://` endpoints: the authority (PEM) that signs etcd's
+    /// server certificate (`sidecore sikker certs --host ETCD_IP`).
+    #[arg(long, value_name = "FILE")]
+    pub(super) etcd_ca: Option<std::path::PathBuf>,
+    /// This client's certificate (PEM), for an etcd that demands one
+    /// (`--client-cert-auth`).
+    #[arg(long, value_name = "FILE", requires_all = ["etcd_ca", "etcd_key_file"])]
+    pub(super) etcd_cert: Option<std::path::PathBuf>,
+    /// The private key (PEM) of `--etcd-cert`.
+    #[arg(long = "etcd-key-file", value_name = "FILE", requires = "etcd_cert")]
+    pub(super) etcd_key_file: Option<std::path::PathBuf>,
 }
 
 impl StoreArgs {
+    /// How to reach the `--etcd` endpoints: TLS when they are `https://`
+    /// (which then needs `--etcd-ca`), plain HTTP otherwise.
+    pub(super) fn tls(&self) -> anyhow::Result<Option<store::EtcdTls>> {
+        let https = self
+            .etcd
+            .iter()
+            .filter(|e| e.trim().starts_with("https://"))
+            .count();
+        anyhow::ensure!(
+            https == 0 || https == self.etcd.len(),
+            "--etcd: mixes https:// and plain endpoints ({})",
+            self.etcd.join(",")
+        );
+        match (&self.etcd_ca, https > 0) {
+            (None, false) => Ok(None),
+            (None, true) => anyhow::bail!(
+                "--etcd {}: https:// needs --etcd-ca FILE, the authority that signs etcd's certificate",
+                self.etcd.join(",")
+            ),
+            (Some(_), false) => anyhow::bail!(
+                "--etcd-ca is for https:// endpoints; --etcd {} are plain",
+                self.etcd.join(",")
+            ),
+            (Some(ca), true) => {
+                let client = self.etcd_cert.as_deref().zip(self.etcd_key_file.as_deref());
+                Ok(Some(store::EtcdTls::load(ca, client)?))
+            }
+        }
+    }
+
     /// The source of the document at `key`, or `file` without etcd.
     fn source(&self, key: &str, file: Option<&Path>, flag: &str) -> anyhow::Result<Source> {
         Ok(if self.etcd.is_empty() {
@@ -46,6 +87,7 @@ impl StoreArgs {
             Source::Etcd {
                 endpoints: self.etcd.clone(),
                 key: key.to_string(),
+                tls: self.tls()?,
             }
         })
     }
@@ -312,7 +354,7 @@ fn checked(
 pub(super) fn put_policy(st: &StoreArgs, file: &Path) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(!st.etcd.is_empty(), "--etcd ENDPOINTS is needed");
     let text = checked(file, |name, text| parse_policy(name, text).map(|_| ()))?;
-    let rev = store::put(&st.etcd, &st.etcd_key, &text)?;
+    let rev = store::put(&st.etcd, st.tls()?.as_ref(), &st.etcd_key, &text)?;
     println!(
         "stored {} at etcd key {} (revision {rev})",
         file.display(),
@@ -333,7 +375,7 @@ pub(super) fn put_placement(
         Some(f) => crate::policy::load_policy(f)?,
         None => {
             let name = format!("etcd:{}", st.etcd_key);
-            let bytes = store::Etcd::new(&st.etcd)
+            let bytes = store::Etcd::with_tls(&st.etcd, st.tls()?.as_ref())
                 .get_value(&st.etcd_key)?
                 .with_context(|| {
                     format!("{name} holds no policy to check the placement against (--policy FILE)")
@@ -347,7 +389,7 @@ pub(super) fn put_placement(
     let text = checked(file, |name, text| {
         parse_placement(name, text, &pol).map(|_| ())
     })?;
-    let rev = store::put(&st.etcd, &st.etcd_placement_key, &text)?;
+    let rev = store::put(&st.etcd, st.tls()?.as_ref(), &st.etcd_placement_key, &text)?;
     println!(
         "stored {} at etcd key {} (revision {rev})",
         file.display(),

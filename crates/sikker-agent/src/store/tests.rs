@@ -1,7 +1,8 @@
 //! The policy sources against real files and a real etcd (Debian's
 //! `etcd-server`, which scripts/setup.sh installs): the first policy, every
 //! change, errors located, an outage reported once, and the watch resumed;
-//! a placement beside it, handed on as located text.
+//! a placement beside it, handed on as located text; and an etcd that
+//! speaks only TLS with client certificates.
 
 use std::sync::mpsc::{Receiver, channel};
 
@@ -95,26 +96,27 @@ fn an_etcd_key_is_watched_across_an_outage() {
         PolicySource::Etcd {
             endpoints: ep.clone(),
             key: key.into(),
+            tls: None,
         },
         tx,
     );
     assert!(matches!(next(&rx), Update::Missing { .. }));
-    let r1 = put(&ep, key, GOOD).unwrap();
+    let r1 = put(&ep, None, key, GOOD).unwrap();
     let (source, n) = services(next(&rx));
     assert_eq!(n, 1);
     assert!(
         source.contains("etcd key /test/sikker/policy at http://127.0.0.1:"),
         "{source}"
     );
-    assert!(put(&ep, key, BROKEN).unwrap() > r1);
+    assert!(put(&ep, None, key, BROKEN).unwrap() > r1);
     invalid(
         next(&rx),
         "etcd:/test/sikker/policy:5:1: unknown field `bogus`",
     );
-    put(&ep, key, &two()).unwrap();
+    put(&ep, None, key, &two()).unwrap();
     assert_eq!(services(next(&rx)).1, 2);
     // The same text again is no change.
-    put(&ep, key, &two()).unwrap();
+    put(&ep, None, key, &two()).unwrap();
     quiet(&rx, 500);
 
     // etcd goes away: said once, however long it stays away.
@@ -125,14 +127,17 @@ fn an_etcd_key_is_watched_across_an_outage() {
         }
         other => panic!("expected etcd to be unavailable, got {other:?}"),
     }
-    assert!(put(&ep, key, GOOD).is_err(), "a put with etcd down fails");
+    assert!(
+        put(&ep, None, key, GOOD).is_err(),
+        "a put with etcd down fails"
+    );
     quiet(&rx, 2500);
     // Back: the key is read again (unchanged: nothing to apply), and the
     // watch goes on.
     etcd.restart().unwrap();
     assert!(matches!(next(&rx), Update::Restored { .. }));
     quiet(&rx, 500);
-    put(&ep, key, GOOD).unwrap();
+    put(&ep, None, key, GOOD).unwrap();
     assert_eq!(services(next(&rx)).1, 1);
     assert_eq!(
         Etcd::new(&ep).get_value(key).unwrap().as_deref(),
@@ -142,7 +147,7 @@ fn an_etcd_key_is_watched_across_an_outage() {
 
 #[test]
 fn an_etcd_that_never_answers_is_reported_with_every_endpoint() {
-    let e = put(&["127.0.0.1:1".into()], "/k", "x")
+    let e = put(&["127.0.0.1:1".into()], None, "/k", "x")
         .unwrap_err()
         .to_string();
     assert!(
@@ -168,11 +173,12 @@ fn a_placement_is_watched_beside_the_policy_in_one_etcd_and_in_a_file() {
     let dir = tempfile::tempdir().unwrap();
     let etcd = LocalEtcd::start(&dir.path().join("etcd")).unwrap();
     let ep = vec![etcd.endpoint()];
-    put(&ep, DEFAULT_ETCD_KEY, GOOD).unwrap();
-    put(&ep, DEFAULT_ETCD_PLACEMENT_KEY, PLACED).unwrap();
+    put(&ep, None, DEFAULT_ETCD_KEY, GOOD).unwrap();
+    put(&ep, None, DEFAULT_ETCD_PLACEMENT_KEY, PLACED).unwrap();
     let at = |key: &str| Source::Etcd {
         endpoints: ep.clone(),
         key: key.into(),
+        tls: None,
     };
     let (ptx, prx) = channel();
     let (tx, rx) = channel();
@@ -184,7 +190,7 @@ fn a_placement_is_watched_beside_the_policy_in_one_etcd_and_in_a_file() {
     assert_eq!(t.text, PLACED);
     // A change to one key reaches only its own watch.
     let moved = PLACED.replace("10.0.0.1", "10.0.0.2");
-    put(&ep, DEFAULT_ETCD_PLACEMENT_KEY, &moved).unwrap();
+    put(&ep, None, DEFAULT_ETCD_PLACEMENT_KEY, &moved).unwrap();
     assert_eq!(placement_text(&rx).text, moved);
     quiet(&prx, 300);
     // Not UTF-8: invalid, located by its key; deleted: missing.
@@ -220,4 +226,76 @@ fn a_placement_is_watched_beside_the_policy_in_one_etcd_and_in_a_file() {
         (t.name, t.text),
         (file.display().to_string(), PLACED.into())
     );
+}
+
+#[test]
+fn an_etcd_over_tls_is_read_and_written_with_a_client_certificate_and_strangers_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (certs, other) = (dir.path().join("certs"), dir.path().join("other"));
+    crate::tls::generate(&certs, &["127.0.0.1".into(), "agent".into()]).unwrap();
+    crate::tls::generate(&other, &["agent".into()]).unwrap();
+    let client_of = |d: &std::path::Path, cert: bool| {
+        let (c, k) = (d.join("agent.pem"), d.join("agent.key"));
+        EtcdTls::load(
+            &d.join("ca.pem"),
+            cert.then_some((c.as_path(), k.as_path())),
+        )
+        .unwrap()
+    };
+    let client = client_of(&certs, true);
+    let server = (certs.join("127.0.0.1.pem"), certs.join("127.0.0.1.key"));
+    let _etcd = LocalEtcd::start_tls(
+        &dir.path().join("etcd"),
+        std::net::Ipv4Addr::LOCALHOST.into(),
+        (&server.0, &server.1),
+        &certs.join("ca.pem"),
+        client.clone(),
+    )
+    .unwrap();
+    let ep = vec![_etcd.endpoint()];
+    assert!(ep[0].starts_with("https://127.0.0.1:"), "{ep:?}");
+    put(&ep, Some(&client), "/k", "over tls").unwrap();
+    let read = |tls: Option<&EtcdTls>| Etcd::with_tls(&ep, tls).get_value("/k");
+    assert_eq!(
+        read(Some(&client)).unwrap().as_deref(),
+        Some(&b"over tls"[..])
+    );
+    // Refused: plain HTTP, no client certificate, and a client whose
+    // authority did not sign etcd's certificate (nor its own).
+    let anon = client_of(&certs, false);
+    let stranger = client_of(&other, true);
+    for (who, tls) in [
+        ("plain", None),
+        ("anonymous", Some(&anon)),
+        ("stranger", Some(&stranger)),
+    ] {
+        let e = put(&ep, tls, "/k", "overwritten").unwrap_err().to_string();
+        assert!(
+            e.starts_with("etcd unreachable: https://127.0.0.1:"),
+            "{who}: {e}"
+        );
+    }
+    let e = put(&ep, Some(&stranger), "/k", "x")
+        .unwrap_err()
+        .to_string();
+    assert!(e.to_lowercase().contains("certificate"), "{e}");
+    assert_eq!(
+        read(Some(&client)).unwrap().as_deref(),
+        Some(&b"over tls"[..])
+    );
+    // Bad files are named.
+    let missing = dir.path().join("nope.pem");
+    let e = EtcdTls::load(&missing, None).unwrap_err();
+    assert_eq!(e.path, missing);
+    let e = EtcdTls::load(
+        &certs.join("ca.pem"),
+        Some((&certs.join("agent.pem"), &certs.join("ca.pem"))),
+    )
+    .unwrap_err();
+    assert!(
+        e.to_string().contains("ca.pem: not a PEM private key"),
+        "{e}"
+    );
+    let e = EtcdTls::load(&certs.join("agent.key"), None).unwrap_err();
+    assert!(e.to_string().contains("holds no PEM certificate"), "{e}");
 }
