@@ -5,7 +5,9 @@
 //! (`sidecore_sikker_agent::l4::plan`), and runs until SIGINT or SIGTERM,
 //! printing the counters as JSON (at the end, and every `--stats-ms`).
 //! Cgroups the policy names that do not exist yet are looked for again every
-//! second, and mapped when they appear.
+//! second, and mapped when they appear. The policy and placement files are
+//! watched: a change is applied to the maps, a text with errors is reported
+//! with its locations and the last good pair keeps enforcing.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -20,7 +22,9 @@ use serde_json::json;
 use sidecore_kernel::sikker_l4::{MAX_BUCKET, MAX_RATE, cgroup_id, cgroup2_root};
 use sidecore_kernel::{L4Counters, L4Peer, L4Rate, L4Source, L4Tables, SikkerL4};
 use sidecore_sikker_agent::l4::{L4Plan, plan};
+use sidecore_sikker_agent::store::{self, PlacementUpdate, PolicyUpdate, Source, Update};
 use sidecore_sikker_policy::{Nos, Placement, Policy, parse_placement};
+use std::sync::mpsc::Receiver;
 
 /// `sidecore sikker l4`.
 #[derive(Args, Debug)]
@@ -217,6 +221,82 @@ impl State {
     }
 }
 
+/// The policy and placement files of a standalone `sikker l4`, watched: each
+/// change is applied to the maps; a text with errors is reported with its
+/// locations and the last good pair keeps enforcing.
+struct Watched {
+    policy: Policy,
+    /// The placement file's name, and its text in force.
+    placement_name: String,
+    placement_text: String,
+    placement: Placement,
+    policies: Receiver<PolicyUpdate>,
+    placements: Receiver<PlacementUpdate>,
+    /// Changes applied (what [`L4Feed::refresh`] follows).
+    applied: u64,
+}
+
+impl Watched {
+    fn start(a: &L4Args, policy: Policy) -> anyhow::Result<Watched> {
+        let placement = load_placement(&a.placement, &policy)?;
+        let placement_text = std::fs::read_to_string(&a.placement)
+            .with_context(|| a.placement.display().to_string())?;
+        let (ptx, policies) = std::sync::mpsc::channel();
+        let (ltx, placements) = std::sync::mpsc::channel();
+        store::watch(Source::File(a.policy.clone()), ptx);
+        store::watch_doc(Source::File(a.placement.clone()), store::PLACEMENT, ltx);
+        Ok(Watched {
+            policy,
+            placement_name: a.placement.display().to_string(),
+            placement_text,
+            placement,
+            policies,
+            placements,
+            applied: 0,
+        })
+    }
+
+    /// Takes what changed on disk; whether the pair in force changed.
+    fn take(&mut self) -> bool {
+        let (mut policy, mut text) = (None, None);
+        while let Ok(u) = self.policies.try_recv() {
+            match u {
+                Update::Doc { doc, .. } if doc != self.policy => policy = Some(doc),
+                Update::Invalid { source, errors } => eprintln!(
+                    "sikker l4: the policy at {source} has errors; the last good one stays:\n{errors}"
+                ),
+                _ => {}
+            }
+        }
+        while let Ok(u) = self.placements.try_recv() {
+            if let Update::Doc { doc, .. } = u {
+                text = Some(doc);
+            }
+        }
+        if policy.is_none() && text.as_ref().is_none_or(|t| t.text == self.placement_text) {
+            return false;
+        }
+        let policy = policy.unwrap_or_else(|| self.policy.clone());
+        let (name, text) = text.map_or_else(
+            || (self.placement_name.clone(), self.placement_text.clone()),
+            |t| (t.name, t.text),
+        );
+        match parse_placement(&name, &text, &policy) {
+            Ok(p) => {
+                (self.policy, self.placement, self.placement_text) = (policy, p, text);
+                self.applied += 1;
+                true
+            }
+            Err(e) => {
+                eprintln!(
+                    "sikker l4: the placement at {name} does not fit the policy; the last good pair stays:\n{e}"
+                );
+                false
+            }
+        }
+    }
+}
+
 /// Runs L4 mode until SIGINT or SIGTERM.
 pub fn run(a: &L4Args) -> anyhow::Result<ExitCode> {
     let policy = crate::policy::load_policy(&a.policy)?;
@@ -225,6 +305,7 @@ pub fn run(a: &L4Args) -> anyhow::Result<ExitCode> {
         signal_hook::flag::register(sig, Arc::clone(&stop))?;
     }
     let mut feed = L4Feed::start(&policy, &a.placement, &a.host, a.cgroup.as_deref())?;
+    let mut watched = Watched::start(a, policy)?;
     let start = Instant::now();
     let mut next_stats = start + Duration::from_millis(a.stats_ms);
     while !stop.load(Ordering::Relaxed) {
@@ -233,7 +314,19 @@ pub fn run(a: &L4Args) -> anyhow::Result<ExitCode> {
             next_stats = Instant::now() + Duration::from_millis(a.stats_ms);
             println!("{}", feed.json(start.elapsed(), false)?);
         }
-        feed.rescan_due()?;
+        if watched.take() {
+            match Nos::compile(watched.policy.clone(), &watched.placement) {
+                Ok(nos) => feed.refresh(
+                    &watched.policy,
+                    &nos,
+                    watched.applied,
+                    &watched.placement.l4,
+                ),
+                Err(e) => eprintln!("sikker l4: the new policy and placement do not compile: {e}"),
+            }
+        } else {
+            feed.rescan_due()?;
+        }
     }
     println!("{}", feed.json(start.elapsed(), true)?);
     Ok(ExitCode::SUCCESS)

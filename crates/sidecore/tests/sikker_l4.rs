@@ -423,3 +423,92 @@ fn the_agent_feeds_l4_mode_and_a_live_policy_update_reaches_plain_tcp() {
     );
     assert_eq!(connect_from(&g.procs("eve"), port), Ok(()));
 }
+
+/// A port on loopback that accepts and drops every connection.
+fn listen() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in listener.incoming() {
+            drop(s);
+        }
+    });
+    port
+}
+
+/// The standalone `sikker l4` follows its files: kvs's L4 address moved in
+/// the placement is enforced at the new port and freed at the old; a grant
+/// added to the policy lets eve connect; a placement that does not parse is
+/// refused with its location and the last good pair keeps enforcing.
+#[test]
+fn the_standalone_l4_mode_follows_its_policy_and_placement_files() {
+    if !sidecore_testbed::testing::root() {
+        return;
+    }
+    let Some(cg) = cgroup2_root() else {
+        panic!("no cgroup v2 mount on this machine");
+    };
+    let _s = serial();
+    let g = Groups::new(&cg, "l4-files", &["kvs", "bill", "late", "eve"]);
+    let (first, port) = (listen(), listen());
+    let dir = tempfile::tempdir().unwrap();
+    let (pol, placement) = (
+        dir.path().join("policy.toml"),
+        dir.path().join("placement.toml"),
+    );
+    let base = policy(&g);
+    std::fs::write(&pol, &base).unwrap();
+    let place = |l4: &str| {
+        let text = format!(
+            "[[host]]\nname = \"h1\"\nprocesses = [\"kvs:3\", \"bill:101\", \"eve:1\"]\nl4 = {{ {l4} }}\n"
+        );
+        std::fs::write(&placement, text).unwrap();
+    };
+    place(&format!("\"kvs:3\" = \"127.0.0.1:{first}\""));
+    let top = g
+        .procs("kvs")
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    let (_child, stderr) = start(&pol, &placement, &top);
+    let said = |what: &str| stderr.lock().unwrap().contains(what);
+    assert!(
+        wait_for(|| said("Ctrl-C stops it"), 20),
+        "{}",
+        stderr.lock().unwrap()
+    );
+    let eve = g.procs("eve");
+    let refused =
+        |p: u16| connect_from(&eve, p).is_err_and(|e| e.contains("Operation not permitted"));
+    assert!(refused(first));
+    assert_eq!(connect_from(&eve, port), Ok(()), "not kvs's yet");
+    // kvs moves: the maps follow the placement file.
+    place(&format!("\"kvs:3\" = \"127.0.0.1:{port}\""));
+    assert!(wait_for(|| refused(port), 10), "{}", stderr.lock().unwrap());
+    assert_eq!(connect_from(&eve, first), Ok(()), "no longer kvs's");
+    assert!(said("maps follow the new placement's L4 addresses"));
+    // A grant for eve: the maps follow the policy file.
+    std::fs::write(
+        &pol,
+        format!("{base}\n[[grant]]\nfrom = \"eve\"\nto = \"kvs\"\nportal = \"ForBill\"\n"),
+    )
+    .unwrap();
+    assert!(
+        wait_for(|| connect_from(&eve, port).is_ok(), 10),
+        "{}",
+        stderr.lock().unwrap()
+    );
+    // A placement naming a process the policy lacks: refused, located, and
+    // the last good pair stays.
+    place("\"kvs:9\" = \"127.0.0.1:1\"");
+    assert!(
+        wait_for(|| said("placement.toml:4:"), 10),
+        "{}",
+        stderr.lock().unwrap()
+    );
+    assert!(said("the last good pair stays"));
+    assert_eq!(connect_from(&eve, port), Ok(()));
+    assert!(connect_from(&g.procs("bill"), port).is_ok());
+}
