@@ -7,7 +7,6 @@
 //! `sidecore policy trace` explains a verdict.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
-use std::path::PathBuf;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as B64;
@@ -51,8 +50,9 @@ struct Attached {
     svc: ServiceId,
     proc: ProcessId,
     li: LocalIndex,
-    pid: i32,
-    exe: PathBuf,
+    /// What the kernel said about the process when it attached: attested
+    /// again against every new policy.
+    facts: ProcessFacts,
     listening: bool,
 }
 
@@ -193,6 +193,7 @@ fn kind(d: &Denied) -> &'static str {
         Denied::Malformed(_) => "malformed",
         Denied::Rate(_) => "rate",
         Denied::Remote { .. } => "remote",
+        Denied::NoIdentity(_) => "no-identity",
     }
 }
 
@@ -277,8 +278,7 @@ impl AgentCore {
                         svc,
                         proc,
                         li,
-                        pid: facts.pid,
-                        exe: facts.exe.clone(),
+                        facts: facts.clone(),
                         listening: false,
                     },
                 );
@@ -299,7 +299,9 @@ impl AgentCore {
 
     /// The pid and executable a connection was attested with.
     pub fn attested(&self, conn: ConnId) -> Option<(i32, &std::path::Path)> {
-        self.attached.get(&conn).map(|a| (a.pid, a.exe.as_path()))
+        self.attached
+            .get(&conn)
+            .map(|a| (a.facts.pid, a.facts.exe.as_path()))
     }
 
     /// Counts a denial of request `id`, logs it (see [`AgentCore::denial_line`])
@@ -340,7 +342,7 @@ impl AgentCore {
             return None;
         }
         let who = match self.attached.get(&conn) {
-            Some(a) => format!("pid {} ({}:{})", a.pid, self.svc_name(a.svc), a.proc),
+            Some(a) => format!("pid {} ({}:{})", a.facts.pid, self.svc_name(a.svc), a.proc),
             None => format!("connection {conn} (not attached)"),
         };
         let request = id.map_or(String::new(), |i| format!(" request {i}"));
@@ -359,7 +361,9 @@ impl AgentCore {
     /// Handles request `id` from an attested connection at `now_ns`.
     pub fn handle(&mut self, conn: ConnId, id: u64, msg: ToAgent, now_ns: u64) -> Vec<Effect> {
         let Some(me) = self.attached.get(&conn).cloned() else {
-            let why = Denied::Malformed("the connection is not attached".into());
+            let why = Denied::NoIdentity(
+                "it never attached, or a policy update ended its identity".into(),
+            );
             return vec![self.deny(conn, Some(id), why)];
         };
         let r = match msg {
@@ -686,6 +690,12 @@ impl AgentCore {
     /// Points attached connections at their identities under the new policy
     /// (found by service name); one whose identity is no longer placed here
     /// ends, and its connection is closed at its next message.
+    /// After a policy update: every attached connection keeps its identity
+    /// (its service may have been renumbered) only if the process is still
+    /// placed here and its facts still attest to that same identity under
+    /// the new policy (its cgroup, program and uid rules may have changed);
+    /// otherwise the identity ends (the connection is refused from then on)
+    /// and the log says why.
     fn reattach(&mut self, old: &sidecore_sikker_policy::Policy) {
         let mut ended = Vec::new();
         for (conn, a) in &mut self.attached {
@@ -694,19 +704,30 @@ impl AgentCore {
                 .get(&a.svc)
                 .and_then(|s| self.nos.policy().service_by_name(&s.name))
                 .and_then(|s| self.nos.locate(s.id, a.proc).map(|l| (s.id, l)));
-            match now {
+            let why = match now {
                 Some((svc, (host, _, li))) if host == self.host => {
-                    a.svc = svc;
-                    a.li = li;
+                    match attest(self.nos.policy(), &a.facts) {
+                        Ok((s, p)) if (s, p) == (svc, a.proc) => {
+                            a.svc = svc;
+                            a.li = li;
+                            continue;
+                        }
+                        Ok((s, p)) => {
+                            let name = self.nos.policy().services.get(&s).map_or("?", |x| &x.name);
+                            format!("the new policy makes it {name}:{p}")
+                        }
+                        Err(e) => format!("the new policy no longer attests it: {e}"),
+                    }
                 }
-                _ => ended.push(*conn),
-            }
+                _ => "it is no longer placed here".to_string(),
+            };
+            ended.push((*conn, why));
         }
-        for conn in ended {
+        for (conn, why) in ended {
             if let Some(a) = self.attached.remove(&conn) {
                 eprintln!(
-                    "sikker agent {}: the update ends the identity of connection {conn} (pid {}): it is no longer placed here",
-                    self.host, a.pid
+                    "sikker agent {}: the update ends the identity of connection {conn} (pid {}): {why}",
+                    self.host, a.facts.pid
                 );
             }
         }

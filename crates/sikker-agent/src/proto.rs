@@ -135,6 +135,9 @@ pub enum Denied {
     /// The agent of the destination's host refused it (its receiver-side check).
     #[error("the agent of host {host} refused it: {why}")]
     Remote { host: String, why: String },
+    /// The connection holds no identity.
+    #[error("this connection has no identity: {0}")]
+    NoIdentity(String),
 }
 
 /// From the agent to a process.

@@ -435,7 +435,14 @@ impl Server {
     /// message in turn.
     fn check_and_handle(&mut self, conn: ConnId, batch: Vec<Received>) -> Vec<Handled> {
         let Some((pid, exe)) = self.core.attested(conn).map(|(p, e)| (p, e.to_path_buf())) else {
-            return Vec::new();
+            // Its identity ended (a policy update): each message is refused
+            // as from no identity, and the connection goes.
+            let now_ns = self.now_ns();
+            return batch
+                .into_iter()
+                .filter_map(|(r, _)| r.ok())
+                .map(|r| (self.core.handle(conn, r.id, r.body, now_ns), false))
+                .collect();
         };
         let now = std::fs::read_link(self.proc_root.join(pid.to_string()).join("exe"));
         if now.as_deref().ok() != Some(exe.as_path()) {

@@ -2,7 +2,8 @@
 //! connections already attached (also when their services are renumbered);
 //! one the agent cannot enforce (a rate algorithm it does not run, a placed
 //! process dropped) is refused with its reason, counted, and the last good
-//! policy keeps enforcing.
+//! policy keeps enforcing; one that no longer attests an attached process
+//! ends that process's identity.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
 use sidecore_sikker_agent::attest::ProcessFacts;
@@ -191,4 +192,35 @@ fn denials_are_logged_with_sender_and_reason_then_sampled() {
         logged[logged.len() - 2..],
         [LOG_EVERY_DENIAL, 2 * LOG_EVERY_DENIAL]
     );
+}
+
+/// A policy that moves bill:101 to another cgroup ends the identity of the
+/// process attached from the old one (its facts no longer attest to it):
+/// its messages are refused as from no identity, and it is logged; kvs's
+/// connection, still attested, keeps working.
+#[test]
+fn a_policy_that_no_longer_attests_an_attached_process_ends_its_identity() {
+    let mut c = core();
+    c.update_policy(policy(GRANT, "")).unwrap();
+    send(&mut c, 1, "Get").unwrap();
+    let text = format!(
+        "[[service]]\nname = \"kvs\"\ndomains = [\"Get\", \"Set\"]\n\
+         [[service.process]]\nid = 3\ncgroup = \"/t/kvs\"\n\
+         [[service.portal]]\nname = \"ForBill\"\nprocesses = [3]\ndomains = [\"Get\"]\n\
+         [[service]]\nname = \"bill\"\ndomains = [\"Reply\"]\n\
+         [[service.process]]\nid = 101\ncgroup = \"/t/bill-elsewhere\"\n{GRANT}"
+    );
+    c.update_policy(parse_policy("p.toml", &text).unwrap())
+        .unwrap();
+    assert!(c.attested(BILL).is_none(), "bill's identity ended");
+    assert!(c.attested(KVS).is_some(), "kvs still attests");
+    let e = send(&mut c, 2, "Get").unwrap_err();
+    assert!(
+        matches!(e, Denied::NoIdentity(_)),
+        "refused as from no identity: {e:?}"
+    );
+    assert_eq!(c.counters().denied.get("no-identity"), Some(&1));
+    // A process in the new cgroup attaches as bill:101.
+    let id = c.attach(9, &facts(12, "/t/bill-elsewhere")).unwrap();
+    assert_eq!(id.to_string(), "bill:101");
 }
