@@ -157,14 +157,5 @@ impl Drop for Probe {
 
 /// Pins the calling thread to `cpu`; false when the kernel refuses (an offline CPU).
 fn pin(cpu: u32) -> bool {
-    if cpu as usize >= libc::CPU_SETSIZE as usize {
-        return false;
-    }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; `cpu` < CPU_SETSIZE was checked;
-    // pid 0 is the calling thread and the pointer and size describe `set`.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
-    }
+    sidecore_pe::cores::pin_current_thread(cpu).is_ok()
 }

@@ -70,15 +70,25 @@ pub fn allowed_cpus() -> Vec<u32> {
         .collect()
 }
 
-/// Pins the calling thread to one CPU.
+/// Refuses `cpu` unless this process may run on it; the error holds the
+/// CPUs it may use, for the caller's message.
+pub fn usable_cpu(cpu: u32) -> Result<(), Vec<u32>> {
+    let usable = allowed_cpus();
+    if usable.contains(&cpu) {
+        Ok(())
+    } else {
+        Err(usable)
+    }
+}
+
+/// Pins the calling thread to one CPU. One system call and no allocation
+/// (a CPU number too large is `EINVAL`), so it may also run between `fork`
+/// and `exec`.
 pub fn pin_current_thread(cpu: u32) -> std::io::Result<()> {
     // SAFETY: zeroed cpu_set_t is a valid empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
     if cpu as usize >= libc::CPU_SETSIZE as usize {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "CPU number too large",
-        ));
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
     }
     // SAFETY: cpu < CPU_SETSIZE checked above.
     unsafe { libc::CPU_SET(cpu as usize, &mut set) };

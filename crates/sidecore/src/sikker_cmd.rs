@@ -208,17 +208,13 @@ pub fn run(cmd: SikkerCommand) -> anyhow::Result<ExitCode> {
 
 /// Refuses a `--core` this process may not run on, naming those it may.
 fn usable_cpu(c: u32) -> anyhow::Result<()> {
-    let usable = sidecore_pe::cores::allowed_cpus();
-    anyhow::ensure!(
-        usable.contains(&c),
-        "--core {c}: this process may not run on CPU {c} (it may use CPUs {})",
-        usable
-            .iter()
-            .map(u32::to_string)
-            .collect::<Vec<_>>()
-            .join(", ")
-    );
-    Ok(())
+    sidecore_pe::cores::usable_cpu(c).map_err(|usable| {
+        let usable: Vec<String> = usable.iter().map(u32::to_string).collect();
+        anyhow::anyhow!(
+            "--core {c}: this process may not run on CPU {c} (it may use CPUs {})",
+            usable.join(", ")
+        )
+    })
 }
 
 /// How often the agent's loop copies its counters out for `--metrics`.

@@ -93,15 +93,11 @@ impl Hog {
         let stop = Arc::new(AtomicBool::new(false));
         let st = Arc::clone(&stop);
         let thread = std::thread::spawn(move || {
-            // SAFETY: a zeroed cpu_set_t is a valid empty set, `cpu` is a CPU of this
-            // machine (< CPU_SETSIZE), and pid 0 is this thread; the parameters are
-            // valid for the calls.
+            let cpu_n = u32::try_from(cpu).map_err(|e| format!("pin: {e}"))?;
+            sidecore_pe::cores::pin_current_thread(cpu_n).map_err(|e| format!("pin: {e}"))?;
+            // SAFETY: sched_param is plain data and pid 0 is this thread; the
+            // parameters are valid for the calls.
             unsafe {
-                let mut set: libc::cpu_set_t = std::mem::zeroed();
-                libc::CPU_SET(cpu, &mut set);
-                if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-                    return Err(format!("pin: {}", std::io::Error::last_os_error()));
-                }
                 let p = libc::sched_param {
                     sched_priority: libc::sched_get_priority_max(libc::SCHED_FIFO),
                 };

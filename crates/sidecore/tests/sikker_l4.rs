@@ -87,27 +87,8 @@ gbps = 0.08
 
 /// Starts `sikker l4` attached at `top`; its stderr is collected as it comes.
 fn start(pol: &Path, placement: &Path, top: &Path) -> (Guard, Arc<Mutex<String>>) {
-    let mut child = bin()
-        .args([
-            "sikker",
-            "l4",
-            "--host",
-            "h1",
-            "--stats-ms",
-            "200",
-            "--policy",
-        ])
-        .arg(pol)
-        .arg("--placement")
-        .arg(placement)
-        .arg("--cgroup")
-        .arg(top)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = collect_stderr(&mut child);
-    (Guard(child), stderr)
+    let l4 = ["l4", "--stats-ms", "200", "--cgroup"];
+    spawn(&l4, top, pol, placement, Stdio::piped())
 }
 
 /// Starts `sikker agent --l4` attached at `top`; its stderr is collected.
@@ -117,16 +98,29 @@ fn start_agent(
     sock: &Path,
     top: &Path,
 ) -> (Guard, Arc<Mutex<String>>) {
+    let sock = sock.to_str().unwrap();
+    let agent = ["agent", "--l4", "--socket", sock, "--l4-cgroup"];
+    spawn(&agent, top, pol, placement, Stdio::null())
+}
+
+/// `sidecore sikker ARGS… TOP --host h1 --policy POL --placement PLACEMENT`,
+/// its stderr collected as it comes.
+fn spawn(
+    args: &[&str],
+    top: &Path,
+    pol: &Path,
+    placement: &Path,
+    stdout: Stdio,
+) -> (Guard, Arc<Mutex<String>>) {
     let mut child = bin()
-        .args(["sikker", "agent", "--host", "h1", "--l4", "--policy"])
+        .arg("sikker")
+        .args(args)
+        .arg(top)
+        .args(["--host", "h1", "--policy"])
         .arg(pol)
         .arg("--placement")
         .arg(placement)
-        .arg("--socket")
-        .arg(sock)
-        .arg("--l4-cgroup")
-        .arg(top)
-        .stdout(Stdio::null())
+        .stdout(stdout)
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();

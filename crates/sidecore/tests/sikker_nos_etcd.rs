@@ -196,34 +196,12 @@ fn receiver(c: &Cluster, h: &str, n: usize) -> Guard {
 }
 
 fn received(mut g: Guard) -> Vec<String> {
-    assert!(
-        wait_exit(&mut g.0, 25).is_some(),
-        "the receiver did not finish"
-    );
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut g.0.stdout.take().unwrap(), &mut out).unwrap();
-    out.lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v["text"].as_str().unwrap().to_string()
-        })
-        .collect()
+    common::sikker::received_texts(&mut g.0, 25)
 }
 
-/// Stops an agent with SIGTERM; its counters.
+/// Stops the agent with SIGTERM; its counters.
 fn counters(mut a: Proc) -> serde_json::Value {
-    let pid = a.0.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    assert!(wait_exit(&mut a.0, 10).is_some(), "the agent did not stop");
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut a.0.stdout.take().unwrap(), &mut out).unwrap();
-    serde_json::from_str(out.trim()).unwrap()
+    common::sikker::counters_at_sigterm(&mut a.0)
 }
 
 #[test]

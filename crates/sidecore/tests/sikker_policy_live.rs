@@ -143,37 +143,12 @@ fn receiver(kvs: &Path, sock: &str, n: usize) -> Guard {
 }
 
 fn received(mut g: Guard) -> Vec<String> {
-    assert!(
-        wait_exit(&mut g.0, 10).is_some(),
-        "the receiver did not finish"
-    );
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut g.0.stdout.take().unwrap(), &mut out).unwrap();
-    out.lines()
-        .map(|l| {
-            let v: serde_json::Value = serde_json::from_str(l).unwrap();
-            v["text"].as_str().unwrap().to_string()
-        })
-        .collect()
+    common::sikker::received_texts(&mut g.0, 10)
 }
 
 /// Stops the agent with SIGTERM; its counters.
-fn counters(mut agent: Guard) -> serde_json::Value {
-    let pid = agent.0.id().to_string();
-    assert!(
-        std::process::Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
-    );
-    assert!(
-        wait_exit(&mut agent.0, 10).is_some(),
-        "the agent did not stop"
-    );
-    let mut out = String::new();
-    std::io::Read::read_to_string(&mut agent.0.stdout.take().unwrap(), &mut out).unwrap();
-    serde_json::from_str(out.trim()).unwrap()
+fn counters(mut a: Guard) -> serde_json::Value {
+    common::sikker::counters_at_sigterm(&mut a.0)
 }
 
 fn start_agent(args: &[&str], log: &Path) -> Guard {

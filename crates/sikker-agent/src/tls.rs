@@ -69,7 +69,8 @@ fn file_err(path: &Path, what: impl std::fmt::Display) -> TlsError {
     }
 }
 
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+/// The crypto provider of every TLS configuration here (ring).
+pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 

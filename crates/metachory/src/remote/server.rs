@@ -149,42 +149,14 @@ fn stdio(tty: Option<(u16, u16)>) -> std::io::Result<Stdio3> {
 
 /// Refuses a `--cpu` outside the CPUs this daemon may run on.
 fn usable_cpu(cpu: u32) -> Result<(), ServerError> {
-    // SAFETY: a zeroed cpu_set_t is a valid set for the kernel to fill.
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: pid 0 is this thread; the pointer and size describe `set`.
-    let ok =
-        unsafe { libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) }
-            == 0;
-    let usable: Vec<u32> = (0..libc::CPU_SETSIZE as u32)
-        // SAFETY: i < CPU_SETSIZE, inside `set`.
-        .filter(|&i| ok && unsafe { libc::CPU_ISSET(i as usize, &set) })
-        .collect();
-    if usable.contains(&cpu) {
-        return Ok(());
-    }
-    let usable = usable
-        .iter()
-        .map(u32::to_string)
-        .collect::<Vec<_>>()
-        .join(", ");
-    Err(ServerError::Cpu { cpu, usable })
-}
-
-/// Pins the calling thread to `cpu`: no allocation, one system call, so it
-/// may run between `fork` and `exec` ([`spawn_shim`]).
-fn pin_to(cpu: u32) -> std::io::Result<()> {
-    if cpu as usize >= libc::CPU_SETSIZE as usize {
-        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
-    }
-    // SAFETY: a zeroed cpu_set_t is an empty set; cpu < CPU_SETSIZE (checked).
-    let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    unsafe { libc::CPU_SET(cpu as usize, &mut set) };
-    // SAFETY: pid 0 is the calling thread; the pointer and size describe `set`.
-    if unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
+    sidecore_pe::cores::usable_cpu(cpu).map_err(|usable| ServerError::Cpu {
+        cpu,
+        usable: usable
+            .iter()
+            .map(u32::to_string)
+            .collect::<Vec<_>>()
+            .join(", "),
+    })
 }
 
 fn spawn_shim(
@@ -244,7 +216,7 @@ fn spawn_shim(
             // `--cpu`: the container (and so the guest) on that CPU alone
             // (checked against the daemon's CPUs when the session opened).
             if let Some(c) = cpu {
-                pin_to(c)?;
+                sidecore_pe::cores::pin_current_thread(c)?;
             }
             libc::fcntl(CTL_FD, libc::F_SETFD, 0);
             Ok(())
@@ -479,7 +451,7 @@ impl Ctl<'_> {
         self.threads.push(std::thread::spawn(move || {
             // `--cpu`: the supervisor beside its guest.
             if let Some(cpu) = cpu {
-                let _ = pin_to(cpu);
+                let _ = sidecore_pe::cores::pin_current_thread(cpu);
             }
             let got = Guard::new(userns).serve(&fd, &report);
             *lock(&c) = got.to_string();

@@ -54,6 +54,42 @@ impl Drop for Bed {
     }
 }
 
+/// The texts a `sikker recv` child printed (JSON lines), once it has exited
+/// (within `secs`).
+pub fn received_texts(child: &mut Child, secs: u64) -> Vec<String> {
+    assert!(
+        super::wait_exit(child, secs).is_some(),
+        "the receiver did not finish"
+    );
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut child.stdout.take().unwrap(), &mut out).unwrap();
+    out.lines()
+        .map(|l| {
+            let v: serde_json::Value = serde_json::from_str(l).unwrap();
+            v["text"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// Stops a `sikker agent` child with SIGTERM; the counters it printed.
+pub fn counters_at_sigterm(agent: &mut Child) -> serde_json::Value {
+    let pid = agent.id().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    assert!(
+        super::wait_exit(agent, 10).is_some(),
+        "the agent did not stop"
+    );
+    let mut out = String::new();
+    std::io::Read::read_to_string(&mut agent.stdout.take().unwrap(), &mut out).unwrap();
+    serde_json::from_str(out.trim()).unwrap()
+}
+
 /// Milliseconds since the Unix epoch (the meter's window clock).
 pub fn unix_ms() -> u128 {
     SystemTime::now()

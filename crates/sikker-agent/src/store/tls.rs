@@ -7,7 +7,6 @@
 //! is reported by name before anything connects.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use ureq::tls::{Certificate, ClientCert, PemItem, PrivateKey, RootCerts, TlsConfig, TlsProvider};
 
@@ -98,7 +97,7 @@ pub(super) fn trust_nothing() -> TlsConfig {
 fn base() -> ureq::tls::TlsConfigBuilder {
     TlsConfig::builder()
         .provider(TlsProvider::Rustls)
-        .unversioned_rustls_crypto_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .unversioned_rustls_crypto_provider(crate::tls::provider())
 }
 
 impl std::fmt::Debug for EtcdTls {
