@@ -2,7 +2,7 @@
 //! `memory.limit_in_bytes` of 256 MiB and the kernel's OOM killer on, repaired either
 //! by the kernel alone (the OOM killer of the memory cgroup) or by Orion (a monitor
 //! reading the cgroup's memory use every 25 ms and the existing [`Healer`] killing the
-//! largest process's process group at 75 % of the limit). Beside the hog: a
+//! process group holding the most RSS together at 75 % of the limit). Beside the hog: a
 //! whitelisted `sleep` and a bystander in its own process group holding a 30 MiB string
 //! (about 65 MiB resident: perl keeps the folded constant and the copy).
 //!
@@ -85,6 +85,9 @@ fn one(script: &str, orion: bool) -> Outcome {
     let mut hog = cg.spawn(&["perl", "-e", script]);
     let pgid = hog.id();
     let mut killed = 0;
+    // The hog's shell moves itself into the cgroup before it execs perl: until
+    // its group has been seen there, an empty scan means "not yet", not "gone".
+    let mut seen = false;
     let recovery = loop {
         std::thread::sleep(Duration::from_millis(25));
         if let Some(h) = healer.as_mut() {
@@ -99,7 +102,8 @@ fn one(script: &str, orion: bool) -> Outcome {
             .iter()
             .filter(|p| p.pgid == pgid)
             .count();
-        if left == 0 {
+        seen |= left > 0 || killed > 0 || hog.try_wait().is_ok_and(|s| s.is_some());
+        if seen && left == 0 {
             break start.elapsed();
         }
         assert!(

@@ -149,9 +149,9 @@ pub fn fork_bomb_victims(
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum VictimScope {
-    /// The largest unprotected process's process group.
+    /// The process group whose unprotected processes hold the most RSS together.
     ProcessGroup,
-    /// Every unprotected process of its user (in the scope).
+    /// Every unprotected process of the user whose processes hold the most RSS.
     Uid,
     /// Every unprotected process in the scope (the cgroup).
     Cgroup,
@@ -172,26 +172,37 @@ impl std::str::FromStr for VictimScope {
     }
 }
 
-/// The memory hog and its victims: the unprotected process with the largest RSS, and
-/// every unprotected process sharing its group, user or scope. `procs` is the scope.
+/// The memory hog and its victims. Processes are ranked by the unit the scope
+/// names, not one by one: the process group (or user) whose unprotected
+/// processes hold the most RSS together is the hog, as §3.5.2 ranks "the
+/// process group with the largest RSS", so a group of small hogs outranks one
+/// large bystander. The returned process is the unit's largest (the evidence
+/// logged); the victims are every unprotected process of the unit. With scope
+/// cgroup the unit is `procs` itself.
 pub fn memory_hog_victims(
     procs: &[ProcInfo],
     wl: &Whitelist,
     scope: VictimScope,
 ) -> Option<(ProcInfo, Vec<u32>)> {
     let open: Vec<&ProcInfo> = procs.iter().filter(|p| !wl.protects(p)).collect();
-    let hog = open
+    let unit = |p: &ProcInfo| match scope {
+        VictimScope::ProcessGroup => p.pgid,
+        VictimScope::Uid => p.uid,
+        VictimScope::Cgroup => 0,
+    };
+    let mut totals: std::collections::BTreeMap<u32, u64> = std::collections::BTreeMap::new();
+    for p in &open {
+        *totals.entry(unit(p)).or_default() += p.rss_kib;
+    }
+    // Ties go to the lower unit id, so the choice is deterministic.
+    let (&hog_unit, _) = totals
+        .iter()
+        .max_by_key(|(id, rss)| (**rss, std::cmp::Reverse(**id)))?;
+    let members: Vec<&ProcInfo> = open.into_iter().filter(|p| unit(p) == hog_unit).collect();
+    let hog = members
         .iter()
         .max_by_key(|p| (p.rss_kib, std::cmp::Reverse(p.pid)))?;
-    let victims = open
-        .iter()
-        .filter(|p| match scope {
-            VictimScope::ProcessGroup => p.pgid == hog.pgid,
-            VictimScope::Uid => p.uid == hog.uid,
-            VictimScope::Cgroup => true,
-        })
-        .map(|p| p.pid)
-        .collect();
+    let victims = members.iter().map(|p| p.pid).collect();
     Some(((*hog).clone(), victims))
 }
 
@@ -266,6 +277,21 @@ mod tests {
                 .1,
             vec![10, 11, 12, 13]
         );
+        // Four small hogs of one group outrank a larger bystander (the bench's
+        // group-of-4 case): ranking by process would kill the bystander first.
+        let group = vec![
+            p(20, 1, 20, 0, "bystander", 65_000),
+            p(30, 1, 30, 0, "perl", 40_000),
+            p(31, 30, 30, 0, "perl", 40_000),
+            p(32, 30, 30, 0, "perl", 40_000),
+            p(33, 30, 30, 0, "perl", 40_000),
+        ];
+        let (hog, v) = memory_hog_victims(&group, &wl, VictimScope::ProcessGroup).unwrap();
+        assert_eq!((hog.pid, v), (30, vec![30, 31, 32, 33]));
+        // By user the same processes are one unit; the largest is the evidence.
+        let (hog, v) = memory_hog_victims(&group, &wl, VictimScope::Uid).unwrap();
+        assert_eq!((hog.pid, v.len()), (20, 5));
+        assert!(memory_hog_victims(&[], &wl, VictimScope::ProcessGroup).is_none());
         assert!(
             "nope"
                 .parse::<VictimScope>()

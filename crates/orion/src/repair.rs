@@ -412,6 +412,11 @@ impl Healer {
             .collect();
         ranking.sort_unstable_by(|a, b| b.cmp(a));
         ranking.truncate(5);
+        let victims_rss_kib: u64 = procs
+            .iter()
+            .filter(|p| victims.contains(&p.pid))
+            .map(|p| p.rss_kib)
+            .sum();
         let failed: Vec<String> = victims
             .iter()
             .filter_map(|p| kill(*p).err().map(|e| e.to_string()))
@@ -419,7 +424,7 @@ impl Healer {
         self.log.record(
             "kill",
             self.target(),
-            serde_json::json!({ "hog": hog, "scope": self.cfg.scope, "pids": victims, "top_rss_kib": ranking, "failed": failed }),
+            serde_json::json!({ "hog": hog, "scope": self.cfg.scope, "pids": victims, "victims_rss_kib": victims_rss_kib, "top_rss_kib": ranking, "failed": failed }),
         );
         lock.release()?;
         self.log

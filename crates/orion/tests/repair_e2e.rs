@@ -9,7 +9,7 @@
 use sidecore_orion::actions::ActionLog;
 use sidecore_orion::implicit::ImplicitSource;
 use sidecore_orion::policy::{ForkBombThresholds, VictimScope, Whitelist};
-use sidecore_orion::repair::{Healer, HealerConfig, TreeSource};
+use sidecore_orion::repair::{Healer, HealerConfig, RepairReport, TreeSource};
 use std::process::{Child, Command};
 use std::time::{Duration, Instant};
 
@@ -139,24 +139,9 @@ fn shell_bomb(kernel_sensors: bool) {
     let _ = outside.wait();
 }
 
-#[test]
-fn a_memory_hog_is_killed_by_process_group_and_bystanders_survive() {
-    let limit: u64 = 400 << 20;
-    let Some(cg) = test_cgroup("hog", limit) else {
-        return;
-    };
-    let mut outside = Command::new("sleep").arg("30").spawn().expect("sleep");
-    let mut keeper = cg.spawn(&["sleep", "30"]);
-    let mut bystander = cg.spawn(&["tail", "-f", "/dev/null"]);
-    let mut hog = cg.spawn(&["perl", "-e", "my $x = 'x' x (120 << 20); sleep 30"]);
-    let mut cfg = HealerConfig::new(&cg.v2);
-    cfg.whitelist = Whitelist {
-        names: ["sleep".to_owned()].into(),
-        ..Whitelist::default()
-    };
-    cfg.scope = VictimScope::ProcessGroup;
-    cfg.memory_fraction = 0.25;
-    let mut healer = Healer::new(cfg, ActionLog::new(None)).expect("healer");
+/// Polls the cgroup's memory use every 20 ms until the healer repairs a hog
+/// (at most 10 s); prints its report and action log.
+fn repair_hog(healer: &mut Healer, cg: &TestCgroup, limit: u64) -> RepairReport {
     let sensor = ImplicitSource::CgroupMemory(cg.mem.clone());
     let start = Instant::now();
     let report = loop {
@@ -179,6 +164,67 @@ fn a_memory_hog_is_killed_by_process_group_and_bystanders_survive() {
             a.evidence.to_string().chars().take(400).collect::<String>()
         );
     }
+    report
+}
+
+/// A hog made of four processes of one process group, each smaller than a
+/// bystander in its own group: the group holds the most memory together, so it
+/// is the one killed, whole, and the larger bystander survives (§3.5.2 ranks
+/// process groups; ranking processes would kill the bystander first).
+#[test]
+fn a_hog_group_of_small_processes_is_ranked_as_one_and_the_larger_bystander_survives() {
+    let limit: u64 = 400 << 20;
+    let Some(cg) = test_cgroup("hog-group", limit) else {
+        return;
+    };
+    // ~65 MiB resident: perl keeps the folded constant and the copy.
+    let mut bystander = cg.spawn(&["perl", "-e", "my $x = 'x' x (30 << 20); sleep 30"]);
+    let mut group = cg.spawn(&[
+        "sh",
+        "-c",
+        "for i in 1 2 3 4; do perl -e 'my $x = \"x\" x (20 << 20); sleep 30' & done; wait",
+    ]);
+    let mut cfg = HealerConfig::new(&cg.v2);
+    cfg.scope = VictimScope::ProcessGroup;
+    // 200 MiB: reached only once at least three of the group's ~40 MiB hogs
+    // stand beside the bystander, so the group outweighs it.
+    cfg.memory_fraction = 0.5;
+    let mut healer = Healer::new(cfg, ActionLog::new(None)).expect("healer");
+    let report = repair_hog(&mut healer, &cg, limit);
+    assert!(
+        report.killed.contains(&group.id()),
+        "the group's shell was killed with its perls: {:?}",
+        report.killed
+    );
+    assert!(!report.killed.contains(&bystander.id()));
+    assert!(report.killed.len() >= 4, "{:?}", report.killed);
+    let status = group.wait().expect("wait group");
+    assert!(!status.success(), "the hog group was killed");
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(alive(&mut bystander), "the larger bystander survived");
+    let _ = bystander.kill();
+    let _ = bystander.wait();
+}
+
+#[test]
+fn a_memory_hog_is_killed_by_process_group_and_bystanders_survive() {
+    let limit: u64 = 400 << 20;
+    let Some(cg) = test_cgroup("hog", limit) else {
+        return;
+    };
+    let mut outside = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let mut keeper = cg.spawn(&["sleep", "30"]);
+    let mut bystander = cg.spawn(&["tail", "-f", "/dev/null"]);
+    let mut hog = cg.spawn(&["perl", "-e", "my $x = 'x' x (120 << 20); sleep 30"]);
+    let mut cfg = HealerConfig::new(&cg.v2);
+    cfg.whitelist = Whitelist {
+        names: ["sleep".to_owned()].into(),
+        ..Whitelist::default()
+    };
+    cfg.scope = VictimScope::ProcessGroup;
+    cfg.memory_fraction = 0.25;
+    let mut healer = Healer::new(cfg, ActionLog::new(None)).expect("healer");
+    let report = repair_hog(&mut healer, &cg, limit);
     assert_eq!(report.culprit, hog.id());
     assert_eq!(report.killed, vec![hog.id()]);
     let status = hog.wait().expect("wait hog");
