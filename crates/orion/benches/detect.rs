@@ -13,10 +13,15 @@
 //!
 //! False positives: the target runs beside four CPU-bound spinners (their own test
 //! cgroup) on this 2-CPU machine for `ORION_DETECT_LOAD_S` seconds (default 60, not
-//! the 10 minutes), and declarations are counted at 25 ms × 3.
+//! the 10 minutes), and declarations are counted at 25 ms × 3. With
+//! `ORION_DETECT_PROTECT=1` the run is configured as an operator would protect a
+//! monitored service: the monitor loop at SCHED_FIFO (`orion watch --realtime`)
+//! and the target in a v1 `cpu` cgroup with the largest `cpu.shares` (this VM's
+//! cgroup v2 has no cpu controller), so neither waits behind the spinners.
 //!
 //! Run (root): `cargo bench -p sidecore-orion --bench detect`
-//! (`ORION_DETECT_TRIALS`, default 20 per period; `ORION_DETECT_LOAD_S`, default 60).
+//! (`ORION_DETECT_TRIALS`, default 20 per period; `ORION_DETECT_LOAD_S`, default 60;
+//! `ORION_DETECT_PROTECT`, default 0).
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::too_many_lines)] // benchmark code: a failed unwrap is a failed run; scenarios read top to bottom
 
 mod common;
@@ -33,6 +38,34 @@ use std::time::{Duration, Instant};
 
 const MS: u64 = 1_000_000;
 const BOX: &str = "detect-bench";
+
+/// A v1 `cpu` cgroup holding one process with the given `cpu.shares`; the
+/// process goes back to the root group and the cgroup is removed on drop.
+struct CpuShares(PathBuf);
+
+impl CpuShares {
+    fn new(pid: u32, shares: u64) -> CpuShares {
+        let dir = PathBuf::from(format!(
+            "/sys/fs/cgroup/cpu/orion-bench-detect-{}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("v1 cpu cgroup");
+        std::fs::write(dir.join("cpu.shares"), shares.to_string()).expect("cpu.shares");
+        std::fs::write(dir.join("cgroup.procs"), pid.to_string()).expect("move the target");
+        CpuShares(dir)
+    }
+}
+
+impl Drop for CpuShares {
+    fn drop(&mut self) {
+        if let Ok(procs) = std::fs::read_to_string(self.0.join("cgroup.procs")) {
+            for p in procs.lines() {
+                let _ = std::fs::write("/sys/fs/cgroup/cpu/cgroup.procs", p);
+            }
+        }
+        let _ = std::fs::remove_dir(&self.0);
+    }
+}
 
 /// The target: spin, publishing `tick` every millisecond.
 fn target(dir: &Path) -> ! {
@@ -240,6 +273,14 @@ fn main() {
     );
     mb.add_implicit(ImplicitSource::CgroupCpu(cg.v2.clone()));
     let mut m = Monitor::new(mb, 25 * MS);
+    let protect = std::env::var("ORION_DETECT_PROTECT").is_ok_and(|v| v == "1");
+    let _shares = protect.then(|| CpuShares::new(tgt.id(), 262_144));
+    let rt = protect.then(sidecore_orion::repair::FifoBoost::new);
+    assert!(
+        rt.as_ref()
+            .is_none_or(sidecore_orion::repair::FifoBoost::active),
+        "ORION_DETECT_PROTECT: the monitor could not take SCHED_FIFO"
+    );
     let (mut fp_tick, mut fp_cpu, mut views, mut late) = (0, 0, 0u64, 0u64);
     let mut worst_gap = 0u64;
     let mut last = now_ns();
@@ -285,7 +326,12 @@ fn main() {
     }
     println!();
     println!(
-        "false positives at 25 ms × 3 over {load_s} s beside 4 CPU-bound spinners on 2 CPUs ({views} views, {late} more than 35 ms apart, widest gap {:.1} ms)",
+        "false positives at 25 ms × 3 over {load_s} s beside 4 CPU-bound spinners on 2 CPUs{} ({views} views, {late} more than 35 ms apart, widest gap {:.1} ms)",
+        if protect {
+            ", monitor at SCHED_FIFO, target cpu.shares 262144"
+        } else {
+            ""
+        },
         worst_gap as f64 / MS as f64
     );
     println!("| sensor | declarations (false positives) |");

@@ -135,13 +135,19 @@ fn kill_frozen(victims: &[u32]) -> Vec<String> {
     failed
 }
 
-/// SCHED_FIFO for the calling thread while it lives, then its old policy back.
-struct FifoBoost {
+/// SCHED_FIFO (the lowest real-time priority) for the calling thread while it
+/// lives, then its old policy back: the kill loop, and a monitor that CPU-bound
+/// load must not delay (`orion watch --realtime`). Without the right to it
+/// (no CAP_SYS_NICE, an RT budget of 0) the thread keeps its policy and
+/// [`FifoBoost::active`] says so.
+pub struct FifoBoost {
     old: Option<(libc::c_int, libc::sched_param)>,
 }
 
 impl FifoBoost {
-    fn new() -> FifoBoost {
+    /// Boosts the calling thread if it may be.
+    #[must_use]
+    pub fn new() -> FifoBoost {
         // SAFETY: sched_getscheduler/sched_getparam/sched_setscheduler on the calling
         // thread (pid 0) with a valid, initialised sched_param; failures are returned,
         // not undefined.
@@ -161,6 +167,20 @@ impl FifoBoost {
                 old: Some((policy, old)),
             }
         }
+    }
+}
+
+impl FifoBoost {
+    /// True if the thread now runs at SCHED_FIFO.
+    #[must_use]
+    pub fn active(&self) -> bool {
+        self.old.is_some()
+    }
+}
+
+impl Default for FifoBoost {
+    fn default() -> Self {
+        FifoBoost::new()
     }
 }
 

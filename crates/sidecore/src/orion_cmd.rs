@@ -69,6 +69,12 @@ pub enum OrionCommand {
         /// Stop after this many seconds (default: run until killed).
         #[arg(long)]
         seconds: Option<u64>,
+        /// Run the monitor loop at SCHED_FIFO (lowest real-time priority), so
+        /// CPU-bound load on the machine cannot delay its views past the
+        /// deadline (the seed's monitor sat on a NIC the host's load never
+        /// reached). Needs CAP_SYS_NICE; refused with a clear error without it.
+        #[arg(long)]
+        realtime: bool,
         /// Repair fork bombs in --cgroup (freeze, kill the culprit's subtree, thaw).
         #[arg(long, requires = "cgroup")]
         heal: bool,
@@ -373,6 +379,7 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
         refresh_ms,
         k,
         seconds,
+        realtime,
         heal,
         whitelist,
         scope,
@@ -420,6 +427,20 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
         "watching `{sensor}` every {refresh_ms} ms, k = {k}: a target without progress for {} ms is declared dead",
         refresh_ms * u64::from(k)
     );
+    // Boosted last, so threads started above (metrics, sensors) keep their
+    // normal policy (a new thread inherits its creator's).
+    let _rt = if realtime {
+        let b = sidecore_orion::repair::FifoBoost::new();
+        if !b.active() {
+            bail!(
+                "--realtime: cannot run the monitor at SCHED_FIFO ({}); run as root or with CAP_SYS_NICE",
+                std::io::Error::last_os_error()
+            );
+        }
+        Some(b)
+    } else {
+        None
+    };
     let start = Instant::now();
     let mut next_print = Instant::now();
     while seconds.is_none_or(|s| start.elapsed() < Duration::from_secs(s)) {
