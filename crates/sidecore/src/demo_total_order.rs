@@ -3,7 +3,9 @@
 //! group size it builds the mesh, runs the Lamport order with the orderer
 //! (α) on the application's thread and beside reliable broadcast (β) on the
 //! NIC thread, then the two baselines — a fixed sequencer in plain user space
-//! and etcd's Raft log — checks that every node delivered the same sequence
+//! and etcd's Raft log — and the same offcodes deployed by the product (one
+//! `sidecore up` of `examples/total-order.toml` per node, α on β's core as
+//! its layout says) — checks that every node delivered the same sequence
 //! with no gap and no duplicate, prints throughput and broadcast-to-deliver
 //! latency side by side, and removes the namespaces.
 
@@ -15,7 +17,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Args;
 use sidecore_total_order::RbConfig;
-use sidecore_total_order_net::{Bed, Measured, RunOptions, Variant, run as run_variant};
+use sidecore_total_order_net::{Bed, Deploy, Measured, RunOptions, Variant, run as run_variant};
+
+/// `examples/total-order.toml`, the deployed variant's default manifest.
+const EXAMPLE: &str = include_str!("../../../examples/total-order.toml");
 
 /// The seed's Table 8.5 (offload-aware TO): nodes, Mb/s, latency ms.
 const SEED: [(usize, f64, f64); 2] = [(3, 301.8, 8.7), (5, 324.6, 9.5)];
@@ -37,13 +42,18 @@ pub struct TotalOrderArgs {
     /// Flow control: a node's own messages in flight at once.
     #[arg(long, default_value_t = 32)]
     window: usize,
-    /// What to run: host, offloaded, sequencer, etcd.
+    /// What to run: host, offloaded, sequencer, etcd, deployed.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "host,offloaded,sequencer,etcd"
+        default_value = "host,offloaded,sequencer,etcd,deployed"
     )]
     variants: Vec<String>,
+    /// The manifest the deployed variant runs on every node (its layout
+    /// decides where α runs) [default: the built-in
+    /// `examples/total-order.toml`].
+    #[arg(long)]
+    manifest: Option<PathBuf>,
     /// Longest a run may take, seconds.
     #[arg(long, default_value_t = 60.0)]
     deadline_s: f64,
@@ -73,7 +83,7 @@ pub fn run(a: &TotalOrderArgs) -> anyhow::Result<ExitCode> {
         .iter()
         .map(|v| {
             Variant::parse(v).with_context(|| {
-                format!("unknown variant `{v}` (host, offloaded, sequencer, etcd)")
+                format!("unknown variant `{v}` (host, offloaded, sequencer, etcd, deployed)")
             })
         })
         .collect::<anyhow::Result<_>>()?;
@@ -81,14 +91,24 @@ pub fn run(a: &TotalOrderArgs) -> anyhow::Result<ExitCode> {
         a.deadline_s > 0.0 && a.deadline_s.is_finite(),
         "--deadline-s must be positive"
     );
-    let opts = RunOptions {
+    let mut opts = RunOptions {
         per_node: a.messages,
         payload_bytes: a.payload_bytes,
         window: a.window,
         deadline: Duration::from_secs_f64(a.deadline_s),
         rb: RbConfig::default(),
         etcd_dir: a.etcd_dir.clone().unwrap_or_else(std::env::temp_dir),
+        deploy: None,
     };
+    // The built-in example, written out for the `sidecore up`s to read.
+    let builtin = tempfile::Builder::new()
+        .prefix("sc-total-order")
+        .suffix(".toml")
+        .tempfile()
+        .context("a temporary file for the built-in manifest")?;
+    if variants.contains(&Variant::Deployed) {
+        opts.deploy = Some(deploy(a.manifest.as_deref(), builtin.path())?);
+    }
     let mut all = Vec::new();
     let mut loss_by = String::new();
     let runs = (a.nodes.len() * variants.len()) as u64;
@@ -141,6 +161,29 @@ pub fn run(a: &TotalOrderArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// What the deployed variant runs: this binary, and `manifest` or the
+/// built-in example written to `builtin`.
+fn deploy(manifest: Option<&std::path::Path>, builtin: &std::path::Path) -> anyhow::Result<Deploy> {
+    let manifest = match manifest {
+        Some(m) => {
+            anyhow::ensure!(
+                m.is_file(),
+                "--manifest {}: no such file (the deployed variant runs it on every node)",
+                m.display()
+            );
+            m.to_path_buf()
+        }
+        None => {
+            std::fs::write(builtin, EXAMPLE).context("the built-in manifest")?;
+            builtin.to_path_buf()
+        }
+    };
+    Ok(Deploy {
+        exe: std::env::current_exe().context("this binary's path")?,
+        manifest,
+    })
+}
+
 /// Table 8.5's shape, the checks, the ratios and the seed's figures.
 fn table(a: &TotalOrderArgs, loss_by: &str, all: &[Measured]) -> String {
     let mut s = String::new();
@@ -178,7 +221,12 @@ fn table(a: &TotalOrderArgs, loss_by: &str, all: &[Measured]) -> String {
         let Some(off) = find(n, Variant::OffloadedOrderer) else {
             continue;
         };
-        for base in [Variant::Etcd, Variant::FixedSequencer, Variant::HostOrderer] {
+        for base in [
+            Variant::Etcd,
+            Variant::FixedSequencer,
+            Variant::HostOrderer,
+            Variant::Deployed,
+        ] {
             if let Some(b) = find(n, base) {
                 let _ = writeln!(
                     s,

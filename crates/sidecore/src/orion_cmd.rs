@@ -370,6 +370,18 @@ fn publish(
     }
 }
 
+/// SCHED_FIFO for the calling thread (`watch --realtime`), or why not.
+fn realtime_boost() -> anyhow::Result<sidecore_orion::repair::FifoBoost> {
+    let b = sidecore_orion::repair::FifoBoost::new();
+    if !b.active() {
+        bail!(
+            "--realtime: cannot run the monitor at SCHED_FIFO ({}); run as root or with CAP_SYS_NICE",
+            std::io::Error::last_os_error()
+        );
+    }
+    Ok(b)
+}
+
 fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
     let OrionCommand::Watch {
         name,
@@ -429,18 +441,7 @@ fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {
     );
     // Boosted last, so threads started above (metrics, sensors) keep their
     // normal policy (a new thread inherits its creator's).
-    let _rt = if realtime {
-        let b = sidecore_orion::repair::FifoBoost::new();
-        if !b.active() {
-            bail!(
-                "--realtime: cannot run the monitor at SCHED_FIFO ({}); run as root or with CAP_SYS_NICE",
-                std::io::Error::last_os_error()
-            );
-        }
-        Some(b)
-    } else {
-        None
-    };
+    let _rt = realtime.then(realtime_boost).transpose()?;
     let start = Instant::now();
     let mut next_print = Instant::now();
     while seconds.is_none_or(|s| start.elapsed() < Duration::from_secs(s)) {

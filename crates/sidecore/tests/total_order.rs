@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::{run, serial, text};
 use sidecore_testbed::testing::{Cleanup, root};
-use sidecore_total_order_net::{Bed, RunOptions, Variant, run as run_variant};
+use sidecore_total_order_net::{Bed, Deploy, RunOptions, Variant, run as run_variant};
 
 fn opts() -> RunOptions {
     RunOptions {
@@ -85,7 +85,7 @@ fn the_demo_prints_table_8_5_and_cleans_up() {
         "--messages",
         "100",
         "--variants",
-        "offloaded,sequencer,etcd",
+        "offloaded,sequencer,etcd,deployed",
         "--prefix",
         &prefix,
     ]);
@@ -95,6 +95,7 @@ fn the_demo_prints_table_8_5_and_cleans_up() {
         "offloaded orderer",
         "fixed sequencer",
         "etcd",
+        "deployed offcodes",
         "p50 ms",
         "Table 8.5",
     ] {
@@ -185,38 +186,10 @@ fn swapping_link_and_pull_moves_the_orderer_between_a_core_and_the_host() {
     assert!(pe(&swap, "broadcast").starts_with("core:"), "{swap:?}");
 }
 
-/// `sidecore up` of one node's copy of the example, in its namespace.
-fn node_manifest(dir: &std::path::Path, bed: &Bed, i: usize, swap: bool, messages: u64) -> String {
-    let base = if swap {
-        swapped(dir)
-    } else {
-        repo("examples/total-order.toml")
-    };
-    let n = bed.nodes();
-    let peers: Vec<String> = bed.peers_of(i).iter().map(|a| format!("\"{a}\"")).collect();
-    let text = std::fs::read_to_string(base)
-        .unwrap()
-        .replace(
-            "params = { me = 0, nodes = 1, messages = 1000, window = 32, payload_bytes = 64 }",
-            &format!("params = {{ me = {i}, nodes = {n}, messages = {messages}, window = 16, payload_bytes = 64 }}"),
-        )
-        .replace(
-            "params = { me = 0, nodes = 1 }",
-            &format!("params = {{ me = {i}, nodes = {n} }}"),
-        )
-        .replace(
-            "params = { me = 0, nodes = 1, port = 7400 }",
-            &format!(
-                "params = {{ me = {i}, nodes = {n}, port = 7400, netns = \"{}\", peers = [{}] }}",
-                bed.netns(i),
-                peers.join(", ")
-            ),
-        );
-    let p = dir.join(format!("node{i}-{swap}.toml"));
-    std::fs::write(&p, text).unwrap();
-    p.to_str().unwrap().to_string()
-}
-
+/// The example deployed by the product, one `sidecore up` per namespace
+/// (`sidecore_total_order_net::deployed`), in both layouts: every node's whole
+/// delivered sequence is checked (same order, no gap, no duplicate), not only
+/// a count.
 #[test]
 fn the_offcodes_order_a_group_of_three_through_the_runtime_in_both_layouts() {
     if !root() {
@@ -227,34 +200,34 @@ fn the_offcodes_order_a_group_of_three_through_the_runtime_in_both_layouts() {
     let _clean = Cleanup(prefix.clone());
     let bed = Bed::up(3, &prefix, 5.0).unwrap();
     let dir = tempfile::tempdir().unwrap();
-    for swap in [false, true] {
-        let children: Vec<_> = (0..3)
-            .map(|i| {
-                let m = node_manifest(dir.path(), &bed, i, swap, 200);
-                let sock = dir.path().join(format!("s{i}-{swap}.sock"));
-                common::bin()
-                    .args(["up", &m, "--for", "4s", "--json", "--quiet", "--socket"])
-                    .arg(&sock)
-                    .stdout(std::process::Stdio::piped())
-                    .stderr(std::process::Stdio::piped())
-                    .spawn()
-                    .unwrap()
-            })
-            .collect();
-        let mut hashes = Vec::new();
-        for c in children {
-            let o = c.wait_with_output().unwrap();
-            let (out, err) = text(&o);
-            assert!(o.status.success(), "{err}");
-            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-            let app = common::offcode(&v, "to-service");
-            assert_eq!(app["metrics"]["delivered"], 600, "swap {swap}: {v}");
-            hashes.push(app["metrics"]["order_hash"].clone());
-        }
+    for manifest in [repo("examples/total-order.toml"), swapped(dir.path())] {
+        let o = RunOptions {
+            per_node: 200,
+            window: 16,
+            payload_bytes: 64,
+            deploy: Some(Deploy {
+                exe: env!("CARGO_BIN_EXE_sidecore").into(),
+                manifest: manifest.clone(),
+            }),
+            ..opts()
+        };
+        let m = run_variant(&bed, Variant::Deployed, &o).unwrap();
+        assert!(m.complete, "{}: {m:?}", manifest.display());
         assert!(
-            hashes.iter().all(|h| *h == hashes[0]),
-            "swap {swap}: {hashes:?}"
+            m.problems.is_empty(),
+            "{}: {:?}",
+            manifest.display(),
+            m.problems
+        );
+        assert_eq!(m.messages, 600);
+        assert!(m.p50_ms > 0.0 && m.p50_ms < 5_000.0, "{m:?}");
+        assert!(
+            m.retransmitted > 0,
+            "5% loss and β resent nothing: was loss injected? {m:?}"
         );
     }
+    // Without the binary the variant is refused, naming what it needs.
+    let e = run_variant(&bed, Variant::Deployed, &opts()).unwrap_err();
+    assert!(e.to_string().contains("needs the `sidecore` binary"), "{e}");
     bed.down().unwrap();
 }

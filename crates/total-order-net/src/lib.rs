@@ -14,14 +14,18 @@
 //! * [`offcodes`] — `reliable-broadcast` (β), `lamport-orderer` (α) and
 //!   `to-service` for manifests: the layout puts α beside β or beside the
 //!   TO service.
+//! * [`deployed`] — the same offcodes deployed by the product: one
+//!   `sidecore up` of the example manifest per node.
 //! * [`run`] — a measured run: every node's sequence checked (same order, no
 //!   gap, no duplicate), throughput and broadcast-to-deliver latency.
 
 pub mod bed;
+pub mod deployed;
 pub mod drive;
 pub mod etcd;
 pub mod offcodes;
 pub mod run;
 
 pub use bed::{Bed, BedError, LossMethod};
+pub use deployed::Deploy;
 pub use run::{Measured, RunError, RunOptions, Variant, run};

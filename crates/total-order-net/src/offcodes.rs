@@ -105,6 +105,8 @@ pub struct Beta {
     backlog: VecDeque<(bool, Vec<u8>)>,
     malformed: Metric,
     delivered: Metric,
+    retransmitted: Metric,
+    nacks_sent: Metric,
 }
 
 impl Beta {
@@ -138,6 +140,8 @@ impl Beta {
             backlog: VecDeque::new(),
             malformed: Metric::default(),
             delivered: Metric::default(),
+            retransmitted: Metric::default(),
+            nacks_sent: Metric::default(),
         })
     }
 
@@ -161,6 +165,8 @@ impl Offcode for Beta {
         self.ports = Some((cx.input("send")?, cx.output("up")?, cx.output("payload")?));
         self.malformed = cx.metric("malformed");
         self.delivered = cx.metric("delivered");
+        self.retransmitted = cx.metric("retransmitted");
+        self.nacks_sent = cx.metric("nacks_sent");
         let port = self.port;
         let sock =
             sidecore_testbed::within(self.netns.as_deref(), || UdpSocket::bind(("0.0.0.0", port)))
@@ -250,8 +256,10 @@ impl Offcode for Beta {
                 }
             }
         }
-        self.malformed
-            .set(self.malformed.get().max(self.rb.stats().malformed));
+        let st = self.rb.stats();
+        self.malformed.set(self.malformed.get().max(st.malformed));
+        self.retransmitted.set(st.retransmitted);
+        self.nacks_sent.set(st.nacks_sent);
         Ok(if busy { Progress::Busy } else { Progress::Idle })
     }
 }
@@ -372,6 +380,36 @@ struct AppParams {
     window: usize,
     #[serde(default = "default_payload")]
     payload_bytes: usize,
+    /// Once every node's messages are delivered, write what this node saw
+    /// here as JSON ([`Record`]): the order, each broadcast-to-deliver
+    /// latency, and when its first broadcast and its last delivery were.
+    #[serde(default)]
+    record: Option<std::path::PathBuf>,
+}
+
+/// What `to-service` writes to its `record` file once it has delivered every
+/// node's messages. Times are CLOCK_MONOTONIC nanoseconds, one clock for
+/// every process of the machine, so the nodes' records can be pooled.
+#[derive(Debug, Clone, serde::Serialize, Deserialize)]
+pub struct Record {
+    /// (sender, seq) of each delivery, in order.
+    pub order: Vec<(u16, u64)>,
+    pub latencies_ns: Vec<u64>,
+    pub first_broadcast_ns: u64,
+    pub done_ns: u64,
+}
+
+/// CLOCK_MONOTONIC now, ns: the payloads' send times, comparable between
+/// processes on one machine (namespaces share it).
+#[must_use]
+pub fn mono_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes one timespec to a valid pointer.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(ts.tv_nsec).unwrap_or(0)
 }
 
 fn default_messages() -> u64 {
@@ -390,8 +428,12 @@ pub struct ToApp {
     messages: u64,
     sent: u64,
     payload_bytes: usize,
-    epoch: Instant,
     submit: Option<OutputId>,
+    /// Messages the whole group broadcasts (`nodes` × `messages`).
+    total: u64,
+    /// Where to write the [`Record`], and what it holds so far (`None`
+    /// once written, or without `record`).
+    record: Option<(std::path::PathBuf, Record)>,
     /// FNV-1a over the (sender, seq) of every delivery, in order: nodes that
     /// delivered the same sequence show the same `order_hash`.
     hash: u64,
@@ -412,8 +454,19 @@ impl ToApp {
             messages: p.messages,
             sent: 0,
             payload_bytes: p.payload_bytes,
-            epoch: Instant::now(),
             submit: None,
+            total: p.messages.saturating_mul(p.nodes as u64),
+            record: p.record.map(|path| {
+                (
+                    path,
+                    Record {
+                        order: Vec::new(),
+                        latencies_ns: Vec::new(),
+                        first_broadcast_ns: 0,
+                        done_ns: 0,
+                    },
+                )
+            }),
             hash: FNV_OFFSET,
             m: Default::default(),
         })
@@ -465,8 +518,13 @@ impl Offcode for ToApp {
         let Some(submit) = self.submit else {
             return Ok(Progress::Idle);
         };
-        let now = u64::try_from(self.epoch.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let now = mono_ns();
         let mut busy = false;
+        if let Some((_, r)) = &mut self.record
+            && r.first_broadcast_ns == 0
+        {
+            r.first_broadcast_ns = now;
+        }
         while self.sent < self.messages && self.svc.can_broadcast() {
             if self
                 .svc
@@ -487,7 +545,12 @@ impl Offcode for ToApp {
         while let Some(d) = self.svc.to_receive() {
             busy = true;
             self.m[1].add(1);
-            self.m[3].set(now.saturating_sub(sent_at(&d.payload)) / 1000);
+            let lat = now.saturating_sub(sent_at(&d.payload));
+            self.m[3].set(lat / 1000);
+            if let Some((_, r)) = &mut self.record {
+                r.order.push((d.id.sender, d.id.seq));
+                r.latencies_ns.push(lat);
+            }
             for b in
                 d.id.sender
                     .to_le_bytes()
@@ -498,8 +561,25 @@ impl Offcode for ToApp {
             }
             self.m[4].set(self.hash);
         }
+        if self.m[1].get() >= self.total
+            && let Some((path, mut r)) = self.record.take()
+        {
+            r.done_ns = now;
+            write_record(&path, &r)?;
+        }
         Ok(if busy { Progress::Busy } else { Progress::Idle })
     }
+}
+
+/// Writes `r` to `path` whole (a temporary file renamed over it), so a reader
+/// never sees half a record.
+fn write_record(path: &std::path::Path, r: &Record) -> Result<(), OffcodeError> {
+    let fail =
+        |e: &dyn std::fmt::Display| OffcodeError::failed(format!("record {}: {e}", path.display()));
+    let tmp = path.with_extension("tmp");
+    let text = serde_json::to_vec(r).map_err(|e| fail(&e))?;
+    std::fs::write(&tmp, text).map_err(|e| fail(&e))?;
+    std::fs::rename(&tmp, path).map_err(|e| fail(&e))
 }
 
 /// Adds `reliable-broadcast`, `lamport-orderer` and `to-service` to `reg`.

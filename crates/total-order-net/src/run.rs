@@ -30,6 +30,9 @@ pub enum Variant {
     FixedSequencer,
     /// etcd's Raft log as the sequencer.
     Etcd,
+    /// The offcodes of the example manifest, one `sidecore up` per node
+    /// ([`crate::deployed`]): α where the manifest's layout puts it.
+    Deployed,
 }
 
 impl Variant {
@@ -46,16 +49,19 @@ impl Variant {
             Variant::OffloadedOrderer => "offloaded orderer",
             Variant::FixedSequencer => "fixed sequencer",
             Variant::Etcd => "etcd",
+            Variant::Deployed => "deployed offcodes",
         }
     }
 
-    /// The variant named `s` (`host`, `offloaded`, `sequencer`, `etcd`).
+    /// The variant named `s` (`host`, `offloaded`, `sequencer`, `etcd`,
+    /// `deployed`).
     pub fn parse(s: &str) -> Option<Variant> {
         Some(match s {
             "host" | "host-orderer" => Variant::HostOrderer,
             "offloaded" | "offloaded-orderer" => Variant::OffloadedOrderer,
             "sequencer" | "fixed-sequencer" => Variant::FixedSequencer,
             "etcd" => Variant::Etcd,
+            "deployed" | "offcodes" => Variant::Deployed,
             _ => return None,
         })
     }
@@ -71,6 +77,8 @@ pub struct RunOptions {
     pub rb: RbConfig,
     /// Where etcd keeps its data.
     pub etcd_dir: PathBuf,
+    /// The binary and manifest of [`Variant::Deployed`].
+    pub deploy: Option<crate::deployed::Deploy>,
 }
 
 impl Default for RunOptions {
@@ -82,6 +90,7 @@ impl Default for RunOptions {
             deadline: Duration::from_secs(30),
             rb: RbConfig::default(),
             etcd_dir: std::env::temp_dir(),
+            deploy: None,
         }
     }
 }
@@ -158,6 +167,17 @@ pub fn run(bed: &Bed, variant: Variant, opts: &RunOptions) -> Result<Measured, R
         Variant::OffloadedOrderer => lamport(bed, Placement::Beside, load, opts.rb, clock)?,
         Variant::FixedSequencer => (sequencer(bed, load, opts.rb, clock)?, Vec::new()),
         Variant::Etcd => (via_etcd(bed, load, &opts.etcd_dir, clock)?, Vec::new()),
+        Variant::Deployed => {
+            let d = opts.deploy.as_ref().ok_or_else(|| {
+                RunError::Params(
+                    "the deployed variant needs the `sidecore` binary and a manifest".into(),
+                )
+            })?;
+            (
+                crate::deployed::run(bed, load, opts.deadline, d)?,
+                Vec::new(),
+            )
+        }
     };
     Ok(measure(variant, n, opts, &logs, &nics))
 }
