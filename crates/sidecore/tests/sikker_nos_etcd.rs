@@ -330,7 +330,7 @@ fn three_agents_follow_one_etcd_for_policy_and_placement() {
     let ep2 = ep.clone();
     let bad = format!("{good}bogus = 1\n");
     in_ns(&c.ns("h0"), move || {
-        store::put(&[ep2], None, PLACEMENT_KEY, &bad).unwrap()
+        store::put(&[ep2], &store::EtcdAccess::default(), PLACEMENT_KEY, &bad).unwrap()
     });
     all_log(
         &c,
@@ -350,7 +350,7 @@ fn three_agents_follow_one_etcd_for_policy_and_placement() {
     let ahead = good.replacen("\"src:2\"", "\"src:2\", \"extra:0\"", 1);
     let ep3 = ep.clone();
     in_ns(&c.ns("h0"), move || {
-        store::put(&[ep3], None, PLACEMENT_KEY, &ahead).unwrap()
+        store::put(&[ep3], &store::EtcdAccess::default(), PLACEMENT_KEY, &ahead).unwrap()
     });
     all_log(&c, "unknown service `extra`");
     let defined = format!(

@@ -15,6 +15,8 @@
 //!   from the key, applies `put-policy` updates, refuses a broken text written
 //!   to the key (located as `etcd:KEY:line:col`), reports etcd going away once
 //!   while it keeps enforcing, and after etcd comes back applies the next update.
+//! - **etcd with authentication**: `put-policy` needs a user who may write,
+//!   the agent reads as its own read-only user, and a wrong password is said.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // test code: a failed unwrap is a failed run; one scenario read top to bottom
 
 mod common;
@@ -344,7 +346,7 @@ fn the_agent_follows_its_policy_in_etcd_across_an_etcd_restart() {
     // A broken text written straight to the key: refused, located.
     sidecore_sikker_agent::store::put(
         std::slice::from_ref(&ep),
-        None,
+        &sidecore_sikker_agent::store::EtcdAccess::default(),
         key,
         &policy(&g, GRANT_ALL, "bogus = 1\n"),
     )
@@ -389,4 +391,112 @@ fn the_agent_follows_its_policy_in_etcd_across_an_etcd_restart() {
     let c = counters(agent);
     assert_eq!(c["policy_updates"], 2, "{c}");
     assert_eq!(c["policy_refused"], 1, "{c}");
+}
+
+/// An etcd with authentication on (root, an `operator` who may write the
+/// Sikker keys, an `agent` who may only read them): `put-policy` without a
+/// user is refused with what to give, with the operator's password file it
+/// stores; the agent, as its own user, starts from the key and applies the
+/// next update; with a wrong password it says so and keeps waiting.
+#[test]
+fn the_agent_reads_its_policy_from_an_etcd_with_authentication_as_its_own_user() {
+    if !sidecore_testbed::testing::root() {
+        return;
+    }
+    let Some(cg) = cgroup2_root() else {
+        panic!("no cgroup v2 mount on this machine");
+    };
+    let _s = serial();
+    let g = Groups::new(&cg, "live-auth", &["kvs3", "bill"]);
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = LocalEtcd::start(&dir.path().join("etcd")).unwrap();
+    let ep = etcd.endpoint();
+    let mut admin = sidecore_sikker_agent::store::Etcd::new(std::slice::from_ref(&ep));
+    admin.enable_auth("root-pw").unwrap();
+    admin
+        .add_user("operator", "op-pw", "/sidecore/", true)
+        .unwrap();
+    admin
+        .add_user("agent", "agent-pw", "/sidecore/", false)
+        .unwrap();
+    let pw = |name: &str, pw: &str| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, format!("{pw}\n")).unwrap();
+        f.to_str().unwrap().to_string()
+    };
+    let (op_pw, agent_pw, wrong_pw) = (
+        pw("op.pw", "op-pw"),
+        pw("agent.pw", "agent-pw"),
+        pw("wrong.pw", "nope"),
+    );
+    let put = |name: &str, body: &str, user: &[&str]| {
+        let f = dir.path().join(name);
+        std::fs::write(&f, body).unwrap();
+        let mut args = vec!["sikker", "put-policy", "--etcd", &ep];
+        args.extend_from_slice(user);
+        args.push(f.to_str().unwrap());
+        run(&args)
+    };
+    let o = put("deny.toml", &policy(&g, "", ""), &[]);
+    assert!(!o.status.success(), "{:?}", text(&o));
+    assert!(
+        text(&o).1.contains("user name is empty") && text(&o).1.contains("--etcd-user"),
+        "{:?}",
+        text(&o)
+    );
+    let operator = ["--etcd-user", "operator", "--etcd-password-file", &op_pw];
+    let o = put("deny.toml", &policy(&g, "", ""), &operator);
+    assert!(o.status.success(), "{:?}", text(&o));
+
+    let placement = dir.path().join("placement.toml");
+    std::fs::write(&placement, PLACEMENT).unwrap();
+    let sock = dir.path().join("agent.sock");
+    let s = sock.to_str().unwrap();
+    let agent_args = |pwfile: &str| {
+        vec![
+            "--host".to_string(),
+            "h1".into(),
+            "--socket".into(),
+            s.into(),
+            "--etcd".into(),
+            ep.clone(),
+            "--etcd-user".into(),
+            "agent".into(),
+            "--etcd-password-file".into(),
+            pwfile.into(),
+            "--placement".into(),
+            placement.to_str().unwrap().into(),
+        ]
+    };
+    // A wrong password: said, with the user named, and the agent waits.
+    let wrong_log = dir.path().join("wrong.log");
+    let a = agent_args(&wrong_pw);
+    let wrong = start_agent(
+        &a.iter().map(String::as_str).collect::<Vec<_>>(),
+        &wrong_log,
+    );
+    logged(&wrong_log, "authentication as user `agent` failed");
+    assert!(
+        !sock.exists(),
+        "an agent without its policy does not listen"
+    );
+    drop(wrong);
+
+    let log = dir.path().join("agent.log");
+    let a = agent_args(&agent_pw);
+    let agent = start_agent(&a.iter().map(String::as_str).collect::<Vec<_>>(), &log);
+    assert!(wait_for(|| sock.exists(), 10), "the agent never listened");
+    let (kvs, bill) = (g.procs("kvs3"), g.procs("bill"));
+    let rx = receiver(&kvs, s, 1);
+    std::thread::sleep(Duration::from_millis(300));
+    expect_denied(
+        &send(&bill, s, "Get", "before"),
+        "service bill holds no permission to service kvs",
+    );
+    let o = put("get.toml", &policy(&g, GRANT_GET, ""), &operator);
+    assert!(o.status.success(), "{:?}", text(&o));
+    permitted_within(&bill, s, "Get", "granted");
+    assert_eq!(received(rx), ["granted"]);
+    let c = counters(agent);
+    assert_eq!(c["policy_updates"], 1, "{c}");
 }

@@ -26,8 +26,9 @@
 //!   runtime); not the `etcd-client` crate, which speaks gRPC through
 //!   tonic/prost and needs `protoc` at build time. `https://` endpoints are
 //!   reached over TLS with the authority and client certificate of an
-//!   [`EtcdTls`] (rustls); etcd's own user/password authentication is not
-//!   spoken.
+//!   [`EtcdTls`] (rustls), and etcd's own user/password authentication is
+//!   spoken when an [`EtcdAuth`] is given (a token per client, traded again
+//!   when etcd forgets it).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -40,8 +41,18 @@ use base64::engine::general_purpose::STANDARD as B64;
 use serde_json::{Value, json};
 use sidecore_sikker_policy::{Policy, parse_policy};
 
+mod auth;
 mod tls;
+pub use auth::{EtcdAuth, PasswordFileError};
 pub use tls::{EtcdTls, TlsFileError};
+
+/// How to reach an etcd: TLS for `https://` endpoints, and a user when it
+/// has authentication on.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EtcdAccess {
+    pub tls: Option<EtcdTls>,
+    pub auth: Option<EtcdAuth>,
+}
 
 /// How often a watched file is looked at.
 pub const FILE_POLL: Duration = Duration::from_millis(200);
@@ -68,8 +79,8 @@ pub enum Source {
         endpoints: Vec<String>,
         /// The key holding the document's TOML text.
         key: String,
-        /// How to reach `https://` endpoints.
-        tls: Option<EtcdTls>,
+        /// TLS and the user, if any.
+        access: EtcdAccess,
     },
 }
 
@@ -170,8 +181,8 @@ pub fn watch_doc<T: Send + 'static>(
         Source::Etcd {
             endpoints,
             key,
-            tls,
-        } => EtcdWatch::new(&endpoints, tls.as_ref(), key, kind, tx).run(),
+            access,
+        } => EtcdWatch::new(&endpoints, &access, key, kind, tx).run(),
     })
 }
 
@@ -269,6 +280,9 @@ pub struct Etcd {
     long: ureq::Agent,
     /// The endpoint that answered last, tried first.
     good: usize,
+    /// The user, when etcd has authentication on, and its token once traded.
+    auth: Option<EtcdAuth>,
+    token: Option<String>,
 }
 
 fn agent(whole: Option<Duration>, tls: Option<&EtcdTls>) -> ureq::Agent {
@@ -312,7 +326,22 @@ impl Etcd {
             short: agent(Some(REQUEST_TIMEOUT), tls),
             long: agent(None, tls),
             good: 0,
+            auth: None,
+            token: None,
         }
+    }
+
+    /// A client for these endpoints, reached as `access` says.
+    pub fn with_access(endpoints: &[String], access: &EtcdAccess) -> Etcd {
+        let mut e = Self::with_tls(endpoints, access.tls.as_ref());
+        e.set_auth(access.auth.clone());
+        e
+    }
+
+    /// Acts as `auth`'s user from the next request on (`None`: as nobody).
+    pub fn set_auth(&mut self, auth: Option<EtcdAuth>) {
+        self.auth = auth;
+        self.token = None;
     }
 
     /// POSTs `body` to `path` on the first endpoint that answers; the
@@ -330,21 +359,59 @@ impl Etcd {
         let n = self.endpoints.len();
         for i in 0..n {
             let at = (self.good + i) % n;
-            let url = format!("{}{path}", self.endpoints[at]);
-            let agent = if stream { &self.long } else { &self.short };
-            match agent.post(&url).send(body.to_string().as_bytes()) {
-                Ok(r) if r.status().is_success() => {
+            let base = self.endpoints[at].clone();
+            match self.attempt(&base, path, body, stream) {
+                Ok(r) => {
                     self.good = at;
                     return Ok(r);
                 }
-                Ok(mut r) => {
-                    let text = r.body_mut().read_to_string().unwrap_or_default();
-                    why.push(format!("{url}: HTTP {}: {}", r.status(), text.trim()));
-                }
-                Err(e) => why.push(format!("{url}: {e}")),
+                Err(w) => why.push(w),
             }
         }
         Err(EtcdError(format!("unreachable: {}", why.join("; "))))
+    }
+
+    /// One endpoint's answer to `body` at `path`, as this client's user
+    /// (its token traded first, and once more if etcd has forgotten it).
+    fn attempt(
+        &mut self,
+        base: &str,
+        path: &str,
+        body: &Value,
+        stream: bool,
+    ) -> Result<ureq::http::Response<ureq::Body>, String> {
+        let url = format!("{base}{path}");
+        for retry in [false, true] {
+            if let Some(a) = &self.auth
+                && self.token.is_none()
+            {
+                let token = self.authenticate(base, a)?;
+                self.token = Some(token);
+            }
+            let agent = if stream { &self.long } else { &self.short };
+            let mut req = agent.post(&url);
+            if let Some(t) = &self.token {
+                req = req.header("Authorization", t);
+            }
+            let mut r = req
+                .send(body.to_string().as_bytes())
+                .map_err(|e| format!("{url}: {e}"))?;
+            if r.status().is_success() {
+                return Ok(r);
+            }
+            let text = r.body_mut().read_to_string().unwrap_or_default();
+            if !retry && self.auth.is_some() && auth::token_refused(r.status().as_u16(), &text) {
+                self.token = None;
+                continue;
+            }
+            return Err(format!(
+                "{url}: HTTP {}: {}{}",
+                r.status(),
+                text.trim(),
+                auth::hint(&text, self.auth.as_ref())
+            ));
+        }
+        Err(format!("{url}: etcd refused the token it had just issued"))
     }
 
     fn call(&mut self, path: &str, body: &Value) -> Result<Value, EtcdError> {
@@ -432,14 +499,14 @@ fn decode(v: &Value, key: &str) -> Result<Vec<u8>, EtcdError> {
 }
 
 /// Stores a text (a policy, a placement) at `key` in the etcd at
-/// `endpoints` (`https://` ones with `tls`); the revision.
+/// `endpoints`, reached as `access` says; the revision.
 pub fn put(
     endpoints: &[String],
-    tls: Option<&EtcdTls>,
+    access: &EtcdAccess,
     key: &str,
     text: &str,
 ) -> Result<i64, EtcdError> {
-    Etcd::with_tls(endpoints, tls).put(key, text.as_bytes())
+    Etcd::with_access(endpoints, access).put(key, text.as_bytes())
 }
 
 /// What the watching thread tells its receiver about an etcd key.
@@ -515,12 +582,12 @@ struct EtcdWatch<T> {
 impl<T> EtcdWatch<T> {
     fn new(
         endpoints: &[String],
-        tls: Option<&EtcdTls>,
+        access: &EtcdAccess,
         key: String,
         kind: DocKind<T>,
         tx: Sender<Update<T>>,
     ) -> EtcdWatch<T> {
-        let etcd = Etcd::with_tls(endpoints, tls);
+        let etcd = Etcd::with_access(endpoints, access);
         let source = format!("etcd key {key} at {}", etcd.endpoints.join(","));
         EtcdWatch {
             etcd,
@@ -749,8 +816,11 @@ impl LocalEtcd {
         let mut probe = Etcd::with_tls(&[self.endpoint()], self.tls.as_ref().map(|t| &t.probe));
         let t0 = std::time::Instant::now();
         while t0.elapsed() < Duration::from_secs(15) {
-            if probe.get_value("/sidecore/probe").is_ok() {
-                return Ok(());
+            match probe.get_value("/sidecore/probe") {
+                // Answered; with authentication on, a refusal is an answer too.
+                Ok(_) => return Ok(()),
+                Err(e) if e.0.contains("user name is empty") => return Ok(()),
+                Err(_) => {}
             }
             if let Some(Ok(Some(st))) = self.child.as_mut().map(std::process::Child::try_wait) {
                 self.child = None;

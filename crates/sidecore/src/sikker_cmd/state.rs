@@ -44,6 +44,13 @@ pub(super) struct StoreArgs {
     /// The private key (PEM) of `--etcd-cert`.
     #[arg(long = "etcd-key-file", value_name = "FILE", requires = "etcd_cert")]
     pub(super) etcd_key_file: Option<std::path::PathBuf>,
+    /// The etcd user to act as, for an etcd with authentication on.
+    #[arg(long, value_name = "NAME", requires = "etcd_password_file")]
+    pub(super) etcd_user: Option<String>,
+    /// A file whose first line is `--etcd-user`'s password (never given on
+    /// the command line, where `ps` shows it).
+    #[arg(long, value_name = "FILE", requires = "etcd_user")]
+    pub(super) etcd_password_file: Option<std::path::PathBuf>,
 }
 
 impl StoreArgs {
@@ -77,6 +84,18 @@ impl StoreArgs {
         }
     }
 
+    /// How to reach the `--etcd` endpoints: TLS and the user.
+    pub(super) fn access(&self) -> anyhow::Result<store::EtcdAccess> {
+        let auth = match (&self.etcd_user, &self.etcd_password_file) {
+            (Some(u), Some(f)) => Some(store::EtcdAuth::from_file(u, f)?),
+            _ => None,
+        };
+        Ok(store::EtcdAccess {
+            tls: self.tls()?,
+            auth,
+        })
+    }
+
     /// The source of the document at `key`, or `file` without etcd.
     fn source(&self, key: &str, file: Option<&Path>, flag: &str) -> anyhow::Result<Source> {
         Ok(if self.etcd.is_empty() {
@@ -87,7 +106,7 @@ impl StoreArgs {
             Source::Etcd {
                 endpoints: self.etcd.clone(),
                 key: key.to_string(),
-                tls: self.tls()?,
+                access: self.access()?,
             }
         })
     }
@@ -354,7 +373,7 @@ fn checked(
 pub(super) fn put_policy(st: &StoreArgs, file: &Path) -> anyhow::Result<ExitCode> {
     anyhow::ensure!(!st.etcd.is_empty(), "--etcd ENDPOINTS is needed");
     let text = checked(file, |name, text| parse_policy(name, text).map(|_| ()))?;
-    let rev = store::put(&st.etcd, st.tls()?.as_ref(), &st.etcd_key, &text)?;
+    let rev = store::put(&st.etcd, &st.access()?, &st.etcd_key, &text)?;
     println!(
         "stored {} at etcd key {} (revision {rev})",
         file.display(),
@@ -375,7 +394,7 @@ pub(super) fn put_placement(
         Some(f) => crate::policy::load_policy(f)?,
         None => {
             let name = format!("etcd:{}", st.etcd_key);
-            let bytes = store::Etcd::with_tls(&st.etcd, st.tls()?.as_ref())
+            let bytes = store::Etcd::with_access(&st.etcd, &st.access()?)
                 .get_value(&st.etcd_key)?
                 .with_context(|| {
                     format!("{name} holds no policy to check the placement against (--policy FILE)")
@@ -389,7 +408,7 @@ pub(super) fn put_placement(
     let text = checked(file, |name, text| {
         parse_placement(name, text, &pol).map(|_| ())
     })?;
-    let rev = store::put(&st.etcd, st.tls()?.as_ref(), &st.etcd_placement_key, &text)?;
+    let rev = store::put(&st.etcd, &st.access()?, &st.etcd_placement_key, &text)?;
     println!(
         "stored {} at etcd key {} (revision {rev})",
         file.display(),
