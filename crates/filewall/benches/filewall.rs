@@ -17,6 +17,11 @@
 //!   transactions, 8 KB blocks;
 //! - throughput (Fig. 4.14's shape): a metadata-heavy mix offered open-loop at
 //!   rising rates on 4 connections, achieved rate and latency, to saturation;
+//!   beside them two controls that copy bytes both ways and parse nothing —
+//!   a relay in one `mio` thread (FileWall's shape: the hop's cost on one
+//!   thread) and one with two blocking threads per connection (the hop on
+//!   every CPU) — and FileWall as a
+//!   dedicated core (`ProxyConfig::core`: pinned to CPU 1, busy-polling);
 //! - policies (Fig. 4.12): GETATTR and WRITE latency with 0..20 synthetic
 //!   extensions (20 keys of 50 B stored per request, looked up and deleted per
 //!   reply).
@@ -51,6 +56,133 @@ struct System {
 }
 
 fn proxied(g: &Ganesha, name: &'static str, chain: &str, key: Option<HandleKey>) -> System {
+    proxied_on(g, name, chain, key, None)
+}
+
+/// The control for one thread's hop: a bare relay in one `mio` event loop
+/// (the shape of FileWall's engine: one thread, non-blocking sockets), which
+/// copies bytes both ways and parses nothing. Its thread lives until the
+/// bench ends.
+fn one_thread_relay(to: SocketAddr) -> SocketAddr {
+    use mio::net::{TcpListener as MioListener, TcpStream as MioStream};
+    use mio::{Events, Interest, Poll, Token};
+    let mut l = MioListener::bind(LOCAL).unwrap();
+    let at = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut poll = Poll::new().unwrap();
+        poll.registry()
+            .register(&mut l, Token(0), Interest::READABLE)
+            .unwrap();
+        // Token 2k+1 and 2k+2 are a pair's client and server; each side keeps
+        // the bytes its peer could not take yet.
+        let mut socks: Vec<(MioStream, Vec<u8>)> = Vec::new();
+        let mut events = Events::with_capacity(256);
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            if poll.poll(&mut events, None).is_err() {
+                continue;
+            }
+            for e in &events {
+                if e.token() == Token(0) {
+                    while let Ok((c, _)) = l.accept() {
+                        let Ok(srv) = std::net::TcpStream::connect(to) else {
+                            continue;
+                        };
+                        srv.set_nonblocking(true).unwrap();
+                        let mut srv = MioStream::from_std(srv);
+                        let mut c = c;
+                        let _ = c.set_nodelay(true);
+                        let _ = srv.set_nodelay(true);
+                        let k = socks.len();
+                        let both = Interest::READABLE | Interest::WRITABLE;
+                        poll.registry()
+                            .register(&mut c, Token(k + 1), both)
+                            .unwrap();
+                        poll.registry()
+                            .register(&mut srv, Token(k + 2), both)
+                            .unwrap();
+                        socks.push((c, Vec::new()));
+                        socks.push((srv, Vec::new()));
+                    }
+                    continue;
+                }
+                let i = e.token().0 - 1;
+                let j = i ^ 1;
+                // Flush what waited for this side, then move what it sent.
+                let (a, b) = if i < j {
+                    let (x, y) = socks.split_at_mut(j);
+                    (&mut x[i], &mut y[0])
+                } else {
+                    let (x, y) = socks.split_at_mut(i);
+                    (&mut y[0], &mut x[j])
+                };
+                while !a.1.is_empty() {
+                    match a.0.write(&a.1) {
+                        Ok(n) if n > 0 => {
+                            a.1.drain(..n);
+                        }
+                        _ => break,
+                    }
+                }
+                loop {
+                    match a.0.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            let mut at = 0;
+                            if b.1.is_empty() {
+                                while at < n {
+                                    match b.0.write(&buf[at..n]) {
+                                        Ok(m) if m > 0 => at += m,
+                                        _ => break,
+                                    }
+                                }
+                            }
+                            b.1.extend_from_slice(&buf[at..n]);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    at
+}
+
+/// The same-run control for the proxy's hop: a bare TCP relay that copies
+/// bytes both ways (two blocking threads per connection, no parsing, no
+/// XIDs), in front of `to`. Its threads live until the bench ends.
+fn bare_relay(to: SocketAddr) -> SocketAddr {
+    let l = TcpListener::bind(LOCAL).unwrap();
+    let at = l.local_addr().unwrap();
+    std::thread::spawn(move || {
+        for client in l.incoming().flatten() {
+            let Ok(server) = TcpStream::connect(to) else {
+                continue;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (mut c2, mut s2) = (client.try_clone().unwrap(), server.try_clone().unwrap());
+            let (mut c1, mut s1) = (client, server);
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c1, &mut s1);
+                let _ = s1.shutdown(std::net::Shutdown::Write);
+            });
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut s2, &mut c2);
+                let _ = c2.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    at
+}
+
+/// [`proxied`], its thread a dedicated core busy-polling on `core`.
+fn proxied_on(
+    g: &Ganesha,
+    name: &'static str,
+    chain: &str,
+    key: Option<HandleKey>,
+    core: Option<u32>,
+) -> System {
     let mut c = ProxyConfig::with(
         vec![
             Listen::tcp(LOCAL).serving(&[nfs3::PROGRAM]),
@@ -60,6 +192,7 @@ fn proxied(g: &Ganesha, name: &'static str, chain: &str, key: Option<HandleKey>)
     );
     c.chain = parse_chain(chain, name).unwrap();
     c.key = key;
+    c.core = core;
     let p = Proxy::start(c).unwrap();
     System {
         name,
@@ -253,27 +386,36 @@ fn run_postmark(g: &Ganesha, systems: &[System]) {
     }
 }
 
-fn throughput(g: &Ganesha, systems: &[System]) {
+fn throughput(g: &Ganesha, standing: &[System], cored: &dyn Fn() -> System) {
     let export = g.export.display().to_string();
     let rates = [
-        2_000.0, 5_000.0, 10_000.0, 15_000.0, 20_000.0, 30_000.0, 40_000.0,
+        2_000.0, 5_000.0, 10_000.0, 15_000.0, 20_000.0, 30_000.0, 40_000.0, 50_000.0, 60_000.0,
+        70_000.0, 80_000.0,
     ];
     println!(
         "\n### Throughput against offered load (mix: 40% GETATTR, 25% LOOKUP, 20% READ 4 KB, 10% WRITE 4 KB, 5% READDIRPLUS; 4 connections, 3 s a point)\n"
     );
+    let names: Vec<&str> = standing
+        .iter()
+        .map(|s| s.name)
+        .chain(["FileWall (handles), core 1"])
+        .collect();
     println!(
         "| offered (calls/s) | {} |",
-        systems
+        names
             .iter()
-            .map(|s| format!("{} achieved (p50 / p99 ms)", s.name))
+            .map(|n| format!("{n} achieved (p50 / p99 ms)"))
             .collect::<Vec<_>>()
             .join(" | ")
     );
-    println!("|---|{}", "---|".repeat(systems.len()));
-    let mut best = vec![0.0f64; systems.len()];
+    println!("|---|{}", "---|".repeat(names.len()));
+    let mut best = vec![0.0f64; names.len()];
     for rate in rates {
         let mut row = format!("| {rate:.0} |");
-        for (si, s) in systems.iter().enumerate() {
+        for si in 0..names.len() {
+            // The dedicated core lives only for its own point.
+            let made = (si == standing.len()).then(cored);
+            let s = made.as_ref().unwrap_or_else(|| &standing[si]);
             let (_, root, file, dir) = handles(s, &export);
             let mut mix = Vec::new();
             for _ in 0..8 {
@@ -302,10 +444,10 @@ fn throughput(g: &Ganesha, systems: &[System]) {
     }
     println!(
         "\nsaturation (highest achieved): {}",
-        systems
+        names
             .iter()
             .zip(&best)
-            .map(|(s, b)| format!("{} {b:.0}/s ({:.3} of direct)", s.name, b / best[0]))
+            .map(|(n, b)| format!("{n} {b:.0}/s ({:.3} of direct)", b / best[0]))
             .collect::<Vec<_>>()
             .join(", ")
     );
@@ -388,7 +530,32 @@ fn main() {
         run_postmark(&g, &systems);
     }
     if want("throughput") {
-        throughput(&g, &systems);
+        // The same proxy as a dedicated core (pinned to CPU 1, polling without
+        // sleep), started for its own points only: while it lives it keeps
+        // its CPU busy, which the other systems' points must not pay for.
+        let cored = || {
+            proxied_on(
+                &g,
+                "FileWall (handles), core 1",
+                "[[policy]]\nkind = \"handles\"\n",
+                Some(key()),
+                Some(1),
+            )
+        };
+        let relay = System {
+            name: "bare TCP relay",
+            nfs: bare_relay(g.nfs_addr()),
+            mount: bare_relay(g.mount_addr()),
+            _proxy: None,
+        };
+        let one = System {
+            name: "bare relay, one thread",
+            nfs: one_thread_relay(g.nfs_addr()),
+            mount: one_thread_relay(g.mount_addr()),
+            _proxy: None,
+        };
+        let [a, b, c] = systems;
+        throughput(&g, &[a, b, c, one, relay], &cored);
     }
     if want("policies") {
         policies(&g);

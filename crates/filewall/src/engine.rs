@@ -152,6 +152,10 @@ pub struct ProxyConfig {
     pub tick: Duration,
     /// The clock time-based policies read (`None`: the system clock).
     pub clock: Option<Clock>,
+    /// The proxy's thread as a dedicated core: pinned to this CPU, it polls
+    /// its sockets without sleeping (no wake-up per call). `None`: it sleeps
+    /// in `epoll_wait` between events, as an ordinary thread.
+    pub core: Option<u32>,
 }
 
 impl std::fmt::Debug for ProxyConfig {
@@ -163,6 +167,7 @@ impl std::fmt::Debug for ProxyConfig {
             .field("timeout", &self.timeout)
             .field("capacity", &self.capacity)
             .field("clock", &self.clock.is_some())
+            .field("core", &self.core)
             .finish_non_exhaustive()
     }
 }
@@ -184,6 +189,7 @@ impl ProxyConfig {
             key: None,
             tick: Duration::from_millis(10),
             clock: None,
+            core: None,
         }
     }
 }
@@ -307,6 +313,9 @@ struct Stream {
     out_at: usize,
     /// Whether WRITABLE interest is registered.
     want_write: bool,
+    /// Whether it is on the engine's list of streams to write at the end of
+    /// this turn.
+    queued: bool,
 }
 
 impl Stream {
@@ -317,6 +326,7 @@ impl Stream {
             out: Vec::new(),
             out_at: 0,
             want_write: false,
+            queued: false,
         }
     }
 
@@ -390,8 +400,17 @@ struct ClientConn {
 struct ServerConn {
     stream: Stream,
     addr: SocketAddr,
+    /// Which of the server's [`SERVER_LANES`] connections this is.
+    lane: usize,
     connected: bool,
 }
+
+/// Connections the engine keeps to each server, calls spread over them by
+/// client flow (a flow's calls stay on one, in order). A server such as
+/// nfs-ganesha decodes each connection's requests one after another, so a
+/// single connection for every client would serialise them where the
+/// clients' own connections would not.
+pub const SERVER_LANES: usize = 4;
 
 const WAKER: Token = Token(usize::MAX);
 
@@ -399,6 +418,12 @@ const WAKER: Token = Token(usize::MAX);
 pub struct Engine {
     poll: Poll,
     events: Events,
+    /// The last turn's ready tokens (token, readable, writable), reused.
+    /// Streams that had bytes queued this turn: each is written once, at the
+    /// turn's end, so the replies (or calls) a turn produces for one peer go
+    /// out in one `write` instead of one each.
+    pending: Vec<Token>,
+    ready: Vec<(Token, bool, bool)>,
     waker: Arc<Waker>,
     shared: Arc<Shared>,
     listeners: Vec<(ListenSock, SocketAddr)>,
@@ -407,7 +432,7 @@ pub struct Engine {
     routes: HashMap<FlowId, Route>,
     udp_flows: HashMap<(usize, SocketAddr), FlowId>,
     servers: HashMap<Token, ServerConn>,
-    server_tokens: HashMap<SocketAddr, Token>,
+    server_tokens: HashMap<(SocketAddr, usize), Token>,
     /// When each server address last failed.
     server_down: HashMap<SocketAddr, Instant>,
     backends: Vec<Backend>,
@@ -555,6 +580,8 @@ impl Engine {
         Ok(Engine {
             poll,
             events: Events::with_capacity(1024),
+            ready: Vec::with_capacity(1024),
+            pending: Vec::new(),
             waker,
             shared,
             mappings: mappings(&config.listen, &addrs),
@@ -617,21 +644,22 @@ impl Engine {
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(e) => return Err(e),
         }
-        let tokens: Vec<(Token, bool, bool)> = self
-            .events
-            .iter()
-            .map(|e| {
-                (
-                    e.token(),
-                    e.is_readable() || e.is_read_closed() || e.is_error(),
-                    e.is_writable(),
-                )
-            })
-            .collect();
+        // Copied out so `event` may borrow the engine; the buffer is kept
+        // between turns (a busy-polling core turns millions of times a second).
+        let mut tokens = std::mem::take(&mut self.ready);
+        tokens.clear();
+        tokens.extend(self.events.iter().map(|e| {
+            (
+                e.token(),
+                e.is_readable() || e.is_read_closed() || e.is_error(),
+                e.is_writable(),
+            )
+        }));
         let busy = !tokens.is_empty();
-        for (token, readable, writable) in tokens {
+        for &(token, readable, writable) in &tokens {
             self.event(token, readable, writable);
         }
+        self.ready = tokens;
         let now = Instant::now();
         if now.duration_since(self.last_tick) >= self.tick {
             self.last_tick = now;
@@ -640,13 +668,51 @@ impl Engine {
             self.publish_chain_stats();
             self.dispatch(out);
         }
+        self.flush_pending();
         Ok(busy)
+    }
+
+    /// Writes every stream that had bytes queued this turn (see `pending`).
+    fn flush_pending(&mut self) {
+        let mut pending = std::mem::take(&mut self.pending);
+        for &token in &pending {
+            if let Some(c) = self.clients.get_mut(&token) {
+                c.stream.queued = false;
+                let flow = c.flow;
+                self.flush_client(token);
+                let backlog = self.clients.get(&token).map_or(0, |c| c.stream.backlog());
+                if backlog > MAX_CLIENT_BACKLOG_BYTES {
+                    self.shared.error(
+                        |s| s.closed_connections += 1,
+                        format!("flow {flow}: {backlog} bytes of replies unread, closing"),
+                    );
+                    self.close_client(token);
+                }
+            } else if let Some(s) = self.servers.get_mut(&token) {
+                s.stream.queued = false;
+                if s.connected {
+                    self.server_writable(token);
+                }
+            }
+        }
+        pending.clear();
+        self.pending = pending;
     }
 
     /// Runs turns until `stopping` is set (by `proxy::Proxy` on drop).
     pub fn run(&mut self) {
+        self.run_waiting(Duration::from_millis(100));
+    }
+
+    /// Turns until the proxy stops without ever sleeping: the loop of a
+    /// dedicated core (`ProxyConfig::core`), which takes no wake-up per call.
+    pub fn run_busy(&mut self) {
+        self.run_waiting(Duration::ZERO);
+    }
+
+    fn run_waiting(&mut self, wait: Duration) {
         while !self.shared.stopping.load(Ordering::Acquire) {
-            if let Err(e) = self.turn(Duration::from_millis(100)) {
+            if let Err(e) = self.turn(wait) {
                 self.shared
                     .error(|_| {}, format!("filewall: waiting for events: {e}"));
                 std::thread::sleep(Duration::from_millis(10));
@@ -735,6 +801,8 @@ impl Engine {
 
     fn close_client(&mut self, token: Token) {
         if let Some(mut c) = self.clients.remove(&token) {
+            // What this turn answered still goes, as far as the socket takes it.
+            let _ = c.stream.flush();
             let _ = self.poll.registry().deregister(&mut c.stream.sock);
             self.routes.remove(&c.flow);
         }
@@ -848,20 +916,18 @@ impl Engine {
                 c.stream
                     .out
                     .extend_from_slice(&encode_record(payload, MAX_FRAGMENT));
-                let ok = c
-                    .stream
-                    .flush()
-                    .and_then(|_| c.stream.update_interest(self.poll.registry(), token));
                 let backlog = c.stream.backlog();
-                if ok.is_err() || backlog > MAX_CLIENT_BACKLOG_BYTES {
-                    if backlog > MAX_CLIENT_BACKLOG_BYTES {
-                        self.shared.error(
-                            |s| s.closed_connections += 1,
-                            format!("flow {flow}: {backlog} bytes of replies unread, closing"),
-                        );
-                    }
+                if backlog > MAX_CLIENT_BACKLOG_BYTES {
+                    self.shared.error(
+                        |s| s.closed_connections += 1,
+                        format!("flow {flow}: {backlog} bytes of replies unread, closing"),
+                    );
                     self.close_client(token);
                     return false;
+                }
+                if !c.stream.queued {
+                    c.stream.queued = true;
+                    self.pending.push(token);
                 }
                 true
             }
@@ -979,7 +1045,8 @@ impl Engine {
             return;
         };
         let record = encode_record(&Call { xid, ..call }.to_bytes(), MAX_FRAGMENT);
-        if let Err(e) = self.send_to_server(addr, &record) {
+        let lane = usize::try_from(flow).unwrap_or(0) % SERVER_LANES;
+        if let Err(e) = self.send_to_server(addr, lane, &record) {
             self.shared.error(
                 |s| s.server_errors += 1,
                 format!("flow {flow} xid {client_xid:#x} ({name}): forwarding to server {server} at {addr}: {e}"),
@@ -1021,10 +1088,10 @@ impl Engine {
 
     /// Queues a record for a server, connecting first if there is no connection
     /// (not within `RECONNECT_BACKOFF` of a failure).
-    fn send_to_server(&mut self, addr: SocketAddr, record: &[u8]) -> io::Result<()> {
-        let token = match self.server_tokens.get(&addr) {
+    fn send_to_server(&mut self, addr: SocketAddr, lane: usize, record: &[u8]) -> io::Result<()> {
+        let token = match self.server_tokens.get(&(addr, lane)) {
             Some(&t) => t,
-            None => self.connect(addr)?,
+            None => self.connect(addr, lane)?,
         };
         let Some(s) = self.servers.get_mut(&token) else {
             return Err(io::ErrorKind::NotConnected.into());
@@ -1033,20 +1100,15 @@ impl Engine {
             return Err(io::Error::other("too much queued for this server"));
         }
         s.stream.out.extend_from_slice(record);
-        if s.connected {
-            let r = s
-                .stream
-                .flush()
-                .and_then(|_| s.stream.update_interest(self.poll.registry(), token));
-            if let Err(e) = r {
-                self.server_failed(token, &format!("writing: {e}"));
-                return Err(e);
-            }
+        // Written at the end of the turn (or, not yet connected, once it is).
+        if s.connected && !s.stream.queued {
+            s.stream.queued = true;
+            self.pending.push(token);
         }
         Ok(())
     }
 
-    fn connect(&mut self, addr: SocketAddr) -> io::Result<Token> {
+    fn connect(&mut self, addr: SocketAddr, lane: usize) -> io::Result<Token> {
         if self
             .server_down
             .get(&addr)
@@ -1069,17 +1131,18 @@ impl Engine {
             ServerConn {
                 stream,
                 addr,
+                lane,
                 connected: false,
             },
         );
-        self.server_tokens.insert(addr, token);
+        self.server_tokens.insert((addr, lane), token);
         Ok(token)
     }
 
     fn server_failed(&mut self, token: Token, why: &str) {
         if let Some(mut s) = self.servers.remove(&token) {
             let _ = self.poll.registry().deregister(&mut s.stream.sock);
-            self.server_tokens.remove(&s.addr);
+            self.server_tokens.remove(&(s.addr, s.lane));
             self.server_down.insert(s.addr, Instant::now());
             if !self.shared.stopping.load(Ordering::Acquire) {
                 self.shared.error(

@@ -1,6 +1,8 @@
 //! FileWall as a proxy on its own thread: an [`Engine`] (the event loop of
 //! `crate::engine`: listeners over TCP and UDP, the built-in portmapper, the policy
-//! chain, connections to the servers) turned until the [`Proxy`] is dropped. The
+//! chain, connections to the servers) turned until the [`Proxy`] is dropped:
+//! waiting in `epoll_wait` between events, or, with `ProxyConfig::core`,
+//! pinned to that CPU and polling without sleep (a dedicated core). The
 //! configuration and counter types are the engine's, re-exported here.
 
 use std::io;
@@ -30,6 +32,15 @@ impl Proxy {
     /// Binds the listeners, builds the chain and starts the engine's thread.
     /// Servers are connected on the first call for them.
     pub fn start(config: ProxyConfig) -> io::Result<Proxy> {
+        let core = config.core;
+        if let Some(cpu) = core {
+            sidecore_pe::cores::usable_cpu(cpu).map_err(|usable| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("CPU {cpu} is not one this process may run on (it may use {usable:?})"),
+                )
+            })?;
+        }
         let mut engine = Engine::new(config)?;
         let addrs = engine.local_addrs();
         let first = addrs.first().map_or(0, SocketAddr::port);
@@ -37,7 +48,14 @@ impl Proxy {
         let (stats, waker, shared) = (engine.stats_handle(), engine.waker(), engine.shared());
         let thread = thread::Builder::new()
             .name(format!("filewall-{first}"))
-            .spawn(move || engine.run())?;
+            .spawn(move || match core {
+                // Checked above; a pin refused now still runs, unpinned.
+                Some(cpu) => {
+                    let _ = sidecore_pe::cores::pin_current_thread(cpu);
+                    engine.run_busy();
+                }
+                None => engine.run(),
+            })?;
         Ok(Proxy {
             addrs,
             mappings,

@@ -472,3 +472,56 @@ fn list_and_remove(c: &mut Client, g: &Ganesha, root: &NfsFh3, d: &NfsFh3, data:
         "RMDIR removed the directory on the server"
     );
 }
+
+/// The proxy as a dedicated core (`ProxyConfig::core`): its thread is pinned
+/// to the CPU named and busy-polls, and libnfs reads through it as through
+/// the sleeping proxy; a CPU this process may not use is refused up front.
+#[test]
+fn a_busy_polling_proxy_on_a_dedicated_core_serves_libnfs() {
+    let Some(g) = Ganesha::start() else { return };
+    let served = pattern(256 * 1024 + 3, 3);
+    std::fs::write(g.export.join("core.bin"), &served).expect("writing core.bin");
+    let mut c = ProxyConfig::new(LOCAL, g.nfs_addr());
+    c.core = Some(0);
+    let nfs = Proxy::start(c).expect("starting the busy-polling proxy");
+    let mnt = Proxy::start(ProxyConfig::new(LOCAL, g.mount_addr())).expect("the MOUNT proxy");
+    let url = nfs_url(
+        &g.export,
+        "core.bin",
+        nfs.local_addr().port(),
+        mnt.local_addr().port(),
+    );
+    let out = libnfs("nfs-cat", &[&url]);
+    ok(&out, "nfs-cat", &g, &nfs.stats());
+    assert!(
+        out.stdout == served,
+        "nfs-cat through the core returned different bytes"
+    );
+    // The proxy's thread (named after its port) may run on CPU 0 only.
+    let name = format!("filewall-{}", nfs.local_addr().port());
+    let mut pinned = None;
+    for t in std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+    {
+        let comm = std::fs::read_to_string(t.path().join("comm")).unwrap_or_default();
+        if name.starts_with(comm.trim()) && !comm.trim().is_empty() {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            pinned = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+                .map(|v| v.trim().to_string());
+        }
+    }
+    assert_eq!(pinned.as_deref(), Some("0"), "the proxy thread's CPUs");
+    let mut bad = ProxyConfig::new(LOCAL, g.nfs_addr());
+    bad.core = Some(4096);
+    let e = Proxy::start(bad)
+        .err()
+        .expect("CPU 4096 refused")
+        .to_string();
+    assert!(
+        e.contains("CPU 4096 is not one this process may run on"),
+        "{e}"
+    );
+}

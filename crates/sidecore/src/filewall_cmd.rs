@@ -81,6 +81,10 @@ pub struct RunArgs {
     key: Option<PathBuf>,
     #[arg(long, default_value = DEFAULT_CONTROL)]
     control: PathBuf,
+    /// Run the proxy as a dedicated core: pinned to this CPU and polling its
+    /// sockets without sleeping (no wake-up per call; the CPU stays busy).
+    #[arg(long, value_name = "CPU", conflicts_with = "manifest")]
+    core: Option<u32>,
     #[command(flatten)]
     metrics: crate::args::MetricsArgs,
     #[command(flatten)]
@@ -155,13 +159,14 @@ fn run_proxy(args: &RunArgs) -> anyhow::Result<ExitCode> {
     if let Some(m) = &args.manifest {
         return run_manifest(m, args);
     }
-    let c = match settings(args).config() {
+    let mut c = match settings(args).config() {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
             return Ok(ExitCode::from(2));
         }
     };
+    c.core = args.core;
     let servers: Vec<String> = c.servers.iter().map(ToString::to_string).collect();
     let chain = c.chain.describe();
     let p = Proxy::start(c).context("starting the filewall proxy")?;
@@ -177,6 +182,9 @@ fn run_proxy(args: &RunArgs) -> anyhow::Result<ExitCode> {
         );
     }
     println!("filewall: chain {chain}; servers {}", servers.join(" | "));
+    if let Some(cpu) = args.core {
+        println!("filewall: busy-polling on CPU {cpu} (a dedicated core)");
+    }
     serve(
         vec![(LABEL, p.stats_handle())],
         &args.control,
