@@ -525,3 +525,46 @@ fn a_busy_polling_proxy_on_a_dedicated_core_serves_libnfs() {
         "{e}"
     );
 }
+
+/// Established TCP connections (IPv4) whose remote end is `port`, from
+/// /proc/net/tcp: the proxy's side of its connections to a server.
+fn connections_to(port: u16) -> usize {
+    let text = std::fs::read_to_string("/proc/net/tcp").expect("/proc/net/tcp");
+    text.lines()
+        .skip(1)
+        .filter(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            let rem_port = f
+                .get(2)
+                .and_then(|r| r.split(':').nth(1))
+                .and_then(|p| u16::from_str_radix(p, 16).ok());
+            rem_port == Some(port) && f.get(3) == Some(&"01")
+        })
+        .count()
+}
+
+/// Calls from several client connections reach the server over several of
+/// the engine's connections (`SERVER_LANES`), each client's calls on one:
+/// nfs-ganesha decodes a connection's requests in turn, so one connection
+/// for all would serialise the clients.
+#[test]
+fn calls_from_several_clients_spread_over_the_servers_lanes() {
+    let Some(g) = Ganesha::start() else { return };
+    let (nfs, mnt) = proxies(&g);
+    let mut m = Client::connect(mnt.local_addr());
+    let root = m.mnt(&g.export);
+    let before = connections_to(g.nfs_addr().port());
+    let mut clients: Vec<Client> = (0..sidecore_filewall::engine::SERVER_LANES)
+        .map(|_| Client::connect(nfs.local_addr()))
+        .collect();
+    for c in &mut clients {
+        nfs!(c, Getattr, root.clone());
+    }
+    let lanes = connections_to(g.nfs_addr().port()) - before;
+    assert_eq!(
+        lanes,
+        sidecore_filewall::engine::SERVER_LANES,
+        "the proxy's connections to ganesha"
+    );
+    all_answered_and_decoded(&nfs.stats());
+}
