@@ -492,6 +492,82 @@ impl Etcd {
     }
 }
 
+impl Etcd {
+    /// Trades the user and password for a token at `base` (an endpoint URL).
+    pub(super) fn authenticate(&self, base: &str, auth: &EtcdAuth) -> Result<String, String> {
+        let url = format!("{base}/v3/auth/authenticate");
+        let body = json!({"name": auth.user, "password": auth.password}).to_string();
+        let mut r = self
+            .short
+            .post(&url)
+            .send(body.as_bytes())
+            .map_err(|e| format!("{url}: {e}"))?;
+        let text = r.body_mut().read_to_string().unwrap_or_default();
+        if !r.status().is_success() {
+            return Err(format!(
+                "{url}: authentication as user `{}` failed: HTTP {}: {}",
+                auth.user,
+                r.status(),
+                text.trim()
+            ));
+        }
+        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{url}: {e}: {text}"))?;
+        v["token"]
+            .as_str()
+            .filter(|t| !t.is_empty())
+            .map(str::to_string)
+            .ok_or_else(|| format!("{url}: authenticated, but no token came back: {text}"))
+    }
+
+    /// Creates user `root` with `password`, gives it the root role and turns
+    /// authentication on (what `etcdctl user add root`, `user grant-role root
+    /// root` and `auth enable` do). This client then acts as root.
+    pub fn enable_auth(&mut self, password: &str) -> Result<(), EtcdError> {
+        self.call(
+            "/v3/auth/user/add",
+            &json!({"name": "root", "password": password}),
+        )?;
+        self.call(
+            "/v3/auth/user/grant",
+            &json!({"user": "root", "role": "root"}),
+        )?;
+        self.call("/v3/auth/enable", &json!({}))?;
+        self.set_auth(Some(EtcdAuth::new("root", password)));
+        Ok(())
+    }
+
+    /// Adds `user` with `password` and a role of its own that may read
+    /// (or, with `write`, also write) the keys under `prefix`.
+    pub fn add_user(
+        &mut self,
+        user: &str,
+        password: &str,
+        prefix: &str,
+        write: bool,
+    ) -> Result<(), EtcdError> {
+        let role = format!("{user}-role");
+        let mut end = prefix.as_bytes().to_vec();
+        if let Some(last) = end.last_mut() {
+            *last += 1;
+        }
+        self.call("/v3/auth/role/add", &json!({"name": role}))?;
+        self.call(
+            "/v3/auth/role/grant",
+            &json!({"name": role, "perm": {
+                "permType": if write { "READWRITE" } else { "READ" },
+                "key": B64.encode(prefix),
+                "range_end": B64.encode(end),
+            }}),
+        )?;
+        self.call(
+            "/v3/auth/user/add",
+            &json!({"name": user, "password": password}),
+        )?;
+        self.call("/v3/auth/user/grant", &json!({"user": user, "role": role}))?;
+        Ok(())
+    }
+}
+
 fn decode(v: &Value, key: &str) -> Result<Vec<u8>, EtcdError> {
     // An empty value is left out of the JSON.
     B64.decode(v.as_str().unwrap_or(""))

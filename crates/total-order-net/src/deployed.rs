@@ -17,7 +17,15 @@ use sidecore_total_order::MsgId;
 use crate::bed::{Bed, PORT};
 use crate::drive::{Load, NodeLog};
 use crate::offcodes::Record;
-use crate::run::RunError;
+
+/// Why a deployed run failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DeployError {
+    #[error("bad parameters: {0}")]
+    Params(String),
+    #[error("node {node}: {why}")]
+    Node { node: usize, why: String },
+}
 
 /// What a deployed run needs: the `sidecore` binary and the manifest to
 /// deploy on every node (its layout decides where α runs).
@@ -27,8 +35,8 @@ pub struct Deploy {
     pub manifest: PathBuf,
 }
 
-fn node_err(node: usize, why: impl Into<String>) -> RunError {
-    RunError::Node {
+fn node_err(node: usize, why: impl Into<String>) -> DeployError {
+    DeployError::Node {
         node,
         why: why.into(),
     }
@@ -43,14 +51,14 @@ pub fn node_manifest(
     i: usize,
     load: Load,
     record: Option<&Path>,
-) -> Result<String, RunError> {
+) -> Result<String, DeployError> {
     let mut doc: toml::Table = text
         .parse()
-        .map_err(|e| RunError::Params(format!("the manifest: {e}")))?;
+        .map_err(|e| DeployError::Params(format!("the manifest: {e}")))?;
     let offcodes = doc
         .get_mut("offcode")
         .and_then(toml::Value::as_array_mut)
-        .ok_or_else(|| RunError::Params("the manifest has no [[offcode]]".into()))?;
+        .ok_or_else(|| DeployError::Params("the manifest has no [[offcode]]".into()))?;
     let n = bed.nodes();
     let int = |v: usize| toml::Value::Integer(i64::try_from(v).unwrap_or(i64::MAX));
     for o in offcodes.iter_mut().filter_map(toml::Value::as_table_mut) {
@@ -78,7 +86,7 @@ pub fn node_manifest(
         }
         o.insert("params".into(), toml::Value::Table(p));
     }
-    toml::to_string(&doc).map_err(|e| RunError::Params(format!("the manifest: {e}")))
+    toml::to_string(&doc).map_err(|e| DeployError::Params(format!("the manifest: {e}")))
 }
 
 /// The `up` processes of a run; any still running are stopped on drop.
@@ -101,14 +109,14 @@ pub fn run(
     load: Load,
     deadline: Duration,
     d: &Deploy,
-) -> Result<Vec<NodeLog>, RunError> {
+) -> Result<Vec<NodeLog>, DeployError> {
     let n = bed.nodes();
     let text = std::fs::read_to_string(&d.manifest)
-        .map_err(|e| RunError::Params(format!("{}: {e}", d.manifest.display())))?;
+        .map_err(|e| DeployError::Params(format!("{}: {e}", d.manifest.display())))?;
     let dir = tempfile::Builder::new()
         .prefix("sc-to-up")
         .tempdir()
-        .map_err(|e| RunError::Params(format!("a temporary directory: {e}")))?;
+        .map_err(|e| DeployError::Params(format!("a temporary directory: {e}")))?;
     let records: Vec<PathBuf> = (0..n)
         .map(|i| dir.path().join(format!("record{i}.json")))
         .collect();
@@ -149,7 +157,7 @@ pub fn run(
         }
         if Instant::now() > give_up {
             let missing: Vec<usize> = (0..n).filter(|&i| !records[i].exists()).collect();
-            return Err(RunError::Params(format!(
+            return Err(DeployError::Params(format!(
                 "nodes {missing:?} had not delivered every message after {deadline:?}"
             )));
         }
@@ -189,7 +197,7 @@ pub fn run(
 
 /// Stops every `up` (SIGTERM: each prints its final status as JSON) and
 /// reads β's (retransmitted, nacks_sent) from it.
-fn stop_all(ups: &mut Ups) -> Result<Vec<(u64, u64)>, RunError> {
+fn stop_all(ups: &mut Ups) -> Result<Vec<(u64, u64)>, DeployError> {
     for c in &ups.0 {
         // SAFETY: kill(2) on our own child's pid, which it still is (not waited for).
         unsafe { libc::kill(c.id() as libc::pid_t, libc::SIGTERM) };

@@ -104,6 +104,8 @@ pub enum RunError {
     /// Not chained as a source: the message already ends with the cause.
     #[error("etcd: {0}")]
     Etcd(etcd::EtcdError),
+    #[error(transparent)]
+    Deployed(#[from] crate::deployed::DeployError),
 }
 
 /// What a run measured.

@@ -7,22 +7,18 @@
 //! after `--auth-token-ttl`, 300 s by default, and etcd answers 401 "invalid
 //! auth token") is traded again once, then the request is retried.
 //!
-//! The administration calls (`enable_auth`, `add_user`) are what
-//! [`super::LocalEtcd`]'s tests and demonstrations need to turn it on; a
-//! production cluster is set up with `etcdctl`.
+//! The exchange itself is the client's (`Etcd::authenticate`, and the
+//! administration calls `enable_auth` and `add_user` that tests and
+//! demonstrations use to turn authentication on; a production cluster is
+//! set up with `etcdctl`).
 
 use std::path::Path;
-
-use base64::Engine as _;
-use serde_json::{Value, json};
-
-use super::{B64, Etcd, EtcdError};
 
 /// A user of etcd and its password.
 #[derive(Clone, PartialEq, Eq)]
 pub struct EtcdAuth {
     pub user: String,
-    password: String,
+    pub(super) password: String,
 }
 
 impl std::fmt::Debug for EtcdAuth {
@@ -81,81 +77,5 @@ pub(super) fn hint(text: &str, auth: Option<&EtcdAuth>) -> &'static str {
         " (etcd has authentication on: give --etcd-user and --etcd-password-file)"
     } else {
         ""
-    }
-}
-
-impl Etcd {
-    /// Trades the user and password for a token at `base` (an endpoint URL).
-    pub(super) fn authenticate(&self, base: &str, auth: &EtcdAuth) -> Result<String, String> {
-        let url = format!("{base}/v3/auth/authenticate");
-        let body = json!({"name": auth.user, "password": auth.password}).to_string();
-        let mut r = self
-            .short
-            .post(&url)
-            .send(body.as_bytes())
-            .map_err(|e| format!("{url}: {e}"))?;
-        let text = r.body_mut().read_to_string().unwrap_or_default();
-        if !r.status().is_success() {
-            return Err(format!(
-                "{url}: authentication as user `{}` failed: HTTP {}: {}",
-                auth.user,
-                r.status(),
-                text.trim()
-            ));
-        }
-        let v: Value = serde_json::from_str(&text).map_err(|e| format!("{url}: {e}: {text}"))?;
-        v["token"]
-            .as_str()
-            .filter(|t| !t.is_empty())
-            .map(str::to_string)
-            .ok_or_else(|| format!("{url}: authenticated, but no token came back: {text}"))
-    }
-
-    /// Creates user `root` with `password`, gives it the root role and turns
-    /// authentication on (what `etcdctl user add root`, `user grant-role root
-    /// root` and `auth enable` do). This client then acts as root.
-    pub fn enable_auth(&mut self, password: &str) -> Result<(), EtcdError> {
-        self.call(
-            "/v3/auth/user/add",
-            &json!({"name": "root", "password": password}),
-        )?;
-        self.call(
-            "/v3/auth/user/grant",
-            &json!({"user": "root", "role": "root"}),
-        )?;
-        self.call("/v3/auth/enable", &json!({}))?;
-        self.set_auth(Some(EtcdAuth::new("root", password)));
-        Ok(())
-    }
-
-    /// Adds `user` with `password` and a role of its own that may read
-    /// (or, with `write`, also write) the keys under `prefix`.
-    pub fn add_user(
-        &mut self,
-        user: &str,
-        password: &str,
-        prefix: &str,
-        write: bool,
-    ) -> Result<(), EtcdError> {
-        let role = format!("{user}-role");
-        let mut end = prefix.as_bytes().to_vec();
-        if let Some(last) = end.last_mut() {
-            *last += 1;
-        }
-        self.call("/v3/auth/role/add", &json!({"name": role}))?;
-        self.call(
-            "/v3/auth/role/grant",
-            &json!({"name": role, "perm": {
-                "permType": if write { "READWRITE" } else { "READ" },
-                "key": B64.encode(prefix),
-                "range_end": B64.encode(end),
-            }}),
-        )?;
-        self.call(
-            "/v3/auth/user/add",
-            &json!({"name": user, "password": password}),
-        )?;
-        self.call("/v3/auth/user/grant", &json!({"user": user, "role": role}))?;
-        Ok(())
     }
 }
