@@ -6,6 +6,7 @@
 //! cargo bench -p sidecore-filewall --bench filewall            # everything
 //! cargo bench -p sidecore-filewall --bench filewall -- latency # one part:
 //!     latency | postmark | throughput | policies
+//! FILEWALL_RATES=60000,70000 cargo bench -p sidecore-filewall --bench filewall -- throughput
 //! ```
 //!
 //! - latency (Fig. 4.8, Eqs. 4.1–4.5): 1,000 timed calls per operation and
@@ -388,10 +389,16 @@ fn run_postmark(g: &Ganesha, systems: &[System]) {
 
 fn throughput(g: &Ganesha, standing: &[System], cored: &dyn Fn() -> System) {
     let export = g.export.display().to_string();
-    let rates = [
-        2_000.0, 5_000.0, 10_000.0, 15_000.0, 20_000.0, 30_000.0, 40_000.0, 50_000.0, 60_000.0,
-        70_000.0, 80_000.0,
-    ];
+    // `FILEWALL_RATES=60000,70000` runs only those points.
+    let rates: Vec<f64> = std::env::var("FILEWALL_RATES").map_or_else(
+        |_| {
+            vec![
+                2_000.0, 5_000.0, 10_000.0, 15_000.0, 20_000.0, 30_000.0, 40_000.0, 50_000.0,
+                60_000.0, 70_000.0, 80_000.0,
+            ]
+        },
+        |v| v.split(',').filter_map(|r| r.trim().parse().ok()).collect(),
+    );
     println!(
         "\n### Throughput against offered load (mix: 40% GETATTR, 25% LOOKUP, 20% READ 4 KB, 10% WRITE 4 KB, 5% READDIRPLUS; 4 connections, 3 s a point)\n"
     );
