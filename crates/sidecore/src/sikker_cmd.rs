@@ -292,7 +292,7 @@ fn agent(
             state::policy_update(core, u, &host_name, &mut last, &mut placed);
         }
         while let Ok(u) = placed.rx.try_recv() {
-            state::placement_update(core, u, &host_name, &mut placed);
+            state::placement_update(core, u, &host_name, &mut last, &mut placed);
         }
         if let Some(f) = feed.as_mut() {
             let c = core.counters();

@@ -346,7 +346,8 @@ fn three_agents_follow_one_etcd_for_policy_and_placement() {
     let rx3 = receiver(&c, "h2", 1);
 
     // A placement naming a service the policy does not define yet is
-    // refused, and applied once a policy that defines it arrives.
+    // refused, and applied once a policy that defines it arrives: the two
+    // installed together, in one step.
     let ahead = good.replacen("\"src:2\"", "\"src:2\", \"extra:0\"", 1);
     let ep3 = ep.clone();
     in_ns(&c.ns("h0"), move || {
@@ -358,7 +359,7 @@ fn three_agents_follow_one_etcd_for_policy_and_placement() {
         policy(&c, "\"In\", \"Admin\"")
     );
     stored(&put(&c, &ep, "put-policy", "p3.toml", &defined));
-    all_log(&c, "applied: 1 processes moved, 0 peers changed");
+    all_log(&c, "applied together: 1 processes moved, 0 peers changed");
     permitted(&c, 2, "In", "after");
     assert_eq!(received(rx3), ["after"]);
 

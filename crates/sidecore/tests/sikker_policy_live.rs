@@ -500,3 +500,80 @@ fn the_agent_reads_its_policy_from_an_etcd_with_authentication_as_its_own_user()
     let c = counters(agent);
     assert_eq!(c["policy_updates"], 1, "{c}");
 }
+
+/// One change written as two files: a policy that renames `bill` to `carol`
+/// (refused alone: the placement in force still places `bill:101`) and a
+/// placement that places `carol:101` (refused alone: the policy in force
+/// has no `carol`). Whichever comes first waits, and the second installs
+/// both together; then the same back in the other order.
+#[test]
+fn a_policy_and_a_placement_that_only_fit_each_other_are_applied_together() {
+    if !sidecore_testbed::testing::root() {
+        return;
+    }
+    let Some(cg) = cgroup2_root() else {
+        panic!("no cgroup v2 mount on this machine");
+    };
+    let _s = serial();
+    let g = Groups::new(&cg, "live-pair", &["kvs3", "bill"]);
+    let dir = tempfile::tempdir().unwrap();
+    let (pfile, lfile) = (
+        dir.path().join("policy.toml"),
+        dir.path().join("placement.toml"),
+    );
+    let as_bill = policy(&g, GRANT_GET, "");
+    let as_carol = as_bill.replace("\"bill\"", "\"carol\"");
+    let carol_placed = PLACEMENT.replace("bill:101", "carol:101");
+    std::fs::write(&pfile, &as_bill).unwrap();
+    std::fs::write(&lfile, PLACEMENT).unwrap();
+    let sock = dir.path().join("agent.sock");
+    let s = sock.to_str().unwrap();
+    let log = dir.path().join("agent.log");
+    let agent = start_agent(
+        &[
+            "--host",
+            "h1",
+            "--socket",
+            s,
+            "--policy",
+            pfile.to_str().unwrap(),
+            "--placement",
+            lfile.to_str().unwrap(),
+        ],
+        &log,
+    );
+    assert!(wait_for(|| sock.exists(), 10), "the agent never listened");
+    let (kvs, bill) = (g.procs("kvs3"), g.procs("bill"));
+    let rx = receiver(&kvs, s, 2);
+    std::thread::sleep(Duration::from_millis(300));
+
+    // Policy first: refused alone, then installed with the placement.
+    std::fs::write(&pfile, &as_carol).unwrap();
+    logged(&log, "policy update refused");
+    std::fs::write(&lfile, &carol_placed).unwrap();
+    logged(&log, "applied together");
+    permitted_within(&bill, s, "Get", "as-carol");
+
+    // Placement first: refused alone (no `bill` in the policy in force),
+    // then installed with the policy.
+    std::fs::write(&lfile, PLACEMENT).unwrap();
+    logged(&log, "placement update refused");
+    std::fs::write(&pfile, &as_bill).unwrap();
+    let text = logged(&log, "placement from");
+    assert!(
+        wait_for(
+            || std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .matches("applied together")
+                .count()
+                == 2,
+            5
+        ),
+        "{text}"
+    );
+    permitted_within(&bill, s, "Get", "as-bill");
+    assert_eq!(received(rx), ["as-carol", "as-bill"]);
+    let c = counters(agent);
+    assert_eq!(c["policy_updates"], 2, "{c}");
+    assert_eq!(c["placement_updates"], 2, "{c}");
+}

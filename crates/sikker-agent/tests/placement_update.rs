@@ -57,6 +57,11 @@ fn facts(pid: i32, cgroup: &str) -> ProcessFacts {
 }
 
 fn send(c: &mut AgentCore, id: u64) -> Vec<FromAgent> {
+    send_from(c, BILL, id)
+}
+
+/// Request `id` from connection `conn`: a message to kvs:3 in domain Get.
+fn send_from(c: &mut AgentCore, conn: u64, id: u64) -> Vec<FromAgent> {
     let msg = ToAgent::Send {
         to: Dest {
             service: "kvs".into(),
@@ -67,7 +72,7 @@ fn send(c: &mut AgentCore, id: u64) -> Vec<FromAgent> {
         otp_for: None,
         claim: None,
     };
-    c.handle(BILL, id, msg, 1_000)
+    c.handle(conn, id, msg, 1_000)
         .into_iter()
         .map(|e| e.msg)
         .collect()
@@ -145,4 +150,65 @@ fn a_moved_process_is_reached_on_its_new_host_and_bad_placements_are_refused() {
     assert!(c.attested(BILL).is_some());
     assert!(send(&mut c, 5).is_empty());
     assert_eq!(forwarded_to(&mut c), ["h2"]);
+}
+
+/// `update_policy_and_placement`: a policy that renames `bill` to `carol`
+/// is refused alone (the placement in force places `bill:101`), and so is a
+/// placement of `carol:101` alone (the policy in force has no `carol`); the
+/// two together are installed in one step, the attached process keeps its
+/// identity changes (its old connection ends, a new one attests as carol),
+/// and both counters move. An invalid
+/// policy in the pair is refused and nothing changes.
+#[test]
+fn a_policy_and_a_placement_are_installed_together() {
+    let p = policy();
+    let first = placement(&p, "h1");
+    let mut c = AgentCore::new(Nos::compile(p.clone(), &first).unwrap(), "h1").unwrap();
+    c.set_agents(first.agents.clone());
+    c.attach(BILL, &facts(10, "/t/bill")).unwrap();
+    let text = "[[service]]\nname = \"kvs\"\ndomains = [\"Get\"]\n\
+         [[service.process]]\nid = 3\ncgroup = \"/t/kvs\"\n\
+         [[service]]\nname = \"carol\"\n[[service.process]]\nid = 101\ncgroup = \"/t/bill\"\n\
+         [[grant]]\nfrom = \"carol\"\nto = \"kvs\"\nall_processes = true\nall_domains = true\n";
+    let carol = parse_policy("p2.toml", text).unwrap();
+    assert!(
+        c.update_policy(carol.clone()).is_err(),
+        "alone: bill:101 is placed"
+    );
+    let src = "[[host]]\nname = \"h1\"\nprocesses = [\"carol:101\", \"kvs:3\"]\n\
+               [[host]]\nname = \"h2\"\nprocesses = []\nagent = \"10.0.0.2:7411\"\n\
+               [[host]]\nname = \"h3\"\nprocesses = []\nagent = \"10.0.0.3:7411\"\n";
+    assert!(
+        parse_placement("pl2.toml", src, &p).is_err(),
+        "alone: no carol"
+    );
+    let placed = parse_placement("pl2.toml", src, &carol).unwrap();
+
+    let mut bad = carol.clone();
+    bad.nmu.otp_cap = 0;
+    let e = c.update_policy_and_placement(bad, &placed).unwrap_err();
+    assert!(e.to_string().contains("otp_cap"), "{e}");
+    assert!(
+        c.nos().policy().service_by_name("bill").is_some(),
+        "nothing changed"
+    );
+
+    c.update_policy_and_placement(carol, &placed).unwrap();
+    assert!(c.nos().policy().service_by_name("carol").is_some());
+    // A renamed service is another identity: the old connection ends, and
+    // the same process attaching again is carol:101.
+    assert!(c.attested(BILL).is_none(), "bill's identity ended");
+    c.attach(3, &facts(10, "/t/bill")).unwrap();
+    assert!(c.attested(3).is_some());
+    c.attach(KVS, &facts(11, "/t/kvs")).unwrap();
+    c.handle(KVS, 1, ToAgent::Listen, 0);
+    let out = send_from(&mut c, 3, 1);
+    assert!(
+        out.iter()
+            .any(|m| matches!(m, FromAgent::Deliver { .. } | FromAgent::Ok(_))),
+        "carol may reach kvs: {out:?}"
+    );
+    let n = c.counters();
+    assert_eq!((n.policy_updates, n.placement_updates), (1, 1));
+    assert_eq!((n.policy_refused, n.placement_refused), (1, 1));
 }

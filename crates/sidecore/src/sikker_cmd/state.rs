@@ -187,6 +187,10 @@ pub(super) struct Placed {
     /// tried again when the policy changes (it may name a service the next
     /// policy defines).
     pending: Option<(String, Text)>,
+    /// A policy refused against the placement in force (it drops a service
+    /// that placement still places): tried again with the next placement,
+    /// alone or together with it.
+    pending_policy: Option<(String, Policy)>,
     /// The file the agent started with, when etcd holds the placement.
     file: Option<String>,
     pub(super) rx: Receiver<PlacementUpdate>,
@@ -233,6 +237,7 @@ pub(super) fn watch_placement(
         last,
         last_text,
         pending: None,
+        pending_policy: None,
         file: file
             .filter(|_| !st.etcd.is_empty())
             .map(|f| f.display().to_string()),
@@ -242,7 +247,9 @@ pub(super) fn watch_placement(
 
 /// Applies (or refuses, keeping the last good policy) what the policy's
 /// store says, logging it; `last` is the policy in force. A placement that
-/// waited for a policy is tried again after one is applied.
+/// waited for a policy is tried again after one is applied, or together with
+/// it when neither goes alone; a policy refused against the placement in
+/// force waits for the next placement.
 pub(super) fn policy_update(
     core: &mut AgentCore,
     u: PolicyUpdate,
@@ -252,14 +259,19 @@ pub(super) fn policy_update(
 ) {
     match u {
         // The watch's first text is the one the agent started with.
-        Update::Doc { doc, .. } if doc == *last => {}
+        Update::Doc { doc, .. } if doc == *last => placed.pending_policy = None,
         Update::Doc {
             source,
             doc: policy,
         } => {
+            if together(core, (&source, &policy), host, placed) {
+                *last = policy;
+                return;
+            }
             // A refusal is counted and logged with its reason by the core.
             if let Ok(d) = core.update_policy(policy.clone()) {
                 *last = policy;
+                placed.pending_policy = None;
                 eprintln!(
                     "sikker agent {host}: policy from {source} applied: {} NMU entries set, {} removed, {} rate limits changed",
                     d.entries_set, d.entries_removed, d.rate_limits_changed
@@ -267,17 +279,21 @@ pub(super) fn policy_update(
                 // A placement still refused is not reported again.
                 if let Some((source, t)) = placed.pending.take() {
                     if parse_placement(&t.name, &t.text, core.nos().policy()).is_ok() {
-                        apply_placement(core, &source, t, host, placed);
+                        apply_placement(core, &source, t, host, last, placed);
                     } else {
                         placed.pending = Some((source, t));
                     }
                 }
+            } else {
+                placed.pending_policy = Some((source, policy));
             }
         }
         Update::Invalid { source, errors } => {
+            placed.pending_policy = None;
             core.policy_refused(&format!("the policy at {source} has errors:\n{errors}"));
         }
         Update::Missing { source } => {
+            placed.pending_policy = None;
             core.policy_refused(&format!(
                 "{source}: holds no policy (no such key, or it was deleted)"
             ));
@@ -291,16 +307,52 @@ pub(super) fn policy_update(
     }
 }
 
+/// Installs `policy` with the placement waiting for a policy (one that did
+/// not parse against the policy in force), if that placement parses against
+/// it: the two halves of one change written as two keys. True if installed.
+fn together(
+    core: &mut AgentCore,
+    (source, policy): (&str, &Policy),
+    host: &str,
+    placed: &mut Placed,
+) -> bool {
+    let Some((psource, t)) = placed.pending.take() else {
+        return false;
+    };
+    let Ok(p) = parse_placement(&t.name, &t.text, policy) else {
+        placed.pending = Some((psource, t));
+        return false;
+    };
+    // A refusal is counted and logged with its reason by the core.
+    match core.update_policy_and_placement(policy.clone(), &p) {
+        Ok(d) => {
+            eprintln!(
+                "sikker agent {host}: policy from {source} and placement from {psource} applied together: {} processes moved, {} peers changed",
+                d.moved, d.peers_changed
+            );
+            placed.last = p;
+            placed.last_text = t.text;
+            placed.pending_policy = None;
+            true
+        }
+        Err(_) => {
+            placed.pending = Some((psource, t));
+            false
+        }
+    }
+}
+
 /// Applies (or refuses, keeping the last good placement) what the
 /// placement's store says, logging it.
 pub(super) fn placement_update(
     core: &mut AgentCore,
     u: PlacementUpdate,
     host: &str,
+    last: &mut Policy,
     placed: &mut Placed,
 ) {
     match u {
-        Update::Doc { source, doc } => apply_placement(core, &source, doc, host, placed),
+        Update::Doc { source, doc } => apply_placement(core, &source, doc, host, last, placed),
         Update::Invalid { source, errors } => {
             placed.pending = None;
             core.placement_refused(&format!("the placement at {source} has errors:\n{errors}"));
@@ -322,8 +374,17 @@ pub(super) fn placement_update(
     }
 }
 
-/// Parses a placement text against the policy in force and applies it.
-fn apply_placement(core: &mut AgentCore, source: &str, t: Text, host: &str, placed: &mut Placed) {
+/// Parses a placement text against the policy in force and applies it; a
+/// policy that waited for a new placement is then tried again, or, when the
+/// placement only parses against that waiting policy, the two go together.
+fn apply_placement(
+    core: &mut AgentCore,
+    source: &str,
+    t: Text,
+    host: &str,
+    last: &mut Policy,
+    placed: &mut Placed,
+) {
     placed.pending = None;
     if t.text == placed.last_text {
         return;
@@ -331,8 +392,15 @@ fn apply_placement(core: &mut AgentCore, source: &str, t: Text, host: &str, plac
     let p = match parse_placement(&t.name, &t.text, core.nos().policy()) {
         Ok(p) => p,
         Err(e) => {
-            core.placement_refused(&format!("the placement at {source} has errors:\n{e}"));
             placed.pending = Some((source.to_string(), t));
+            if let Some((psource, policy)) = placed.pending_policy.take() {
+                if together(core, (&psource, &policy), host, placed) {
+                    *last = policy;
+                    return;
+                }
+                placed.pending_policy = Some((psource, policy));
+            }
+            core.placement_refused(&format!("the placement at {source} has errors:\n{e}"));
             return;
         }
     };
@@ -348,6 +416,19 @@ fn apply_placement(core: &mut AgentCore, source: &str, t: Text, host: &str, plac
         );
         placed.last = p;
         placed.last_text = t.text;
+        // A policy refused against the old placement may fit the new one.
+        if let Some((psource, policy)) = placed.pending_policy.take() {
+            policy_update(
+                core,
+                Update::Doc {
+                    source: psource,
+                    doc: policy,
+                },
+                host,
+                last,
+                placed,
+            );
+        }
     }
 }
 

@@ -10,6 +10,9 @@
 //!
 //! The tables are compiled whole: one-time permissions outstanding when the
 //! placement changes are dropped (their holders are told the key is unknown).
+//! A new policy may come with the placement, installed in the same step
+//! ([`AgentCore::update_policy_and_placement`]) when neither can be applied
+//! alone against the other one in force.
 
 use std::net::SocketAddr;
 
@@ -38,7 +41,31 @@ impl AgentCore {
     /// Applies placement `p` (parsed against the policy in force). On an
     /// error nothing changes; the refusal is counted and logged.
     pub fn update_placement(&mut self, p: &Placement) -> Result<PlacementDelta, PlacementRefused> {
-        let r = self.compile_placement(p);
+        self.install(None, p)
+    }
+
+    /// Applies a new policy and placement `p` (parsed against `policy`)
+    /// together: the pair an operator writes when each is refused alone
+    /// against the other one in force (a policy that drops a service the old
+    /// placement still places, a placement that names a service only the new
+    /// policy defines). Compiled whole into scratch tables first; on an error
+    /// nothing changes, and the refusal is counted and logged.
+    pub fn update_policy_and_placement(
+        &mut self,
+        policy: sidecore_sikker_policy::Policy,
+        p: &Placement,
+    ) -> Result<PlacementDelta, PlacementRefused> {
+        self.install(Some(policy), p)
+    }
+
+    /// Installs placement `p` with `policy` (`None`: the one in force).
+    fn install(
+        &mut self,
+        policy: Option<sidecore_sikker_policy::Policy>,
+        p: &Placement,
+    ) -> Result<PlacementDelta, PlacementRefused> {
+        let with_policy = policy.is_some();
+        let r = self.compile_placement(policy.unwrap_or_else(|| self.nos.policy().clone()), p);
         let (nos, rate) = match r {
             Ok(x) => x,
             Err(e) => {
@@ -75,12 +102,17 @@ impl AgentCore {
         self.agents = p.agents.clone();
         self.peers_changed |= d.peers_changed > 0;
         self.counters.placement_updates += 1;
+        if with_policy {
+            self.counters.policy_updates += 1;
+        }
         Ok(d)
     }
 
-    /// The tables for `p`, and new rate control if what it is built from changed.
+    /// The tables for `policy` and `p`, and new rate control if what it is
+    /// built from changed.
     fn compile_placement(
         &self,
+        policy: sidecore_sikker_policy::Policy,
         p: &Placement,
     ) -> Result<(Nos, Option<RateControl>), PlacementRefused> {
         if !p.hosts.iter().any(|(h, _)| *h == self.host) {
@@ -94,7 +126,8 @@ impl AgentCore {
                     .join(", "),
             });
         }
-        let nos = Nos::compile(self.nos.policy().clone(), p)?;
+        Nos::check_policy(&policy)?;
+        let nos = Nos::compile(policy, p)?;
         if rate_shape(&nos) == rate_shape(&self.nos) {
             return Ok((nos, None));
         }

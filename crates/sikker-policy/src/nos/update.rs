@@ -25,6 +25,13 @@ use super::{Delta, Nos, NosError, Placement};
 use crate::model::{GrantTarget, Policy, Selection, Service};
 
 impl Nos {
+    /// The consistency checks [`Nos::update_policy`] makes of a new policy
+    /// (services, grants, rates, `[nmu]` limits), for a caller that compiles
+    /// it with a new placement instead.
+    pub fn check_policy(p: &Policy) -> Result<(), NosError> {
+        validate(p)
+    }
+
     /// Replaces the policy with `new`, rewriting only the NMU entries that
     /// change. On an error nothing has changed.
     pub fn update_policy(&mut self, new: Policy) -> Result<Delta, NosError> {
