@@ -166,6 +166,31 @@ fn start_agent(args: &[&str], log: &Path) -> Guard {
     )
 }
 
+/// An agent for host h1 whose store is `dir`'s `policy.toml` and
+/// `placement.toml` (written first); it listens on `dir/agent.sock` and logs
+/// to `dir/agent.log`.
+fn agent_on_files(dir: &Path, policy: &str, placement: &str) -> Guard {
+    let (pfile, lfile) = (dir.join("policy.toml"), dir.join("placement.toml"));
+    std::fs::write(&pfile, policy).unwrap();
+    std::fs::write(&lfile, placement).unwrap();
+    let sock = dir.join("agent.sock");
+    let agent = start_agent(
+        &[
+            "--host",
+            "h1",
+            "--socket",
+            sock.to_str().unwrap(),
+            "--policy",
+            pfile.to_str().unwrap(),
+            "--placement",
+            lfile.to_str().unwrap(),
+        ],
+        &dir.join("agent.log"),
+    );
+    assert!(wait_for(|| sock.exists(), 10), "the agent never listened");
+    agent
+}
+
 #[test]
 fn a_watched_policy_file_updates_the_running_agent_and_a_bad_one_is_refused() {
     if !sidecore_testbed::testing::root() {
@@ -177,27 +202,14 @@ fn a_watched_policy_file_updates_the_running_agent_and_a_bad_one_is_refused() {
     let _s = serial();
     let g = Groups::new(&cg, "live-file", &["kvs3", "bill"]);
     let dir = tempfile::tempdir().unwrap();
-    let file = dir.path().join("policy.toml");
-    std::fs::write(&file, policy(&g, "", "")).unwrap();
-    let placement = dir.path().join("placement.toml");
-    std::fs::write(&placement, PLACEMENT).unwrap();
+    let agent = agent_on_files(dir.path(), &policy(&g, "", ""), PLACEMENT);
+    let (file, placement) = (
+        dir.path().join("policy.toml"),
+        dir.path().join("placement.toml"),
+    );
     let sock = dir.path().join("agent.sock");
     let s = sock.to_str().unwrap();
     let log = dir.path().join("agent.log");
-    let agent = start_agent(
-        &[
-            "--host",
-            "h1",
-            "--socket",
-            s,
-            "--policy",
-            file.to_str().unwrap(),
-            "--placement",
-            placement.to_str().unwrap(),
-        ],
-        &log,
-    );
-    assert!(wait_for(|| sock.exists(), 10), "the agent never listened");
     let (kvs, bill) = (g.procs("kvs3"), g.procs("bill"));
     let rx = receiver(&kvs, s, 4);
     std::thread::sleep(Duration::from_millis(300));
@@ -517,32 +529,17 @@ fn a_policy_and_a_placement_that_only_fit_each_other_are_applied_together() {
     let _s = serial();
     let g = Groups::new(&cg, "live-pair", &["kvs3", "bill"]);
     let dir = tempfile::tempdir().unwrap();
+    let as_bill = policy(&g, GRANT_GET, "");
+    let as_carol = as_bill.replace("\"bill\"", "\"carol\"");
+    let carol_placed = PLACEMENT.replace("bill:101", "carol:101");
+    let agent = agent_on_files(dir.path(), &as_bill, PLACEMENT);
     let (pfile, lfile) = (
         dir.path().join("policy.toml"),
         dir.path().join("placement.toml"),
     );
-    let as_bill = policy(&g, GRANT_GET, "");
-    let as_carol = as_bill.replace("\"bill\"", "\"carol\"");
-    let carol_placed = PLACEMENT.replace("bill:101", "carol:101");
-    std::fs::write(&pfile, &as_bill).unwrap();
-    std::fs::write(&lfile, PLACEMENT).unwrap();
     let sock = dir.path().join("agent.sock");
     let s = sock.to_str().unwrap();
     let log = dir.path().join("agent.log");
-    let agent = start_agent(
-        &[
-            "--host",
-            "h1",
-            "--socket",
-            s,
-            "--policy",
-            pfile.to_str().unwrap(),
-            "--placement",
-            lfile.to_str().unwrap(),
-        ],
-        &log,
-    );
-    assert!(wait_for(|| sock.exists(), 10), "the agent never listened");
     let (kvs, bill) = (g.procs("kvs3"), g.procs("bill"));
     let rx = receiver(&kvs, s, 2);
     std::thread::sleep(Duration::from_millis(300));
