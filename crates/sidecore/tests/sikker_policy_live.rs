@@ -166,6 +166,26 @@ fn start_agent(args: &[&str], log: &Path) -> Guard {
     )
 }
 
+/// As root, one test at a time: kvs3 and bill's cgroups (`tag`) and a
+/// temporary directory; `None` (the test skipped) when not root.
+fn live(
+    tag: &str,
+) -> Option<(
+    std::sync::MutexGuard<'static, ()>,
+    Groups,
+    tempfile::TempDir,
+)> {
+    if !sidecore_testbed::testing::root() {
+        return None;
+    }
+    let Some(cg) = cgroup2_root() else {
+        panic!("no cgroup v2 mount on this machine");
+    };
+    let s = serial();
+    let g = Groups::new(&cg, tag, &["kvs3", "bill"]);
+    Some((s, g, tempfile::tempdir().unwrap()))
+}
+
 /// An agent for host h1 whose store is `dir`'s `policy.toml` and
 /// `placement.toml` (written first); it listens on `dir/agent.sock` and logs
 /// to `dir/agent.log`.
@@ -193,15 +213,9 @@ fn agent_on_files(dir: &Path, policy: &str, placement: &str) -> Guard {
 
 #[test]
 fn a_watched_policy_file_updates_the_running_agent_and_a_bad_one_is_refused() {
-    if !sidecore_testbed::testing::root() {
+    let Some((_s, g, dir)) = live("live-file") else {
         return;
-    }
-    let Some(cg) = cgroup2_root() else {
-        panic!("no cgroup v2 mount on this machine");
     };
-    let _s = serial();
-    let g = Groups::new(&cg, "live-file", &["kvs3", "bill"]);
-    let dir = tempfile::tempdir().unwrap();
     let agent = agent_on_files(dir.path(), &policy(&g, "", ""), PLACEMENT);
     let (file, placement) = (
         dir.path().join("policy.toml"),
@@ -277,15 +291,9 @@ fn a_watched_policy_file_updates_the_running_agent_and_a_bad_one_is_refused() {
 
 #[test]
 fn the_agent_follows_its_policy_in_etcd_across_an_etcd_restart() {
-    if !sidecore_testbed::testing::root() {
+    let Some((_s, g, dir)) = live("live-etcd") else {
         return;
-    }
-    let Some(cg) = cgroup2_root() else {
-        panic!("no cgroup v2 mount on this machine");
     };
-    let _s = serial();
-    let g = Groups::new(&cg, "live-etcd", &["kvs3", "bill"]);
-    let dir = tempfile::tempdir().unwrap();
     let mut etcd = LocalEtcd::start(&dir.path().join("etcd")).unwrap();
     let ep = etcd.endpoint();
     let key = "/sidecore-test/sikker/policy";
@@ -412,15 +420,9 @@ fn the_agent_follows_its_policy_in_etcd_across_an_etcd_restart() {
 /// next update; with a wrong password it says so and keeps waiting.
 #[test]
 fn the_agent_reads_its_policy_from_an_etcd_with_authentication_as_its_own_user() {
-    if !sidecore_testbed::testing::root() {
+    let Some((_s, g, dir)) = live("live-auth") else {
         return;
-    }
-    let Some(cg) = cgroup2_root() else {
-        panic!("no cgroup v2 mount on this machine");
     };
-    let _s = serial();
-    let g = Groups::new(&cg, "live-auth", &["kvs3", "bill"]);
-    let dir = tempfile::tempdir().unwrap();
     let etcd = LocalEtcd::start(&dir.path().join("etcd")).unwrap();
     let ep = etcd.endpoint();
     let mut admin = sidecore_sikker_agent::store::Etcd::new(std::slice::from_ref(&ep));
@@ -520,15 +522,9 @@ fn the_agent_reads_its_policy_from_an_etcd_with_authentication_as_its_own_user()
 /// both together; then the same back in the other order.
 #[test]
 fn a_policy_and_a_placement_that_only_fit_each_other_are_applied_together() {
-    if !sidecore_testbed::testing::root() {
+    let Some((_s, g, dir)) = live("live-pair") else {
         return;
-    }
-    let Some(cg) = cgroup2_root() else {
-        panic!("no cgroup v2 mount on this machine");
     };
-    let _s = serial();
-    let g = Groups::new(&cg, "live-pair", &["kvs3", "bill"]);
-    let dir = tempfile::tempdir().unwrap();
     let as_bill = policy(&g, GRANT_GET, "");
     let as_carol = as_bill.replace("\"bill\"", "\"carol\"");
     let carol_placed = PLACEMENT.replace("bill:101", "carol:101");
