@@ -186,10 +186,19 @@ fn live(
     Some((s, g, tempfile::tempdir().unwrap()))
 }
 
+/// An agent on watched files, and where they are.
+struct OnFiles {
+    agent: Guard,
+    policy: std::path::PathBuf,
+    placement: std::path::PathBuf,
+    sock: String,
+    log: std::path::PathBuf,
+}
+
 /// An agent for host h1 whose store is `dir`'s `policy.toml` and
 /// `placement.toml` (written first); it listens on `dir/agent.sock` and logs
 /// to `dir/agent.log`.
-fn agent_on_files(dir: &Path, policy: &str, placement: &str) -> Guard {
+fn agent_on_files(dir: &Path, policy: &str, placement: &str) -> OnFiles {
     let (pfile, lfile) = (dir.join("policy.toml"), dir.join("placement.toml"));
     std::fs::write(&pfile, policy).unwrap();
     std::fs::write(&lfile, placement).unwrap();
@@ -208,7 +217,13 @@ fn agent_on_files(dir: &Path, policy: &str, placement: &str) -> Guard {
         &dir.join("agent.log"),
     );
     assert!(wait_for(|| sock.exists(), 10), "the agent never listened");
-    agent
+    OnFiles {
+        agent,
+        policy: pfile,
+        placement: lfile,
+        sock: sock.to_str().unwrap().to_string(),
+        log: dir.join("agent.log"),
+    }
 }
 
 #[test]
@@ -216,14 +231,14 @@ fn a_watched_policy_file_updates_the_running_agent_and_a_bad_one_is_refused() {
     let Some((_s, g, dir)) = live("live-file") else {
         return;
     };
-    let agent = agent_on_files(dir.path(), &policy(&g, "", ""), PLACEMENT);
-    let (file, placement) = (
-        dir.path().join("policy.toml"),
-        dir.path().join("placement.toml"),
-    );
-    let sock = dir.path().join("agent.sock");
-    let s = sock.to_str().unwrap();
-    let log = dir.path().join("agent.log");
+    let OnFiles {
+        agent,
+        policy: file,
+        placement,
+        sock,
+        log,
+    } = agent_on_files(dir.path(), &policy(&g, "", ""), PLACEMENT);
+    let s = sock.as_str();
     let (kvs, bill) = (g.procs("kvs3"), g.procs("bill"));
     let rx = receiver(&kvs, s, 4);
     std::thread::sleep(Duration::from_millis(300));
@@ -528,14 +543,14 @@ fn a_policy_and_a_placement_that_only_fit_each_other_are_applied_together() {
     let as_bill = policy(&g, GRANT_GET, "");
     let as_carol = as_bill.replace("\"bill\"", "\"carol\"");
     let carol_placed = PLACEMENT.replace("bill:101", "carol:101");
-    let agent = agent_on_files(dir.path(), &as_bill, PLACEMENT);
-    let (pfile, lfile) = (
-        dir.path().join("policy.toml"),
-        dir.path().join("placement.toml"),
-    );
-    let sock = dir.path().join("agent.sock");
-    let s = sock.to_str().unwrap();
-    let log = dir.path().join("agent.log");
+    let OnFiles {
+        agent,
+        policy: pfile,
+        placement: lfile,
+        sock,
+        log,
+    } = agent_on_files(dir.path(), &as_bill, PLACEMENT);
+    let s = sock.as_str();
     let (kvs, bill) = (g.procs("kvs3"), g.procs("bill"));
     let rx = receiver(&kvs, s, 2);
     std::thread::sleep(Duration::from_millis(300));
