@@ -585,3 +585,44 @@ fn a_policy_and_a_placement_that_only_fit_each_other_are_applied_together() {
     assert_eq!(c["policy_updates"], 2, "{c}");
     assert_eq!(c["placement_updates"], 2, "{c}");
 }
+
+/// A process is judged where it is at the next update, not where it was when
+/// it attached: the receiver attached as kvs:3 moves into bill's cgroup, and
+/// the next policy update ends its identity (its facts now attest bill:101),
+/// so kvs:3 has no listener from then on.
+#[test]
+fn a_process_that_moved_cgroups_is_judged_where_it_is_at_the_next_update() {
+    let Some((_s, g, dir)) = live("live-moved") else {
+        return;
+    };
+    let OnFiles {
+        agent,
+        policy: file,
+        sock,
+        log,
+        ..
+    } = agent_on_files(dir.path(), &policy(&g, GRANT_GET, ""), PLACEMENT);
+    let s = sock.as_str();
+    let (kvs, bill) = (g.procs("kvs3"), g.procs("bill"));
+    let rx = receiver(&kvs, s, 2);
+    std::thread::sleep(Duration::from_millis(300));
+    permitted_within(&bill, s, "Get", "before");
+    // The attached receiver leaves kvs's cgroup for bill's.
+    std::fs::write(&bill, rx.0.id().to_string()).unwrap();
+    std::fs::write(&file, policy(&g, GRANT_ALL, "")).unwrap();
+    let text = logged(&log, "the update ends the identity of connection");
+    assert!(
+        text.contains(&format!(
+            "(pid {}): the new policy makes it bill:101",
+            rx.0.id()
+        )),
+        "{text}"
+    );
+    expect_denied(
+        &send(&bill, s, "Get", "after"),
+        "no process attached as kvs:3 is listening",
+    );
+    let c = counters(agent);
+    assert_eq!(c["policy_updates"], 1, "{c}");
+    drop(rx);
+}

@@ -65,6 +65,21 @@ pub fn read_facts(proc: &Path, pid: i32, uid: u32) -> Result<ProcessFacts, Attes
     })
 }
 
+/// The facts of the process `f` describes, read again from `/proc` (root
+/// `proc`): its cgroup and program, and its effective user from
+/// `status` (the user the socket's credentials gave at attach otherwise).
+/// `None` when the process cannot be read (it has gone).
+pub fn reread_facts(proc: &Path, f: &ProcessFacts) -> Option<ProcessFacts> {
+    let status = std::fs::read_to_string(proc.join(f.pid.to_string()).join("status")).ok()?;
+    let euid = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().nth(1))
+        .and_then(|u| u.parse().ok())
+        .unwrap_or(f.uid);
+    read_facts(proc, f.pid, euid).ok()
+}
+
 /// The v2 path in the text of `/proc/PID/cgroup` (the `0::` line).
 pub fn cgroup_v2(text: &str) -> Option<String> {
     text.lines()

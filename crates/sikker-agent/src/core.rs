@@ -687,6 +687,21 @@ impl AgentCore {
         why.to_string()
     }
 
+    /// Reads each attached process's facts again with `read` (its cgroup,
+    /// program and user may have changed since it attached); `None` (a
+    /// process that cannot be read: gone) leaves its facts as they were. The
+    /// I/O layer calls it before a policy or placement update, so that the
+    /// re-attestation after the update judges each process by where it is
+    /// now. It can only end identities: an attached connection keeps its
+    /// identity only if its facts still attest to that same identity.
+    pub fn refresh_facts(&mut self, read: impl Fn(&ProcessFacts) -> Option<ProcessFacts>) {
+        for a in self.attached.values_mut() {
+            if let Some(f) = read(&a.facts).filter(|f| f.pid == a.facts.pid) {
+                a.facts = f;
+            }
+        }
+    }
+
     /// Points attached connections at their identities under the new policy
     /// (found by service name); one whose identity is no longer placed here
     /// ends, and its connection is closed at its next message.

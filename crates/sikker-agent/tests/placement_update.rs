@@ -212,3 +212,26 @@ fn a_policy_and_a_placement_are_installed_together() {
     assert_eq!((n.policy_updates, n.placement_updates), (1, 1));
     assert_eq!((n.policy_refused, n.placement_refused), (1, 1));
 }
+
+/// `refresh_facts`: facts read again before an update replace the ones from
+/// attach time (a process that moved from bill's cgroup to kvs's loses
+/// bill's identity at the update); an unreadable process, or facts for
+/// another pid, change nothing.
+#[test]
+fn refreshed_facts_judge_a_process_where_it_is_now() {
+    let p = policy();
+    let first = placement(&p, "h1");
+    let mut c = AgentCore::new(Nos::compile(p.clone(), &first).unwrap(), "h1").unwrap();
+    c.set_agents(first.agents.clone());
+    c.attach(BILL, &facts(10, "/t/bill")).unwrap();
+    c.attach(KVS, &facts(11, "/t/kvs")).unwrap();
+    // Gone (None) and a different pid: kept.
+    c.refresh_facts(|f| (f.pid == 11).then(|| facts(99, "/t/bill")));
+    c.update_placement(&first).unwrap();
+    assert!(c.attested(BILL).is_some() && c.attested(KVS).is_some());
+    // Process 10 now sits in kvs's cgroup: bill's identity ends.
+    c.refresh_facts(|f| (f.pid == 10).then(|| facts(10, "/t/kvs")));
+    c.update_placement(&first).unwrap();
+    assert!(c.attested(BILL).is_none(), "moved: no longer bill:101");
+    assert!(c.attested(KVS).is_some());
+}
