@@ -678,16 +678,8 @@ impl Engine {
         for &token in &pending {
             if let Some(c) = self.clients.get_mut(&token) {
                 c.stream.queued = false;
-                let flow = c.flow;
                 self.flush_client(token);
-                let backlog = self.clients.get(&token).map_or(0, |c| c.stream.backlog());
-                if backlog > MAX_CLIENT_BACKLOG_BYTES {
-                    self.shared.error(
-                        |s| s.closed_connections += 1,
-                        format!("flow {flow}: {backlog} bytes of replies unread, closing"),
-                    );
-                    self.close_client(token);
-                }
+                self.cut_off_unread(token);
             } else if let Some(s) = self.servers.get_mut(&token) {
                 s.stream.queued = false;
                 if s.connected {
@@ -840,6 +832,24 @@ impl Engine {
         }
     }
 
+    /// Closes client `token` if more than [`MAX_CLIENT_BACKLOG_BYTES`] of
+    /// its replies wait unread; true if it did.
+    fn cut_off_unread(&mut self, token: Token) -> bool {
+        let Some(c) = self.clients.get(&token) else {
+            return false;
+        };
+        let (flow, backlog) = (c.flow, c.stream.backlog());
+        if backlog <= MAX_CLIENT_BACKLOG_BYTES {
+            return false;
+        }
+        self.shared.error(
+            |s| s.closed_connections += 1,
+            format!("flow {flow}: {backlog} bytes of replies unread, closing"),
+        );
+        self.close_client(token);
+        true
+    }
+
     fn flush_client(&mut self, token: Token) {
         let Some(c) = self.clients.get_mut(&token) else {
             return;
@@ -916,20 +926,11 @@ impl Engine {
                 c.stream
                     .out
                     .extend_from_slice(&encode_record(payload, MAX_FRAGMENT));
-                let backlog = c.stream.backlog();
-                if backlog > MAX_CLIENT_BACKLOG_BYTES {
-                    self.shared.error(
-                        |s| s.closed_connections += 1,
-                        format!("flow {flow}: {backlog} bytes of replies unread, closing"),
-                    );
-                    self.close_client(token);
-                    return false;
-                }
                 if !c.stream.queued {
                     c.stream.queued = true;
                     self.pending.push(token);
                 }
-                true
+                !self.cut_off_unread(token)
             }
         }
     }

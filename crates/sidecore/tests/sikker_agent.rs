@@ -32,14 +32,9 @@ fn lines(o: &Output) -> Vec<serde_json::Value> {
 
 #[test]
 fn the_agent_derives_identities_checks_every_message_and_refuses_every_spoof() {
-    if !sidecore_testbed::testing::root() {
+    let Some((_s, g)) = root_groups("sikker", &["kvs3", "bill", "other"]) else {
         return;
-    }
-    let Some(cg) = cgroup2_root() else {
-        panic!("no cgroup v2 mount on this machine");
     };
-    let _s = serial();
-    let g = Groups::new(&cg, "sikker", &["kvs3", "bill", "other"]);
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.toml");
     std::fs::write(
@@ -120,19 +115,7 @@ portal = "ForBill"
             "pong",
         ],
     );
-    let bill_rx = spawn_in(
-        &bill,
-        &[
-            "sikker",
-            "recv",
-            "--socket",
-            s,
-            "--count",
-            "1",
-            "--timeout-ms",
-            "8000",
-        ],
-    );
+    let bill_rx = recv_in(&bill, s, 1, 8000);
     std::thread::sleep(Duration::from_millis(300));
 
     // Permitted: delivered with the sender's derived identity.
@@ -347,14 +330,9 @@ fn last_allowed_cpu(status: &str) -> u32 {
 
 #[test]
 fn an_agent_on_a_core_of_its_own_busy_polls_there_and_a_cpu_it_may_not_use_is_refused() {
-    if !sidecore_testbed::testing::root() {
+    let Some((_s, g)) = root_groups("sikker-core", &["a"]) else {
         return;
-    }
-    let Some(cg) = cgroup2_root() else {
-        panic!("no cgroup v2 mount on this machine");
     };
-    let _s = serial();
-    let g = Groups::new(&cg, "sikker-core", &["a"]);
     let dir = tempfile::tempdir().unwrap();
     let policy = dir.path().join("policy.toml");
     std::fs::write(
@@ -421,19 +399,7 @@ fn an_agent_on_a_core_of_its_own_busy_polls_there_and_a_cpu_it_may_not_use_is_re
     );
     // And it serves: a message goes through with its derived identity.
     let procs = g.procs("a");
-    let rx = spawn_in(
-        &procs,
-        &[
-            "sikker",
-            "recv",
-            "--socket",
-            s,
-            "--count",
-            "1",
-            "--timeout-ms",
-            "8000",
-        ],
-    );
+    let rx = recv_in(&procs, s, 1, 8000);
     std::thread::sleep(Duration::from_millis(300));
     let o = run_in(
         &procs,

@@ -16,7 +16,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 
-use common::cgroups::{Groups, cgroup2_root};
+use common::cgroups::{Groups, root_groups};
 use common::*;
 
 /// Connects from a new process in cgroup `procs` (bash's /dev/tcp): `Ok` if
@@ -154,14 +154,9 @@ fn json_lines(child: &mut Guard) -> Vec<serde_json::Value> {
 
 #[test]
 fn l4_mode_maps_cgroups_refuses_connects_and_reports_counters() {
-    if !sidecore_testbed::testing::root() {
+    let Some((_s, g)) = root_groups("l4", &["kvs", "bill", "eve", "other"]) else {
         return;
-    }
-    let Some(cg) = cgroup2_root() else {
-        panic!("no cgroup v2 mount on this machine");
     };
-    let _s = serial();
-    let g = Groups::new(&cg, "l4", &["kvs", "bill", "eve", "other"]);
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -314,14 +309,9 @@ fn a_malformed_l4_address_and_an_unknown_host_are_refused_with_file_and_line() {
 /// broken policy is refused and the maps keep the last good one.
 #[test]
 fn the_agent_feeds_l4_mode_and_a_live_policy_update_reaches_plain_tcp() {
-    if !sidecore_testbed::testing::root() {
+    let Some((_s, g)) = root_groups("l4-agent", &["kvs", "bill", "eve"]) else {
         return;
-    }
-    let Some(cg) = cgroup2_root() else {
-        panic!("no cgroup v2 mount on this machine");
     };
-    let _s = serial();
-    let g = Groups::new(&cg, "l4-agent", &["kvs", "bill", "eve"]);
     let listen = || {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -436,14 +426,9 @@ fn listen() -> u16 {
 /// refused with its location and the last good pair keeps enforcing.
 #[test]
 fn the_standalone_l4_mode_follows_its_policy_and_placement_files() {
-    if !sidecore_testbed::testing::root() {
+    let Some((_s, g)) = root_groups("l4-files", &["kvs", "bill", "late", "eve"]) else {
         return;
-    }
-    let Some(cg) = cgroup2_root() else {
-        panic!("no cgroup v2 mount on this machine");
     };
-    let _s = serial();
-    let g = Groups::new(&cg, "l4-files", &["kvs", "bill", "late", "eve"]);
     let (first, port) = (listen(), listen());
     let dir = tempfile::tempdir().unwrap();
     let (pol, placement) = (

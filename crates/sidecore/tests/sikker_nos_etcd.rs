@@ -25,7 +25,7 @@ use std::os::fd::AsRawFd;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::cgroups::{run_in, spawn_in};
+use common::cgroups::{recv_in, run_in};
 use common::sikker::{Cluster, PORT, Proc};
 use common::*;
 use sidecore_sikker_agent::store::{self, LocalEtcd};
@@ -180,18 +180,11 @@ fn permitted(c: &Cluster, i: usize, dom: &str, msg: &str) {
 
 /// `dst:9` receiving `n` messages through host `h`'s agent.
 fn receiver(c: &Cluster, h: &str, n: usize) -> Guard {
-    Guard(spawn_in(
+    Guard(recv_in(
         &c.groups.procs("sink"),
-        &[
-            "sikker",
-            "recv",
-            "--socket",
-            c.sock(h).to_str().unwrap(),
-            "--count",
-            &n.to_string(),
-            "--timeout-ms",
-            "20000",
-        ],
+        c.sock(h).to_str().unwrap(),
+        n,
+        20_000,
     ))
 }
 

@@ -129,19 +129,7 @@ fn logged(log: &Path, what: &str) -> String {
 
 /// A receiver for kvs:3 taking `n` messages; its lines' texts.
 fn receiver(kvs: &Path, sock: &str, n: usize) -> Guard {
-    Guard(spawn_in(
-        kvs,
-        &[
-            "sikker",
-            "recv",
-            "--socket",
-            sock,
-            "--count",
-            &n.to_string(),
-            "--timeout-ms",
-            "20000",
-        ],
-    ))
+    Guard(recv_in(kvs, sock, n, 20_000))
 }
 
 fn received(mut g: Guard) -> Vec<String> {
@@ -175,15 +163,8 @@ fn live(
     Groups,
     tempfile::TempDir,
 )> {
-    if !sidecore_testbed::testing::root() {
-        return None;
-    }
-    let Some(cg) = cgroup2_root() else {
-        panic!("no cgroup v2 mount on this machine");
-    };
-    let s = serial();
-    let g = Groups::new(&cg, tag, &["kvs3", "bill"]);
-    Some((s, g, tempfile::tempdir().unwrap()))
+    let (serial, g) = root_groups(tag, &["kvs3", "bill"])?;
+    Some((serial, g, tempfile::tempdir().unwrap()))
 }
 
 /// An agent on watched files, and where they are.

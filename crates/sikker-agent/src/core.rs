@@ -154,6 +154,9 @@ enum Flow {
     Later,
 }
 
+/// Reads an attached process's facts again (`None`: it cannot be read, gone).
+pub type FactsReader = Box<dyn Fn(&ProcessFacts) -> Option<ProcessFacts> + Send>;
+
 /// One node's agent.
 pub struct AgentCore {
     nos: Nos,
@@ -174,6 +177,9 @@ pub struct AgentCore {
     agents: BTreeMap<String, std::net::SocketAddr>,
     /// The placement's hosts or their agents' addresses changed.
     peers_changed: bool,
+    /// Reads attached processes' facts again at each re-attestation (the
+    /// I/O layer's `/proc`; none in sans-IO use).
+    facts_reader: Option<FactsReader>,
 }
 
 /// Denials logged in full before sampling starts.
@@ -220,7 +226,15 @@ impl AgentCore {
             outbox: Vec::new(),
             agents: BTreeMap::new(),
             peers_changed: false,
+            facts_reader: None,
         })
+    }
+
+    /// Has every re-attestation after a policy or placement update read the
+    /// attached processes' facts again with `r` first (see
+    /// [`AgentCore::refresh_facts`]); the server gives it `/proc`.
+    pub fn set_facts_reader(&mut self, r: FactsReader) {
+        self.facts_reader = Some(r);
     }
 
     /// What it has done so far.
@@ -690,9 +704,9 @@ impl AgentCore {
     /// Reads each attached process's facts again with `read` (its cgroup,
     /// program and user may have changed since it attached); `None` (a
     /// process that cannot be read: gone) leaves its facts as they were. The
-    /// I/O layer calls it before a policy or placement update, so that the
-    /// re-attestation after the update judges each process by where it is
-    /// now. It can only end identities: an attached connection keeps its
+    /// re-attestation after an update does this itself with the reader set by
+    /// [`AgentCore::set_facts_reader`], so each process is judged by where it
+    /// is now. It can only end identities: an attached connection keeps its
     /// identity only if its facts still attest to that same identity.
     pub fn refresh_facts(&mut self, read: impl Fn(&ProcessFacts) -> Option<ProcessFacts>) {
         for a in self.attached.values_mut() {
@@ -712,6 +726,10 @@ impl AgentCore {
     /// otherwise the identity ends (the connection is refused from then on)
     /// and the log says why.
     fn reattach(&mut self, old: &sidecore_sikker_policy::Policy) {
+        if let Some(r) = self.facts_reader.take() {
+            self.refresh_facts(&r);
+            self.facts_reader = Some(r);
+        }
         let mut ended = Vec::new();
         for (conn, a) in &mut self.attached {
             let now = old

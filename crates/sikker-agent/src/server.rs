@@ -35,7 +35,7 @@ use nix::sys::socket::{
     setsockopt, socket, sockopt,
 };
 
-use crate::attest::read_facts;
+use crate::attest::{read_facts, reread_facts};
 use crate::core::{AgentCore, ConnId, Effect};
 use crate::links::{LinkEvent, Links};
 use crate::proto::{self, Denied, FromAgent, MAX_MESSAGE_BYTES, Request};
@@ -136,7 +136,7 @@ impl Server {
                 source,
             },
         )?;
-        Ok(Server {
+        let mut server = Server {
             core,
             listener: fd,
             path: path.to_path_buf(),
@@ -149,7 +149,13 @@ impl Server {
             buf: vec![0u8; MAX_MESSAGE_BYTES + 1],
             busy: false,
             acks: HashMap::new(),
-        })
+        };
+        // Re-attestation after an update judges each process where it is now.
+        let root = server.proc_root.clone();
+        server
+            .core
+            .set_facts_reader(Box::new(move |f| reread_facts(&root, f)));
+        Ok(server)
     }
 
     /// The core, for its counters.

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use nix::sys::socket::{MsgFlags, sendmsg};
 use sidecore_sikker_agent::server::Server;
-use sidecore_sikker_agent::{AgentCore, Client, ClientError, Denied, Dest};
+use sidecore_sikker_agent::{AgentCore, Client, ClientError, Counters, Denied, Dest};
 use sidecore_sikker_policy::{Nos, parse_placement, parse_policy};
 
 fn own_cgroup() -> String {
@@ -43,17 +43,28 @@ fn nos(host: &str) -> Nos {
     Nos::compile(policy, &placement).unwrap()
 }
 
-#[test]
-fn a_process_talks_to_itself_through_the_agent_and_bad_bytes_are_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let sock = dir.path().join("agent.sock");
-    let mut server = Server::bind(AgentCore::new(nos("h1"), "h1").unwrap(), &sock).unwrap();
+/// An agent for host h1 serving on `sock` on a thread of its own (busy-polling
+/// with `busy`) until the flag is raised; the thread returns its counters.
+fn serve(
+    sock: &std::path::Path,
+    busy: bool,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<Counters>) {
+    let mut server = Server::bind(AgentCore::new(nos("h1"), "h1").unwrap(), sock).unwrap();
+    server.set_busy_poll(busy);
     let stop = Arc::new(AtomicBool::new(false));
     let st = Arc::clone(&stop);
     let t = std::thread::spawn(move || {
         server.run(&st).unwrap();
         server.core().counters().clone()
     });
+    (stop, t)
+}
+
+#[test]
+fn a_process_talks_to_itself_through_the_agent_and_bad_bytes_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("agent.sock");
+    let (stop, t) = serve(&sock, false);
     let mut rx = Client::connect(&sock).unwrap();
     assert_eq!(rx.identity().unwrap().to_string(), "echo:1");
     rx.listen().unwrap();
@@ -122,14 +133,7 @@ fn an_agent_for_a_host_outside_the_placement_does_not_start() {
 fn posted_messages_stream_through_a_busy_polling_agent_and_flush_returns_exactly_the_refused() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("agent.sock");
-    let mut server = Server::bind(AgentCore::new(nos("h1"), "h1").unwrap(), &sock).unwrap();
-    server.set_busy_poll(true);
-    let stop = Arc::new(AtomicBool::new(false));
-    let st = Arc::clone(&stop);
-    let t = std::thread::spawn(move || {
-        server.run(&st).unwrap();
-        server.core().counters().clone()
-    });
+    let (stop, t) = serve(&sock, true);
     let mut rx = Client::connect(&sock).unwrap();
     rx.listen().unwrap();
     const N: u32 = 3000;

@@ -264,7 +264,6 @@ pub(super) fn policy_update(
             source,
             doc: policy,
         } => {
-            refresh_facts(core);
             if together(core, (&source, &policy), host, placed) {
                 *last = policy;
                 return;
@@ -306,13 +305,6 @@ pub(super) fn policy_update(
             eprintln!("sikker agent {host}: the policy at {source} can be read again");
         }
     }
-}
-
-/// Reads the attached processes' facts again before an update (see
-/// `AgentCore::refresh_facts`): a process that moved to another cgroup, or
-/// changed its user or program, since it attached is judged as it is now.
-fn refresh_facts(core: &mut AgentCore) {
-    core.refresh_facts(|f| sidecore_sikker_agent::attest::reread_facts(Path::new("/proc"), f));
 }
 
 /// Installs `policy` with the placement waiting for a policy (one that did
@@ -360,10 +352,7 @@ pub(super) fn placement_update(
     placed: &mut Placed,
 ) {
     match u {
-        Update::Doc { source, doc } => {
-            refresh_facts(core);
-            apply_placement(core, &source, doc, host, last, placed);
-        }
+        Update::Doc { source, doc } => apply_placement(core, &source, doc, host, last, placed),
         Update::Invalid { source, errors } => {
             placed.pending = None;
             core.placement_refused(&format!("the placement at {source} has errors:\n{errors}"));

@@ -57,6 +57,40 @@ impl Drop for Groups {
     }
 }
 
+/// As root, one test at a time: a fresh group `tag` with the cgroups `subs`;
+/// `None` when not root (the test skips). Panics without a cgroup v2 mount.
+pub fn root_groups(
+    tag: &str,
+    subs: &[&str],
+) -> Option<(std::sync::MutexGuard<'static, ()>, Groups)> {
+    if !sidecore_testbed::testing::root() {
+        return None;
+    }
+    let Some(cg) = cgroup2_root() else {
+        panic!("no cgroup v2 mount on this machine");
+    };
+    let serial = super::serial();
+    Some((serial, Groups::new(&cg, tag, subs)))
+}
+
+/// `sidecore sikker recv` inside cgroup `procs`, through the agent at `sock`:
+/// it takes `count` messages, waiting at most `timeout_ms` for each.
+pub fn recv_in(procs: &Path, sock: &str, count: usize, timeout_ms: u64) -> Child {
+    spawn_in(
+        procs,
+        &[
+            "sikker",
+            "recv",
+            "--socket",
+            sock,
+            "--count",
+            &count.to_string(),
+            "--timeout-ms",
+            &timeout_ms.to_string(),
+        ],
+    )
+}
+
 /// `sidecore ARGS` started inside cgroup `procs` (the shell joins it, then execs).
 pub fn in_group(procs: &Path, args: &[&str]) -> Command {
     let exe = env!("CARGO_BIN_EXE_sidecore");
