@@ -49,7 +49,7 @@ pub struct UpReport {
 }
 
 /// What one offcode of a running app holds: (PE id, cpu share, memory).
-type Hold = (String, f64, u64);
+pub(crate) type Hold = (String, f64, u64);
 
 /// The daemon.
 pub struct Daemon {
@@ -165,6 +165,20 @@ impl Daemon {
         plan: &Plan,
     ) -> Result<UpReport, DaemonError> {
         let id = self.rt.deploy(plan)?;
+        self.hold(id, manifest, plan);
+        Ok(UpReport {
+            id,
+            app: plan.app.clone(),
+            placements: plan
+                .offcodes
+                .iter()
+                .map(|o| (o.name.clone(), o.pe.clone(), o.reason.clone()))
+                .collect(),
+        })
+    }
+
+    /// Records what app `id`, placed by `plan`, holds on each PE.
+    pub(crate) fn hold(&self, id: AppId, manifest: &sidecore_manifest::Manifest, plan: &Plan) {
         let holds = plan
             .offcodes
             .iter()
@@ -182,15 +196,26 @@ impl Daemon {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(id, holds);
-        Ok(UpReport {
-            id,
-            app: plan.app.clone(),
-            placements: plan
-                .offcodes
-                .iter()
-                .map(|o| (o.name.clone(), o.pe.clone(), o.reason.clone()))
-                .collect(),
-        })
+    }
+
+    /// Sets aside what app `id` holds (while it is planned again); the caller
+    /// gives it back with [`Daemon::restore_holds`] or replaces it with
+    /// [`Daemon::hold`].
+    pub(crate) fn release_holds(&self, id: AppId) -> Option<Vec<Hold>> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id)
+    }
+
+    /// Gives back what [`Daemon::release_holds`] set aside.
+    pub(crate) fn restore_holds(&self, id: AppId, held: Option<Vec<Hold>>) {
+        if let Some(h) = held {
+            self.held
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(id, h);
+        }
     }
 
     /// The CPU share running apps hold on each PE (PE id → share).

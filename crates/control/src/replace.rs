@@ -2,17 +2,19 @@
 //! PE dead (`sidecore_orion::health`) — a peer node (the ring's monitor) or a
 //! dedicated core of this machine (the core monitor) — its offcodes fail with the
 //! declaration as the reason, and every app with an offcode on it is re-solved
-//! without that PE and started again from its manifest — its offcodes land on the PEs
-//! that are left, and its pipeline resumes. The dead PE stays out of every later
+//! from its manifest without that PE. Where the new layout leaves every other
+//! offcode where it is, only the dead PE's offcodes are started again, on the PEs
+//! that are left, and the offcodes they talked to are rewired in place
+//! (`Runtime::relocate`): the rest of the app never stops. Where that cannot be
+//! done (the log says why: the layout moved a survivor too, a neighbour had
+//! already ended, ...), the whole app is stopped and started again from its
+//! manifest. Either way its pipeline resumes. The dead PE stays out of every later
 //! layout until a monitor sees it recover. Each step goes to the event log (app
 //! `orion` for the declarations, the app's own name for its re-placement). When
 //! no PE is left that can take an offcode, the app stays stopped and the log says
 //! why (`cannot re-place without PE: ...`).
-//!
-//! The whole app restarts, not only the offcodes of the dead PE: its channels to
-//! offcodes that lived are rebuilt with the new layout.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use sidecore_orion::health::Declaration;
@@ -79,23 +81,63 @@ impl Daemon {
                     .events()
                     .emit(&app, "-", EventKind::App { message });
             };
+            let why_whole = match self.relocate(id, pe, &path) {
+                Ok(moved) => {
+                    emit(format!(
+                        "re-placed only the offcodes on {pe} (id {id} kept, the rest ran on): {}",
+                        moves(moved.iter().map(|(o, to)| (o, to)))
+                    ));
+                    continue;
+                }
+                Err(why) => why,
+            };
+            emit(format!(
+                "cannot move only the offcodes on {pe} ({why_whole}): restarting the whole app"
+            ));
             self.stop(id);
             match self.up(&path) {
-                Ok(r) => {
-                    let moved: Vec<String> = r
-                        .placements
-                        .iter()
-                        .map(|(o, to, _)| format!("{o} → {to}"))
-                        .collect();
-                    emit(format!(
-                        "re-placed without {pe} (id {} → {}): {}",
-                        id,
-                        r.id,
-                        moved.join(", ")
-                    ));
-                }
+                Ok(r) => emit(format!(
+                    "re-placed without {pe} (id {id} → {}): {}",
+                    r.id,
+                    moves(r.placements.iter().map(|(o, to, _)| (o, to)))
+                )),
                 Err(e) => emit(format!("cannot re-place without {pe}: {e}")),
             }
         }
     }
+
+    /// Re-solves app `id` from its manifest without the dead PE (the app's own
+    /// holds set aside) and moves only the offcodes that ran on `pe`.
+    fn relocate(&self, id: AppId, pe: &str, path: &Path) -> Result<Vec<(String, String)>, String> {
+        let manifest = sidecore_manifest::load(path).map_err(|e| e.render(false))?;
+        let held = self.release_holds(id);
+        let placed = self
+            .plan(&manifest)
+            .map_err(|e| e.to_string())
+            .and_then(|plan| {
+                let moved = self
+                    .runtime()
+                    .relocate(id, pe, &plan)
+                    .map_err(|e| e.to_string())?;
+                Ok((plan, moved))
+            });
+        match placed {
+            Ok((plan, moved)) => {
+                self.hold(id, &manifest, &plan);
+                Ok(moved)
+            }
+            Err(e) => {
+                self.restore_holds(id, held);
+                Err(e)
+            }
+        }
+    }
+}
+
+/// "offcode → PE" for each move, comma-separated.
+fn moves<'a>(placements: impl Iterator<Item = (&'a String, &'a String)>) -> String {
+    placements
+        .map(|(o, to)| format!("{o} → {to}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }

@@ -84,6 +84,8 @@ pub struct Slot {
     /// How to build it again, for a restart.
     pub rebuild: Option<Rebuild>,
     inputs_closed: Vec<bool>,
+    /// (sent, dropped) by outlets since replaced by a rewiring.
+    retired_counts: (u64, u64),
 }
 
 /// What a restart needs besides the slot's own parameters and info: the
@@ -125,6 +127,7 @@ impl Slot {
             calls: Calls::none(),
             rebuild: None,
             inputs_closed: vec![false; n],
+            retired_counts: (0, 0),
         }
     }
 
@@ -168,6 +171,17 @@ impl Slot {
     }
 }
 
+/// New ends for some ports of an offcode whose peers were re-placed
+/// ([`crate::relocate`]): each replaces the end at its port index, and the
+/// channels named are announced to it again.
+#[derive(Default)]
+pub struct Rewiring {
+    pub outlets: Vec<(usize, Outlet)>,
+    pub inlets: Vec<(usize, Inlet)>,
+    /// (channel, port) of each channel rewired.
+    pub connected: Vec<(String, String)>,
+}
+
 /// Why an executor could not carry out a command.
 #[derive(Debug, thiserror::Error)]
 pub enum ExecError {
@@ -183,6 +197,9 @@ pub enum ExecError {
     /// A restart of an offcode that is not parked, or cannot be rebuilt.
     #[error("offcode `{0}` cannot be restarted: {1}")]
     NoRestart(String, &'static str),
+    /// A rewiring names a port the offcode does not have (or a call's return port).
+    #[error("offcode `{0}` has no port {1} that can be rewired")]
+    NoRewire(String, usize),
     /// The core's scheduler cannot fit it beside the offcodes already there.
     #[error(transparent)]
     Refused(#[from] AdmitError),
@@ -205,6 +222,9 @@ pub enum Command {
     Stop(String, String, Sender<()>),
     /// Build the named parked offcode afresh, initialize and start it.
     Restart(String, Reply),
+    /// Replace some of the named offcode's ports (its peers moved to another
+    /// PE), keeping its instance and state.
+    Rewire(String, Box<Rewiring>, Reply),
     /// Stop everything and exit.
     Shutdown,
 }
@@ -426,6 +446,9 @@ impl Executor {
             Command::Restart(name, reply) => {
                 let _ = reply.send(self.restart(&name));
             }
+            Command::Rewire(name, rewiring, reply) => {
+                let _ = reply.send(self.rewire(&name, *rewiring));
+            }
             Command::Shutdown => {
                 for r in self.slots.drain(..).rev() {
                     let reason = Some("shutdown".to_string());
@@ -646,7 +669,7 @@ impl Executor {
         }
         let took = self.state.end_turn(t0);
         handle.turns.fetch_add(1, Ordering::Relaxed);
-        store_counts(&handle, &r.slot.outlets);
+        store_counts(&r.slot);
         if let Some(wd) = handle.watchdog
             && took > wd
         {
@@ -756,6 +779,47 @@ impl Executor {
         let restarts = self.slots[pos].slot.handle.restarts();
         self.events
             .emit(&self.app, name, EventKind::Restarted { restarts });
+        Ok(())
+    }
+
+    /// Puts new ends on some of an offcode's ports; an input given a new end
+    /// is open again. The old ends are dropped (closing them), and the
+    /// offcode hears of each new channel as it did when it started.
+    fn rewire(&mut self, name: &str, w: Rewiring) -> Result<(), ExecError> {
+        let Some(r) = self.slots.iter_mut().find(|r| r.slot.info.name == name) else {
+            return Err(ExecError::NotHere {
+                offcode: name.to_string(),
+                executor: self.spec.name.clone(),
+            });
+        };
+        let s = &mut *r.slot;
+        let ports = (s.outlets.len(), s.inlets.len());
+        let bad_out = w.outlets.iter().map(|(p, _)| *p).find(|&p| p >= ports.0);
+        let bad_in = w
+            .inlets
+            .iter()
+            .map(|(p, _)| *p)
+            .find(|&p| p >= ports.1 || s.calls.is_return_input(p));
+        if let Some(bad) = bad_out.or(bad_in) {
+            return Err(ExecError::NoRewire(name.into(), bad));
+        }
+        // What the old outlets sent stays counted.
+        for (p, o) in w.outlets {
+            let (sent, dropped) = std::mem::replace(&mut s.outlets[p], o).counts();
+            s.retired_counts.0 += sent;
+            s.retired_counts.1 += dropped;
+        }
+        for (p, i) in w.inlets {
+            s.inlets[p] = i;
+            s.inputs_closed[p] = false;
+        }
+        if let Some(oob) = &s.oob {
+            for (channel, port) in w.connected {
+                let msg = OobMessage::ChannelAvailable { channel, port };
+                let _ = oob.directory().send(oob.name(), msg);
+            }
+        }
+        self.dirty = true;
         Ok(())
     }
 
@@ -912,7 +976,7 @@ fn stop_instance(app: &str, events: &EventLog, s: &mut Slot) {
         );
     }
     let _ = cx.flush();
-    store_counts(&s.handle, &s.outlets);
+    store_counts(s);
 }
 
 /// Builds a fresh instance into a parked slot and initializes it, then
@@ -966,14 +1030,16 @@ impl Finish {
     }
 }
 
-/// Copies the outlets' (sent, dropped) counters, summed, into the handle.
-fn store_counts(handle: &OffcodeHandle, outlets: &[Outlet]) {
-    let (sent, dropped) = outlets
+/// Copies the outlets' (sent, dropped) counters, summed with those of outlets
+/// a rewiring replaced, into the handle.
+fn store_counts(s: &Slot) {
+    let (sent, dropped) = s
+        .outlets
         .iter()
         .map(Outlet::counts)
-        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
-    handle.sent.store(sent, Ordering::Relaxed);
-    handle.dropped.store(dropped, Ordering::Relaxed);
+        .fold(s.retired_counts, |a, b| (a.0 + b.0, a.1 + b.1));
+    s.handle.sent.store(sent, Ordering::Relaxed);
+    s.handle.dropped.store(dropped, Ordering::Relaxed);
 }
 
 /// Calls `stop` (unless done already) and drops the slot (closing its

@@ -24,6 +24,7 @@
 //! (the provider's side of calls, used by the executor); [`dead`] (offcodes
 //! on a PE an Orion monitor declared dead fail); [`start`],
 //! [`restart`] (the restart decisions, sans-IO), [`supervisor`], [`app`];
+//! [`relocate`] (only a dead PE's offcodes move, their neighbours rewired);
 //! [`runtime`] (the [`Runtime`] itself); [`error`] is shared by all.
 
 pub mod app;
@@ -37,6 +38,7 @@ pub mod interfaces;
 pub mod node;
 pub mod place;
 pub mod plan;
+pub mod relocate;
 pub mod resolve;
 pub mod restart;
 pub mod runtime;
@@ -50,6 +52,7 @@ pub use error::{ControlError, DeployError, PlanError};
 pub use events::{Event, EventKind, EventLog};
 pub use executor::IdlePolicy;
 pub use plan::{Plan, PlannedChannel, PlannedOffcode};
+pub use relocate::RelocateError;
 pub use runtime::{Runtime, RuntimeConfig};
 pub use sidecore_types::{AppId, AppState, AppStatus, OffcodeState, OffcodeStatus};
 pub use transport::Transport;

@@ -99,7 +99,17 @@ impl Runtime {
         &self.tree
     }
 
-    fn apps(&self) -> MutexGuard<'_, Vec<AppEntry>> {
+    /// What the start stage uses of this runtime.
+    pub(crate) fn env(&self) -> Env<'_> {
+        Env {
+            idle: self.config.idle,
+            events: &self.events,
+            oob: &self.oob,
+            tree: &self.tree,
+        }
+    }
+
+    pub(crate) fn apps(&self) -> MutexGuard<'_, Vec<AppEntry>> {
         self.apps
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -131,13 +141,7 @@ impl Runtime {
             return Err(DeployError::Duplicate(plan.app.clone()));
         }
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        let env = Env {
-            idle: self.config.idle,
-            events: &self.events,
-            oob: &self.oob,
-            tree: &self.tree,
-        };
-        let entry = start::start(&env, plan, id, delegated)?;
+        let entry = start::start(&self.env(), plan, id, delegated)?;
         self.apps().push(entry);
         Ok(id)
     }

@@ -117,38 +117,36 @@ pub fn start(
 fn build_instances(plan: &Plan) -> Result<Vec<Option<Box<dyn Offcode>>>, DeployError> {
     plan.offcodes
         .iter()
-        .map(|oc| {
-            if oc.pe_kind == PeKind::Node {
-                return Ok(None);
-            }
-            let spec = BuildSpec {
-                params: &oc.params,
-                kind: oc.pe_kind,
-                module: oc.module.as_deref(),
-            };
-            (oc.implementation.factory)(&spec)
-                .map(Some)
-                .map_err(|e| DeployError::Build {
-                    offcode: oc.name.clone(),
-                    error: e.to_string(),
-                })
-        })
+        .map(|oc| (oc.pe_kind != PeKind::Node).then(|| build_instance(oc)).transpose())
         .collect()
+}
+
+/// An instance of a planned offcode, from its implementation's factory.
+pub(crate) fn build_instance(oc: &PlannedOffcode) -> Result<Box<dyn Offcode>, DeployError> {
+    let spec = BuildSpec {
+        params: &oc.params,
+        kind: oc.pe_kind,
+        module: oc.module.as_deref(),
+    };
+    (oc.implementation.factory)(&spec).map_err(|e| DeployError::Build {
+        offcode: oc.name.clone(),
+        error: e.to_string(),
+    })
 }
 
 /// Every local offcode's ports, and the channels each is joined to as
 /// (channel, port) for its out-of-band "channel available" messages.
-struct Ports {
-    outlets: Vec<Vec<Outlet>>,
-    inlets: Vec<Vec<Inlet>>,
-    connected: Vec<Vec<(String, String)>>,
+pub(crate) struct Ports {
+    pub(crate) outlets: Vec<Vec<Outlet>>,
+    pub(crate) inlets: Vec<Vec<Inlet>>,
+    pub(crate) connected: Vec<Vec<(String, String)>>,
     /// Every channel of the plan, for status and metrics.
-    channels: Vec<ChannelEntry>,
+    pub(crate) channels: Vec<ChannelEntry>,
 }
 
 /// Step 3: local channels from the transport factory, crossing ones from the
 /// attached streams.
-fn connect_channels(
+pub(crate) fn connect_channels(
     env: &Env<'_>,
     plan: &Plan,
     root: ResourceId,
@@ -227,14 +225,15 @@ fn connect_channels(
 }
 
 /// A running executor as the start stage drives it.
-struct Exec {
-    tx: Sender<Command>,
-    state: Arc<ExecutorState>,
-    node: ResourceId,
+pub(crate) struct Exec {
+    pub(crate) tx: Sender<Command>,
+    pub(crate) state: Arc<ExecutorState>,
+    /// Its node in the resource tree: its offcodes' nodes go under it.
+    pub(crate) node: ResourceId,
 }
 
 /// The executor an offcode runs on: its core's, or its own on the host.
-fn exec_name(plan: &Plan, i: usize) -> String {
+pub(crate) fn exec_name(plan: &Plan, i: usize) -> String {
     let o = &plan.offcodes[i];
     if o.pe_kind == PeKind::Host {
         format!("host/{}", o.name)
@@ -255,53 +254,66 @@ fn spawn_executors(
         if o.pe_kind == PeKind::Node || execs.contains_key(&name) {
             continue;
         }
-        let spec = ExecutorSpec {
-            name: name.clone(),
-            pin: o.cpu,
-            idle: env.idle,
-            policy: plan.scheduler,
-        };
-        let (tx, state, join) = executor::spawn(spec, plan.app.clone(), env.events.clone())
-            .map_err(|e| DeployError::Executor {
-                pe: o.pe.clone(),
-                error: e.to_string(),
-            })?;
-        let txc = tx.clone();
-        let join = Mutex::new(Some(join));
-        let (pe, app, events) = (o.pe.clone(), plan.app.clone(), env.events.clone());
-        // The out-of-band endpoints its offcodes hold, to take back if it is
-        // left behind.
-        let endpoints: Vec<String> = (0..plan.offcodes.len())
-            .filter(|&j| plan.offcodes[j].pe_kind != PeKind::Node && exec_name(plan, j) == name)
-            .map(|j| format!("{}/{}", plan.app, plan.offcodes[j].name))
-            .collect();
-        let oob = env.oob.clone();
-        let pinned = o
-            .cpu
-            .map(|c| format!(" (pinned to CPU {c})"))
-            .unwrap_or_default();
-        let node = env.tree.add(
-            Some(root),
-            ResourceKind::Executor,
-            format!("executor {name}{pinned}"),
-            move || {
-                let _ = txc.send(Command::Shutdown);
-                let taken = join
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .take();
-                if let Some(j) = taken
-                    && !join_executor(j, &pe, &app, &events)
-                {
-                    for e in &endpoints {
-                        oob.evict(e);
-                    }
-                }
-            },
-        );
-        execs.insert(name, Exec { tx, state, node });
+        execs.insert(name, spawn_executor(env, plan, root, i)?);
     }
     Ok(execs)
+}
+
+/// Spawns the executor that offcode `i` of `plan` runs on, as a node under
+/// `parent` whose teardown shuts it down.
+pub(crate) fn spawn_executor(
+    env: &Env<'_>,
+    plan: &Plan,
+    parent: ResourceId,
+    i: usize,
+) -> Result<Exec, DeployError> {
+    let o = &plan.offcodes[i];
+    let name = exec_name(plan, i);
+    let spec = ExecutorSpec {
+        name: name.clone(),
+        pin: o.cpu,
+        idle: env.idle,
+        policy: plan.scheduler,
+    };
+    let (tx, state, join) = executor::spawn(spec, plan.app.clone(), env.events.clone())
+        .map_err(|e| DeployError::Executor {
+            pe: o.pe.clone(),
+            error: e.to_string(),
+        })?;
+    let txc = tx.clone();
+    let join = Mutex::new(Some(join));
+    let (pe, app, events) = (o.pe.clone(), plan.app.clone(), env.events.clone());
+    // The out-of-band endpoints its offcodes hold, to take back if it is
+    // left behind.
+    let endpoints: Vec<String> = (0..plan.offcodes.len())
+        .filter(|&j| plan.offcodes[j].pe_kind != PeKind::Node && exec_name(plan, j) == name)
+        .map(|j| format!("{}/{}", plan.app, plan.offcodes[j].name))
+        .collect();
+    let oob = env.oob.clone();
+    let pinned = o
+        .cpu
+        .map(|c| format!(" (pinned to CPU {c})"))
+        .unwrap_or_default();
+    let node = env.tree.add(
+        Some(parent),
+        ResourceKind::Executor,
+        format!("executor {name}{pinned}"),
+        move || {
+            let _ = txc.send(Command::Shutdown);
+            let taken = join
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .take();
+            if let Some(j) = taken
+                && !join_executor(j, &pe, &app, &events)
+            {
+                for e in &endpoints {
+                    oob.evict(e);
+                }
+            }
+        },
+    );
+    Ok(Exec { tx, state, node })
 }
 
 /// Waits for an executor told to shut down; on a PE declared dead, for at
@@ -339,7 +351,7 @@ fn join_executor(j: std::thread::JoinHandle<()>, pe: &str, app: &str, events: &E
 
 /// A handle per offcode; a peer enforces the watchdog, obsolete time and
 /// restarts of the offcodes it runs, so theirs have none here.
-fn handles(plan: &Plan) -> Vec<Arc<OffcodeHandle>> {
+pub(crate) fn handles(plan: &Plan) -> Vec<Arc<OffcodeHandle>> {
     plan.offcodes
         .iter()
         .map(|o| {
@@ -380,7 +392,7 @@ fn restarters(plan: &Plan, execs: &BTreeMap<String, Exec>) -> Vec<Restarter> {
 
 /// A peer's part is in place (initialized and started there): follow it, and
 /// make its lease part of the app.
-fn follow_part(
+pub(crate) fn follow_part(
     env: &Env<'_>,
     plan: &Plan,
     root: ResourceId,
@@ -399,7 +411,7 @@ fn follow_part(
 }
 
 /// Sends a command and waits for the executor's answer.
-fn ask(tx: &Sender<Command>, cmd: impl FnOnce(Reply) -> Command) -> Result<(), ExecError> {
+pub(crate) fn ask(tx: &Sender<Command>, cmd: impl FnOnce(Reply) -> Command) -> Result<(), ExecError> {
     let (rtx, rrx) = crossbeam_channel::bounded(1);
     tx.send(cmd(rtx)).map_err(|_| ExecError::Gone)?;
     rrx.recv_timeout(COMMAND_TIMEOUT)
@@ -460,7 +472,7 @@ fn land_and_start(
 }
 
 /// Phase 1 for offcode `i`: hand it to its executor, which initializes it.
-fn land(
+pub(crate) fn land(
     env: &Env<'_>,
     plan: &Plan,
     exec: &Exec,
@@ -564,7 +576,7 @@ fn task_spec(o: &PlannedOffcode) -> TaskSpec {
 }
 
 /// Phase 2 for offcode `m`: tell it which channels are connected, then start it.
-fn start_one(
+pub(crate) fn start_one(
     env: &Env<'_>,
     plan: &Plan,
     exec: &Exec,

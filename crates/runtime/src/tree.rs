@@ -133,6 +133,22 @@ impl ResourceTree {
         }
     }
 
+    /// The live children of `parent` whose label `pick` accepts.
+    pub fn children_labelled(
+        &self,
+        parent: ResourceId,
+        pick: impl Fn(&str) -> bool,
+    ) -> Vec<ResourceId> {
+        let nodes = self.lock();
+        nodes.get(parent.0).map_or_else(Vec::new, |p| {
+            p.children
+                .iter()
+                .filter(|&&c| nodes[c].alive && pick(&nodes[c].label))
+                .map(|&c| ResourceId(c))
+                .collect()
+        })
+    }
+
     /// Live resources as (kind, label, parent label).
     pub fn live(&self) -> Vec<(ResourceKind, String, Option<String>)> {
         let nodes = self.lock();

@@ -183,6 +183,7 @@ fn a_starved_core_is_declared_dead_its_offcode_moves_and_the_pipeline_resumes() 
         app(&sock)
     );
     let pe = relay_pe(&sock).unwrap();
+    let id = app(&sock).unwrap()["id"].clone();
     let cpu: usize = pe
         .strip_prefix("core:")
         .unwrap_or_else(|| panic!("the relay is on {pe}, not a core"))
@@ -210,7 +211,11 @@ fn a_starved_core_is_declared_dead_its_offcode_moves_and_the_pipeline_resumes() 
     );
     assert!(
         wait_for(
-            || logged(&sock, &format!("re-placed without {pe}")).is_some(),
+            || logged(
+                &sock,
+                &format!("re-placed only the offcodes on {pe} (id {id} kept, the rest ran on)")
+            )
+            .is_some(),
             20
         ),
         "never re-placed: {:#?}",
@@ -218,6 +223,8 @@ fn a_starved_core_is_declared_dead_its_offcode_moves_and_the_pipeline_resumes() 
     );
     let moved = relay_pe(&sock).unwrap();
     assert_ne!(moved, pe, "{:?}", app(&sock));
+    // The same app: only the relay moved, the source and the sink were rewired.
+    assert_eq!(app(&sock).unwrap()["id"], id, "{:?}", app(&sock));
     // Records flow again with the hog still on the dead core.
     assert!(
         wait_for(|| flowing(&sock), 20),

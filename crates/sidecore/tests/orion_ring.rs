@@ -7,9 +7,12 @@
 //! record-source (here) → inet-checksum (on a peer node) → inet-checksum (here). The
 //! peer running the middle is frozen (SIGSTOP): the monitors declare it dead, the
 //! ring's membership shrinks on every live node, `a` re-solves the layout without that
-//! node and restarts the pipeline, whose middle lands on the other peer, and records
-//! flow again. Thawed, the frozen node is seen to recover and rejoins the ring. Every
-//! step is in `a`'s event log.
+//! node and moves only the middle, which lands on the other peer while the source and
+//! the sink run on (rewired, the same app), and records flow again. Thawed, the frozen
+//! node is seen to recover and rejoins the ring. Killed instead (SIGKILL), the peer's
+//! streams close at once and end the sink before the monitor's deadline: the middle
+//! cannot move alone, and the whole pipeline restarts without that node, with the
+//! reason logged. Every step is in `a`'s event log.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed run
 
 mod common;
@@ -258,6 +261,119 @@ fn wait_whole_ring(nodes: &[(&str, &PathBuf)]) {
     }
 }
 
+/// Three daemons in a triangle, each running its monitor, and `a`'s pipeline
+/// flowing with its relay on a peer.
+struct Ring {
+    _bed: Bed,
+    _dir: tempfile::TempDir,
+    db: Guard,
+    dc: Guard,
+    sa: PathBuf,
+    sb: PathBuf,
+    sc: PathBuf,
+    _da: Guard,
+    /// The relay's PE (`node:b` or `node:c`), and the other peer's name.
+    relay_pe: String,
+    other: &'static str,
+    /// The pipeline's app id, and when it was deployed.
+    id: serde_json::Value,
+    deployed: std::time::Instant,
+}
+
+impl Ring {
+    fn start() -> Ring {
+        let bed = triangle();
+        let dir = tempfile::tempdir().unwrap();
+        let ring: Vec<String> = ["a", "b", "c"]
+            .iter()
+            .map(|n| format!("{n}={}", addr_of(&bed.0, n)))
+            .collect();
+        let nodes = nodes_file(dir.path(), &bed.0);
+        let (db, sb) = start_daemon(dir.path(), &bed.0, "b", None);
+        let (dc, sc) = start_daemon(dir.path(), &bed.0, "c", None);
+        let (da, sa) = start_daemon(dir.path(), &bed.0, "a", Some(&nodes));
+        for (me, sock) in [("b", &sb), ("c", &sc), ("a", &sa)] {
+            up(sock, &monitor_manifest(dir.path(), me, &ring));
+        }
+        // Every monitor sees the whole ring, and a's runs on a dedicated core.
+        wait_whole_ring(&[("a", &sa), ("b", &sb), ("c", &sc)]);
+        let pe = offcode(&app(&sa, "orion-a").unwrap(), "monitor")["pe"].clone();
+        eprintln!("a's monitor runs on {pe}");
+        assert!(pe.as_str().unwrap().starts_with("core:"), "{pe}");
+
+        up(&sa, &pipeline_manifest(dir.path()));
+        let deployed = std::time::Instant::now();
+        assert!(wait_for(|| flowing(&sa), 20), "the pipeline never flowed");
+        let a = app(&sa, "pipeline").unwrap();
+        let relay_pe = offcode(&a, "relay")["pe"].as_str().unwrap().to_owned();
+        let other = match relay_pe.as_str() {
+            "node:b" => "c",
+            "node:c" => "b",
+            pe => panic!("relay on {pe}, not on a peer"),
+        };
+        Ring {
+            _bed: bed,
+            _dir: dir,
+            db,
+            dc,
+            sa,
+            sb,
+            sc,
+            _da: da,
+            relay_pe,
+            other,
+            id: a["id"].clone(),
+            deployed,
+        }
+    }
+
+    /// The daemon running the relay: its process id.
+    fn victim_pid(&self) -> u32 {
+        match self.other {
+            "c" => self.db.0.id(),
+            _ => self.dc.0.id(),
+        }
+    }
+
+    fn other_sock(&self) -> &Path {
+        match self.other {
+            "c" => &self.sc,
+            _ => &self.sb,
+        }
+    }
+
+    /// Waits for the relay's node to be declared dead by `a`; returns the line.
+    fn declared(&self) -> String {
+        let declared = format!("{} declared dead by a", self.relay_pe);
+        assert!(
+            wait_for(|| events(&self.sa).iter().any(|l| l.contains(&declared)), 20),
+            "never declared: {:#?}",
+            events(&self.sa)
+        );
+        let line = events(&self.sa)
+            .into_iter()
+            .find(|l| l.contains(&declared))
+            .unwrap();
+        eprintln!("{line}");
+        line
+    }
+
+    /// Waits until the relay runs on the other peer and records flow again.
+    fn resumed_on_the_other_peer(&self) {
+        let other = self.other;
+        assert!(
+            wait_for(
+                || app(&self.sa, "pipeline")
+                    .is_some_and(|a| offcode(&a, "relay")["pe"] == format!("node:{other}")),
+                20
+            ),
+            "the relay did not move to node:{other}: {:?}",
+            app(&self.sa, "pipeline")
+        );
+        assert!(wait_for(|| flowing(&self.sa), 20), "records never flowed again");
+    }
+}
+
 #[test]
 fn a_frozen_peer_is_declared_dead_its_offcodes_move_and_the_pipeline_resumes() {
     if !root() {
@@ -265,101 +381,111 @@ fn a_frozen_peer_is_declared_dead_its_offcodes_move_and_the_pipeline_resumes() {
         return;
     }
     let _s = serial();
-    let bed = triangle();
-    let dir = tempfile::tempdir().unwrap();
-    let ring: Vec<String> = ["a", "b", "c"]
-        .iter()
-        .map(|n| format!("{n}={}", addr_of(&bed.0, n)))
-        .collect();
-    let nodes = nodes_file(dir.path(), &bed.0);
-    let (mut db, sb) = start_daemon(dir.path(), &bed.0, "b", None);
-    let (mut dc, sc) = start_daemon(dir.path(), &bed.0, "c", None);
-    let (_da, sa) = start_daemon(dir.path(), &bed.0, "a", Some(&nodes));
-    for (me, sock) in [("b", &sb), ("c", &sc), ("a", &sa)] {
-        up(sock, &monitor_manifest(dir.path(), me, &ring));
-    }
-    // Every monitor sees the whole ring, and a's runs on a dedicated core.
-    wait_whole_ring(&[("a", &sa), ("b", &sb), ("c", &sc)]);
-    let pe = offcode(&app(&sa, "orion-a").unwrap(), "monitor")["pe"].clone();
-    eprintln!("a's monitor runs on {pe}");
-    assert!(pe.as_str().unwrap().starts_with("core:"), "{pe}");
-
-    up(&sa, &pipeline_manifest(dir.path()));
-    assert!(wait_for(|| flowing(&sa), 20), "the pipeline never flowed");
-    let relay_pe = offcode(&app(&sa, "pipeline").unwrap(), "relay")["pe"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let (victim, other, other_sock) = match relay_pe.as_str() {
-        "node:b" => (&mut db, "c", &sc),
-        "node:c" => (&mut dc, "b", &sb),
-        pe => panic!("relay on {pe}, not on a peer"),
-    };
+    let r = Ring::start();
+    let (sa, relay_pe, other, id) = (&r.sa, &r.relay_pe, r.other, &r.id);
     let victim_name = relay_pe.trim_start_matches("node:").to_owned();
-    let pid = victim.0.id();
+    let pid = r.victim_pid();
 
     // Freeze the peer that runs the middle of the pipeline.
     signal(pid, "-STOP");
-    let declared = format!("{relay_pe} declared dead by a");
-    assert!(
-        wait_for(|| events(&sa).iter().any(|l| l.contains(&declared)), 20),
-        "never declared: {:#?}",
-        events(&sa)
-    );
-    let ev = events(&sa);
-    let line = ev.iter().find(|l| l.contains(&declared)).unwrap();
-    eprintln!("{line}");
+    let line = r.declared();
     // The detector's own account: k = 8 refreshes of 25 ms without progress.
     assert!(line.contains("(8 refreshes of 25.0 ms"), "{line}");
+    // Only the relay moves: the source and the sink on `a` run on, rewired.
     assert!(
         wait_for(
-            || events(&sa)
-                .iter()
-                .any(|l| l.contains(&format!("re-placed without {relay_pe}"))),
+            || events(sa).iter().any(|l| l.contains(&format!(
+                "re-placed only the offcodes on {relay_pe} (id {id} kept, the rest ran on): \
+                 relay → node:{other}"
+            ))),
             20
         ),
         "never re-placed: {:#?}",
-        events(&sa)
+        events(sa)
     );
+    r.resumed_on_the_other_peer();
+    // The same app, never stopped: it has been up since it was first deployed.
+    let a = app(sa, "pipeline").unwrap();
+    assert_eq!(&a["id"], id, "{a}");
+    let up_ms = a["uptime_ms"].as_u64().unwrap();
     assert!(
-        wait_for(
-            || app(&sa, "pipeline")
-                .is_some_and(|a| offcode(&a, "relay")["pe"] == format!("node:{other}")),
-            20
-        ),
-        "the relay did not move to node:{other}: {:?}",
-        app(&sa, "pipeline")
+        u128::from(up_ms) + 1_000 >= r.deployed.elapsed().as_millis(),
+        "uptime {up_ms} ms, deployed {:?} ago: {a}",
+        r.deployed.elapsed()
     );
-    assert!(wait_for(|| flowing(&sa), 20), "records never flowed again");
+    for o in ["source", "back"] {
+        assert_eq!(offcode(&a, o)["pe"], "host", "{a}");
+        assert_eq!(offcode(&a, o)["state"], "running", "{a}");
+    }
     // The ring shrank on both live nodes.
     assert!(
         wait_for(
-            || metric(&sa, "orion-a", "monitor", "members") == Some(2)
-                && metric(other_sock, &format!("orion-{other}"), "monitor", "members") == Some(2),
+            || metric(sa, "orion-a", "monitor", "members") == Some(2)
+                && metric(r.other_sock(), &format!("orion-{other}"), "monitor", "members") == Some(2),
             10
         ),
         "membership: a {:?}, {other} {:?}",
-        metric(&sa, "orion-a", "monitor", "members"),
-        metric(other_sock, &format!("orion-{other}"), "monitor", "members")
+        metric(sa, "orion-a", "monitor", "members"),
+        metric(r.other_sock(), &format!("orion-{other}"), "monitor", "members")
     );
-    assert!(metric(&sa, "orion-a", "monitor", "declared").unwrap() >= 1);
+    assert!(metric(sa, "orion-a", "monitor", "declared").unwrap() >= 1);
 
     // Thawed: a false positive after all; the node rejoins.
     signal(pid, "-CONT");
     assert!(
         wait_for(
-            || metric(&sa, "orion-a", "monitor", "recovered").unwrap_or(0) >= 1
-                && metric(&sa, "orion-a", "monitor", "members") == Some(3),
+            || metric(sa, "orion-a", "monitor", "recovered").unwrap_or(0) >= 1
+                && metric(sa, "orion-a", "monitor", "members") == Some(3),
             20
         ),
         "{victim_name} never rejoined: {:?}",
-        app(&sa, "orion-a")
+        app(sa, "orion-a")
     );
     assert!(
-        events(&sa)
+        events(sa)
             .iter()
             .any(|l| l.contains(&format!("{relay_pe} recovered"))),
         "{:#?}",
-        events(&sa)
+        events(sa)
     );
+}
+
+#[test]
+fn a_killed_peer_is_declared_dead_and_the_pipeline_restarts_whole_without_it() {
+    if !root() {
+        eprintln!("skipped: needs root (network namespaces)");
+        return;
+    }
+    let _s = serial();
+    let mut r = Ring::start();
+    let relay_pe = r.relay_pe.clone();
+    // Killed outright: its streams close at once, which ends the sink and
+    // fails the source before the monitor's deadline, so the relay cannot
+    // move alone.
+    match r.other {
+        "c" => r.db.0.kill().unwrap(),
+        _ => r.dc.0.kill().unwrap(),
+    }
+    r.declared();
+    let why = format!("cannot move only the offcodes on {relay_pe} (");
+    assert!(
+        wait_for(|| events(&r.sa).iter().any(|l| l.contains(&why)), 20),
+        "{:#?}",
+        events(&r.sa)
+    );
+    let line = events(&r.sa).into_iter().find(|l| l.contains(&why)).unwrap();
+    eprintln!("{line}");
+    assert!(line.contains("already ended"), "{line}");
+    assert!(
+        wait_for(
+            || events(&r.sa)
+                .iter()
+                .any(|l| l.contains(&format!("re-placed without {relay_pe} (id {} → ", r.id))),
+            20
+        ),
+        "never re-placed: {:#?}",
+        events(&r.sa)
+    );
+    r.resumed_on_the_other_peer();
+    assert_ne!(app(&r.sa, "pipeline").unwrap()["id"], r.id);
 }
