@@ -86,6 +86,10 @@ pub struct Slot {
     inputs_closed: Vec<bool>,
     /// (sent, dropped) by outlets since replaced by a rewiring.
     retired_counts: (u64, u64),
+    /// The inlets the last rewiring replaced, never read again: kept until the
+    /// next rewiring, so that the old sender is not told at once that its
+    /// receiver has gone.
+    retired_inlets: Vec<Inlet>,
 }
 
 /// What a restart needs besides the slot's own parameters and info: the
@@ -128,6 +132,7 @@ impl Slot {
             rebuild: None,
             inputs_closed: vec![false; n],
             retired_counts: (0, 0),
+            retired_inlets: Vec::new(),
         }
     }
 
@@ -783,8 +788,9 @@ impl Executor {
     }
 
     /// Puts new ends on some of an offcode's ports; an input given a new end
-    /// is open again. The old ends are dropped (closing them), and the
-    /// offcode hears of each new channel as it did when it started.
+    /// is open again. The old outlets are dropped (closing them); the old
+    /// inlets are kept unread until the next rewiring. The offcode hears of
+    /// each channel named as it did when it started.
     fn rewire(&mut self, name: &str, w: Rewiring) -> Result<(), ExecError> {
         let Some(r) = self.slots.iter_mut().find(|r| r.slot.info.name == name) else {
             return Err(ExecError::NotHere {
@@ -809,10 +815,15 @@ impl Executor {
             s.retired_counts.0 += sent;
             s.retired_counts.1 += dropped;
         }
-        for (p, i) in w.inlets {
-            s.inlets[p] = i;
-            s.inputs_closed[p] = false;
-        }
+        // The previous rewiring's old inlets go now.
+        s.retired_inlets = w
+            .inlets
+            .into_iter()
+            .map(|(p, i)| {
+                s.inputs_closed[p] = false;
+                std::mem::replace(&mut s.inlets[p], i)
+            })
+            .collect();
         if let Some(oob) = &s.oob {
             for (channel, port) in w.connected {
                 let msg = OobMessage::ChannelAvailable { channel, port };

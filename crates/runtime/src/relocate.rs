@@ -3,11 +3,14 @@
 //! PE ([`Runtime::relocate`]), the moved offcodes are built afresh on their new
 //! PEs (here, or handed to a peer node as a part of their own), their channels
 //! are connected again, and the offcodes they talked to are *rewired* in place
-//! ([`Command::Rewire`]): their executors swap the dead channel ends for the new
-//! ones between two turns, so they keep their state, counters and out-of-band
+//! ([`Command::Rewire`], inputs first, then outputs): their executors swap the
+//! dead channel ends for the new ones between two turns, so they keep their state, counters and out-of-band
 //! endpoint, and nothing else in the app stops. The dead PE's own resources
 //! (its executor, or the lease of the peer's part) are released in the
 //! background.
+//!
+//! The old instances are told to stop between the two (on a dead PE they have
+//! already failed).
 //!
 //! Moving only those offcodes is refused, with the reason, when the new layout
 //! also moves an offcode that lived; when an offcode joined to a moved one
@@ -46,8 +49,9 @@ pub enum RelocateError {
 /// What one running app looks like to a relocation, read under the apps lock.
 struct Snapshot {
     root: ResourceId,
-    /// Plan indices of the offcodes on the dead PE.
+    /// Plan indices of the offcodes on the dead PE, and their handles.
     moved: Vec<usize>,
+    old: Vec<Arc<OffcodeHandle>>,
     /// Plan indices of the offcodes that lived and share a channel with a moved one.
     neighbours: Vec<usize>,
     /// Each neighbour's executor.
@@ -73,7 +77,8 @@ impl Runtime {
         // A moved offcode that ran here still holds its out-of-band name on the
         // dead PE's executor, which may never run again to let it go.
         for &m in &snap.moved {
-            env.oob.evict(&format!("{}/{}", plan.app, plan.offcodes[m].name));
+            env.oob
+                .evict(&format!("{}/{}", plan.app, plan.offcodes[m].name));
         }
         let label = format!("re-placement without {dead}");
         let node = env
@@ -104,7 +109,11 @@ impl Runtime {
         }
         let same_shape = plan.app == a.name
             && plan.offcodes.len() == a.handles.len()
-            && plan.offcodes.iter().zip(&a.handles).all(|(o, h)| o.name == h.name);
+            && plan
+                .offcodes
+                .iter()
+                .zip(&a.handles)
+                .all(|(o, h)| o.name == h.name);
         if !same_shape {
             return not_alone("the new plan is not the running app's".into());
         }
@@ -139,7 +148,8 @@ impl Runtime {
                 return not_alone(format!(
                     "`{}` shares a channel with a moved offcode and has already ended ({})",
                     o.name,
-                    h.stop_reason().unwrap_or_else(|| format!("{:?}", h.state()))
+                    h.stop_reason()
+                        .unwrap_or_else(|| format!("{:?}", h.state()))
                 ));
             }
         }
@@ -168,6 +178,7 @@ impl Runtime {
             .collect();
         Ok(Snapshot {
             root: a.root,
+            old: moved.iter().map(|&m| Arc::clone(&a.handles[m])).collect(),
             moved,
             neighbours,
             txs,
@@ -209,7 +220,8 @@ impl Runtime {
         let exec = format!("executor {dead}");
         let part = format!("part on {dead} ");
         let tree = self.tree();
-        let execs = tree.children_labelled(root, |l| l == exec || l.starts_with(&format!("{exec} (")));
+        let execs =
+            tree.children_labelled(root, |l| l == exec || l.starts_with(&format!("{exec} (")));
         let parts = tree.children_labelled(root, |l| l.starts_with(&part));
         if execs.is_empty() && parts.is_empty() {
             return;
@@ -363,45 +375,58 @@ fn place_moved(
     })
 }
 
-/// Hands each neighbour its new channel ends.
+/// Hands each neighbour its new channel ends: every neighbour's inputs first
+/// (the old ones are kept unread, so an old instance still sending is not
+/// failed), then the old instances are told to stop, then the outputs (which
+/// closes the old channels into the old instances).
 fn rewire_neighbours(
     sp: &Plan,
     sub: &Sub,
     snap: &Snapshot,
     ports: &mut start::Ports,
 ) -> Result<(), DeployError> {
-    for &n in &snap.neighbours {
-        let k = sub.index[&n];
-        let o = &sp.offcodes[k];
-        let mut outlets: Vec<(usize, Outlet)> = Vec::new();
-        for (p, e) in ports.outlets[k].iter_mut().enumerate() {
-            if !matches!(e, Outlet::Unconnected(_)) {
-                outlets.push((p, std::mem::replace(e, Outlet::Unconnected(0))));
+    for inputs in [true, false] {
+        for &n in &snap.neighbours {
+            let k = sub.index[&n];
+            let mut w = Rewiring::default();
+            if inputs {
+                for (p, e) in ports.inlets[k].iter_mut().enumerate() {
+                    if !matches!(e, Inlet::Unconnected) {
+                        w.inlets.push((p, std::mem::replace(e, Inlet::Unconnected)));
+                    }
+                }
+            } else {
+                for (p, e) in ports.outlets[k].iter_mut().enumerate() {
+                    if !matches!(e, Outlet::Unconnected(_)) {
+                        w.outlets
+                            .push((p, std::mem::replace(e, Outlet::Unconnected(0))));
+                    }
+                }
+                w.connected = ports.connected[k].clone();
+            }
+            rewire(&sp.offcodes[k], snap.txs.get(&n), w)?;
+        }
+        if inputs {
+            for h in snap.old.iter().filter(|h| !h.exited()) {
+                h.request_stop(format!("re-placed off {}", h.pe));
             }
         }
-        let mut inlets: Vec<(usize, Inlet)> = Vec::new();
-        for (p, e) in ports.inlets[k].iter_mut().enumerate() {
-            if !matches!(e, Inlet::Unconnected) {
-                inlets.push((p, std::mem::replace(e, Inlet::Unconnected)));
-            }
-        }
-        let w = Rewiring {
-            outlets,
-            inlets,
-            connected: ports.connected[k].clone(),
-        };
-        let tx = snap.txs.get(&n).ok_or_else(|| DeployError::Offcode {
-            offcode: o.name.clone(),
-            pe: o.pe.clone(),
-            error: "it has no executor here to rewire".into(),
-        })?;
-        start::ask(tx, |r| Command::Rewire(o.name.clone(), Box::new(w), r)).map_err(|e| {
-            DeployError::Offcode {
-                offcode: o.name.clone(),
-                pe: o.pe.clone(),
-                error: format!("rewiring it: {e}"),
-            }
-        })?;
     }
     Ok(())
+}
+
+/// Sends one neighbour its rewiring and waits for its executor to apply it.
+fn rewire(
+    o: &crate::plan::PlannedOffcode,
+    tx: Option<&crossbeam_channel::Sender<Command>>,
+    w: Rewiring,
+) -> Result<(), DeployError> {
+    let fail = |error: String| DeployError::Offcode {
+        offcode: o.name.clone(),
+        pe: o.pe.clone(),
+        error,
+    };
+    let tx = tx.ok_or_else(|| fail("it has no executor here to rewire".into()))?;
+    start::ask(tx, |r| Command::Rewire(o.name.clone(), Box::new(w), r))
+        .map_err(|e| fail(format!("rewiring it: {e}")))
 }

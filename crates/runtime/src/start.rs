@@ -117,7 +117,11 @@ pub fn start(
 fn build_instances(plan: &Plan) -> Result<Vec<Option<Box<dyn Offcode>>>, DeployError> {
     plan.offcodes
         .iter()
-        .map(|oc| (oc.pe_kind != PeKind::Node).then(|| build_instance(oc)).transpose())
+        .map(|oc| {
+            (oc.pe_kind != PeKind::Node)
+                .then(|| build_instance(oc))
+                .transpose()
+        })
         .collect()
 }
 
@@ -275,10 +279,12 @@ pub(crate) fn spawn_executor(
         idle: env.idle,
         policy: plan.scheduler,
     };
-    let (tx, state, join) = executor::spawn(spec, plan.app.clone(), env.events.clone())
-        .map_err(|e| DeployError::Executor {
-            pe: o.pe.clone(),
-            error: e.to_string(),
+    let (tx, state, join) =
+        executor::spawn(spec, plan.app.clone(), env.events.clone()).map_err(|e| {
+            DeployError::Executor {
+                pe: o.pe.clone(),
+                error: e.to_string(),
+            }
         })?;
     let txc = tx.clone();
     let join = Mutex::new(Some(join));
@@ -411,7 +417,10 @@ pub(crate) fn follow_part(
 }
 
 /// Sends a command and waits for the executor's answer.
-pub(crate) fn ask(tx: &Sender<Command>, cmd: impl FnOnce(Reply) -> Command) -> Result<(), ExecError> {
+pub(crate) fn ask(
+    tx: &Sender<Command>,
+    cmd: impl FnOnce(Reply) -> Command,
+) -> Result<(), ExecError> {
     let (rtx, rrx) = crossbeam_channel::bounded(1);
     tx.send(cmd(rtx)).map_err(|_| ExecError::Gone)?;
     rrx.recv_timeout(COMMAND_TIMEOUT)

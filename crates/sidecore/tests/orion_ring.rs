@@ -346,7 +346,10 @@ impl Ring {
     fn declared(&self) -> String {
         let declared = format!("{} declared dead by a", self.relay_pe);
         assert!(
-            wait_for(|| events(&self.sa).iter().any(|l| l.contains(&declared)), 20),
+            wait_for(
+                || events(&self.sa).iter().any(|l| l.contains(&declared)),
+                20
+            ),
             "never declared: {:#?}",
             events(&self.sa)
         );
@@ -370,7 +373,10 @@ impl Ring {
             "the relay did not move to node:{other}: {:?}",
             app(&self.sa, "pipeline")
         );
-        assert!(wait_for(|| flowing(&self.sa), 20), "records never flowed again");
+        assert!(
+            wait_for(|| flowing(&self.sa), 20),
+            "records never flowed again"
+        );
     }
 }
 
@@ -421,12 +427,22 @@ fn a_frozen_peer_is_declared_dead_its_offcodes_move_and_the_pipeline_resumes() {
     assert!(
         wait_for(
             || metric(sa, "orion-a", "monitor", "members") == Some(2)
-                && metric(r.other_sock(), &format!("orion-{other}"), "monitor", "members") == Some(2),
+                && metric(
+                    r.other_sock(),
+                    &format!("orion-{other}"),
+                    "monitor",
+                    "members"
+                ) == Some(2),
             10
         ),
         "membership: a {:?}, {other} {:?}",
         metric(sa, "orion-a", "monitor", "members"),
-        metric(r.other_sock(), &format!("orion-{other}"), "monitor", "members")
+        metric(
+            r.other_sock(),
+            &format!("orion-{other}"),
+            "monitor",
+            "members"
+        )
     );
     assert!(metric(sa, "orion-a", "monitor", "declared").unwrap() >= 1);
 
@@ -473,7 +489,10 @@ fn a_killed_peer_is_declared_dead_and_the_pipeline_restarts_whole_without_it() {
         "{:#?}",
         events(&r.sa)
     );
-    let line = events(&r.sa).into_iter().find(|l| l.contains(&why)).unwrap();
+    let line = events(&r.sa)
+        .into_iter()
+        .find(|l| l.contains(&why))
+        .unwrap();
     eprintln!("{line}");
     assert!(line.contains("already ended"), "{line}");
     assert!(
