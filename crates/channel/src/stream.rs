@@ -7,6 +7,15 @@
 //! unreliable sender never waits: when the kernel send buffer and a bounded
 //! local buffer are both full it drops the message and counts it.
 //!
+//! **Ends and losses.** A sender that goes away on purpose (dropped) writes an
+//! end-of-stream mark ([`END_OF_STREAM`], in place of a frame length) before it
+//! closes, and its receiver then reports the channel closed. A connection that
+//! ends without the mark (the peer was killed, or its socket shut down because
+//! it was declared dead) is *lost*: for [`LOST_GRACE`] each end waits as if
+//! its peer were only slow — the receiver has nothing to read, the sender is
+//! full — so that a re-placement can give it a new channel in that time
+//! (`sidecore_runtime::relocate`); after it, both report the channel closed.
+//!
 //! The wire parsing ([`parse_hello`], [`FrameDecoder`]) is sans-IO so it can be
 //! fuzzed; errors name the peer and what was wrong.
 
@@ -20,8 +29,17 @@ use crate::sender::SendOutcome;
 
 /// First bytes of every stream connection.
 pub const MAGIC: &[u8; 6] = b"SCCHAN";
-/// Version of the stream protocol.
-pub const VERSION: u16 = 1;
+/// Version of the stream protocol (2: the end-of-stream mark).
+pub const VERSION: u16 = 2;
+/// Written in place of a frame length by a sender that closes on purpose.
+pub const END_OF_STREAM: u32 = u32::MAX;
+/// How long a lost connection's ends wait for a re-placement before they
+/// report the channel closed: as long as the origin's lease deadline, past
+/// any Orion monitor's detection deadline.
+pub const LOST_GRACE: Duration = Duration::from_secs(5);
+/// How long a closing sender may take to write what it still holds and the
+/// end-of-stream mark.
+const CLOSE_TIMEOUT: Duration = Duration::from_millis(200);
 /// Default largest frame a receiver accepts.
 pub const DEFAULT_MAX_FRAME: usize = 1 << 20;
 /// Longest channel name in a hello.
@@ -116,6 +134,8 @@ pub struct FrameDecoder {
     start: usize,
     end: usize,
     max_frame: usize,
+    /// The end-of-stream mark was read.
+    ended: bool,
 }
 
 impl FrameDecoder {
@@ -126,7 +146,13 @@ impl FrameDecoder {
             start: 0,
             end: 0,
             max_frame,
+            ended: false,
         }
+    }
+
+    /// Whether the sender's end-of-stream mark was read: no frame follows.
+    pub fn ended(&self) -> bool {
+        self.ended
     }
 
     /// Appends received bytes.
@@ -165,17 +191,27 @@ impl FrameDecoder {
     /// returns it without more bytes).
     pub fn has_frame(&self) -> bool {
         let b = &self.buf[self.start..self.end];
-        b.len() >= 4
-            && b.len() >= 4 + u32::from_le_bytes(b[..4].try_into().expect("4 bytes")) as usize
+        if self.ended || b.len() < 4 {
+            return false;
+        }
+        let mark = u32::from_le_bytes(b[..4].try_into().expect("4 bytes"));
+        mark != END_OF_STREAM && b.len() >= 4 + mark as usize
     }
 
-    /// The next complete frame, if one is buffered.
+    /// The next complete frame, if one is buffered. After the end-of-stream
+    /// mark, none: what follows it is ignored.
     pub fn next_frame(&mut self) -> Result<Option<&[u8]>, WireError> {
         let avail = &self.buf[self.start..self.end];
-        if avail.len() < 4 {
+        if self.ended || avail.len() < 4 {
             return Ok(None);
         }
-        let len = u32::from_le_bytes(avail[..4].try_into().expect("4 bytes")) as usize;
+        let mark = u32::from_le_bytes(avail[..4].try_into().expect("4 bytes"));
+        if mark == END_OF_STREAM {
+            self.ended = true;
+            self.start = self.end;
+            return Ok(None);
+        }
+        let len = mark as usize;
         if len > self.max_frame {
             return Err(WireError::FrameTooLarge {
                 len,
@@ -210,6 +246,9 @@ pub struct StreamSender {
     max_frame: usize,
     sent: u64,
     dropped: u64,
+    /// When the connection was found lost (closed without our end mark).
+    lost: Option<Instant>,
+    grace: Duration,
 }
 
 impl StreamSender {
@@ -267,6 +306,8 @@ impl StreamSender {
             max_frame: DEFAULT_MAX_FRAME,
             sent: 0,
             dropped: 0,
+            lost: None,
+            grace: LOST_GRACE,
         };
         let hello = encode_hello(channel);
         s.room(hello.len())[..hello.len()].copy_from_slice(&hello);
@@ -297,6 +338,44 @@ impl StreamSender {
         (self.sent, self.dropped)
     }
 
+    /// Whether the connection was lost (see the module's "Ends and losses").
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_some()
+    }
+
+    /// A second handle on the socket, to shut it down from another thread
+    /// (a writer blocked on a frozen peer then fails and finds it lost).
+    pub fn socket(&self) -> io::Result<TcpStream> {
+        self.sock.try_clone()
+    }
+
+    /// Waits `grace` instead of [`LOST_GRACE`] after a loss.
+    #[must_use]
+    pub fn with_lost_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Within the grace period of the loss: `Ok`; after it: closed.
+    fn while_lost(&mut self) -> Result<(), StreamError> {
+        let at = *self.lost.get_or_insert_with(Instant::now);
+        if at.elapsed() < self.grace {
+            Ok(())
+        } else {
+            Err(StreamError::Closed {
+                peer: self.peer.clone(),
+            })
+        }
+    }
+
+    /// A result of writing, with a closed connection read as lost.
+    fn or_lost<T>(&mut self, r: Result<T, StreamError>, meanwhile: T) -> Result<T, StreamError> {
+        match r {
+            Err(StreamError::Closed { .. }) => self.while_lost().map(|()| meanwhile),
+            r => r,
+        }
+    }
+
     /// At least `want` bytes of room after what is queued.
     fn room(&mut self, want: usize) -> &mut [u8] {
         if self.out.len() < self.end + want {
@@ -325,6 +404,18 @@ impl StreamSender {
     /// bytes at the end of the send buffer and returns how many it wrote. A
     /// `fill` that claims more than `max` is an error and nothing is queued.
     pub fn send_with(
+        &mut self,
+        max: usize,
+        fill: impl FnOnce(&mut [u8]) -> usize,
+    ) -> Result<SendOutcome, StreamError> {
+        if self.lost.is_some() {
+            return self.while_lost().map(|()| SendOutcome::Full);
+        }
+        let r = self.queue(max, fill);
+        self.or_lost(r, SendOutcome::Full)
+    }
+
+    fn queue(
         &mut self,
         max: usize,
         fill: impl FnOnce(&mut [u8]) -> usize,
@@ -361,10 +452,37 @@ impl StreamSender {
     /// Writes out what is queued: all of it for a reliable channel, as much as
     /// the socket takes without waiting for an unreliable one.
     pub fn publish(&mut self) -> Result<(), StreamError> {
-        match self.delivery {
+        if self.lost.is_some() {
+            return self.while_lost();
+        }
+        let r = match self.delivery {
             Delivery::Reliable => self.flush_blocking(),
             Delivery::Unreliable => self.try_flush(),
+        };
+        self.or_lost(r, ())
+    }
+
+    /// Writes what is still queued and the end-of-stream mark, for at most
+    /// [`CLOSE_TIMEOUT`].
+    fn close(&mut self) -> io::Result<()> {
+        self.sock.set_nonblocking(false)?;
+        self.sock.set_write_timeout(Some(CLOSE_TIMEOUT))?;
+        self.room(4)[..4].copy_from_slice(&END_OF_STREAM.to_le_bytes());
+        self.end += 4;
+        let deadline = Instant::now() + CLOSE_TIMEOUT;
+        while self.written < self.end && Instant::now() < deadline {
+            match self.sock.write(&self.out[self.written..self.end]) {
+                Ok(0) => break,
+                Ok(n) => self.written += n,
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        ErrorKind::Interrupted | ErrorKind::WouldBlock | ErrorKind::TimedOut
+                    ) => {}
+                Err(e) => return Err(e),
+            }
         }
+        Ok(())
     }
 
     fn flush_blocking(&mut self) -> Result<(), StreamError> {
@@ -423,6 +541,16 @@ impl StreamSender {
         StreamError::Io {
             peer: self.peer.clone(),
             source,
+        }
+    }
+}
+
+impl Drop for StreamSender {
+    /// Closing on purpose: the receiver reads the end mark and reports the
+    /// channel closed at once (a lost connection has no one to tell).
+    fn drop(&mut self) {
+        if self.lost.is_none() {
+            let _ = self.close();
         }
     }
 }
@@ -492,6 +620,9 @@ pub struct StreamReceiver {
     channel: String,
     decoder: FrameDecoder,
     eof: bool,
+    /// When the connection was found lost (ended without the end mark).
+    lost: Option<Instant>,
+    grace: Duration,
 }
 
 impl StreamReceiver {
@@ -534,7 +665,26 @@ impl StreamReceiver {
             channel,
             decoder,
             eof: false,
+            lost: None,
+            grace: LOST_GRACE,
         })
+    }
+
+    /// Waits `grace` instead of [`LOST_GRACE`] after a loss.
+    #[must_use]
+    pub fn with_lost_grace(mut self, grace: Duration) -> Self {
+        self.grace = grace;
+        self
+    }
+
+    /// Whether the connection was lost (see the module's "Ends and losses").
+    pub fn is_lost(&self) -> bool {
+        self.lost.is_some()
+    }
+
+    /// A second handle on the socket, to shut it down from another thread.
+    pub fn socket(&self) -> io::Result<TcpStream> {
+        self.sock.try_clone()
     }
 
     /// The channel name the peer opened.
@@ -562,21 +712,44 @@ impl StreamReceiver {
     }
 
     /// The next message without waiting: `Ok(None)` if none has arrived,
-    /// `Err(Closed)` once the peer has closed and everything is read.
+    /// `Err(Closed)` once the peer has closed and everything is read (at once
+    /// after its end mark; [`LOST_GRACE`] after a connection lost without it).
     pub fn try_recv(&mut self) -> Result<Option<&[u8]>, StreamError> {
         if !self.decoder.has_frame() {
             self.fill()?;
+            if !self.decoder.has_frame() {
+                return self.nothing_yet().map(|()| None);
+            }
         }
         let peer = &self.peer;
-        match self.decoder.next_frame() {
-            Ok(Some(f)) => Ok(Some(f)),
-            Ok(None) if self.eof => Err(StreamError::Closed { peer: peer.clone() }),
-            Ok(None) => Ok(None),
-            Err(problem) => Err(StreamError::Protocol {
+        self.decoder
+            .next_frame()
+            .map_err(|problem| StreamError::Protocol {
                 peer: peer.clone(),
                 problem,
-            }),
+            })
+    }
+
+    /// No whole frame is buffered: a malformed header, the end mark, a lost
+    /// connection, or simply nothing yet.
+    fn nothing_yet(&mut self) -> Result<(), StreamError> {
+        let peer = &self.peer;
+        if let Err(problem) = self.decoder.next_frame() {
+            return Err(StreamError::Protocol {
+                peer: peer.clone(),
+                problem,
+            });
         }
+        if self.decoder.ended() {
+            return Err(StreamError::Closed { peer: peer.clone() });
+        }
+        if self.eof {
+            let at = *self.lost.get_or_insert_with(Instant::now);
+            if at.elapsed() >= self.grace {
+                return Err(StreamError::Closed { peer: peer.clone() });
+            }
+        }
+        Ok(())
     }
 
     /// Waits up to `timeout` for the next message, copying it out.
@@ -612,6 +785,12 @@ impl StreamReceiver {
             }
             Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::Interrupted) => {
                 self.decoder.commit(WANT, 0);
+                Ok(())
+            }
+            // Reset by the peer's kernel: it ended without its end mark.
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => {
+                self.decoder.commit(WANT, 0);
+                self.eof = true;
                 Ok(())
             }
             Err(e) => {
@@ -664,6 +843,23 @@ mod tests {
             }
         }
         assert_eq!(got, msgs);
+    }
+
+    #[test]
+    fn the_end_mark_ends_the_stream_and_what_follows_is_ignored() {
+        let mut d = FrameDecoder::new(1024);
+        d.feed(&3u32.to_le_bytes());
+        d.feed(b"abc");
+        d.feed(&END_OF_STREAM.to_le_bytes()[..2]);
+        assert_eq!(d.next_frame().unwrap(), Some(&b"abc"[..]));
+        assert!(!d.has_frame() && !d.ended(), "half a mark is not one");
+        d.feed(&END_OF_STREAM.to_le_bytes()[2..]);
+        d.feed(&1u32.to_le_bytes());
+        d.feed(b"x");
+        assert!(!d.has_frame());
+        assert_eq!(d.next_frame().unwrap(), None);
+        assert!(d.ended());
+        assert_eq!(d.next_frame().unwrap(), None, "nothing after the mark");
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! The stream channel over real TCP on loopback: order, no loss when reliable,
-//! a handshake that names bad peers, and a clean close.
+//! a handshake that names bad peers, a clean close, and a lost connection
+//! (closed without the end mark) held open for the grace period.
 #![allow(clippy::unwrap_used, clippy::too_many_lines)] // test and benchmark code: a failed unwrap is a failed run; long scenarios read top to bottom
 
 use std::io::Write;
@@ -107,4 +108,77 @@ fn unreliable_stream_never_blocks_and_counts_drops() {
     assert!(dropped > 0);
     assert_eq!(s.counts().1, dropped);
     drop(r);
+}
+
+#[test]
+fn a_connection_lost_without_the_end_mark_waits_out_its_grace_then_closes() {
+    let l = StreamListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let grace = Duration::from_millis(300);
+    // The sender's process "dies": its socket closes with no end mark.
+    let mut s =
+        StreamSender::connect(addr, "records", Delivery::Reliable, Duration::from_secs(5)).unwrap();
+    s.send(b"one").unwrap();
+    s.publish().unwrap();
+    let raw = s.socket().unwrap();
+    let mut r = l
+        .accept(Duration::from_secs(5))
+        .unwrap()
+        .with_lost_grace(grace);
+    std::mem::forget(s); // no Drop: no end mark
+    raw.shutdown(std::net::Shutdown::Both).unwrap();
+    drop(raw);
+    assert_eq!(
+        r.recv_timeout(Duration::from_secs(5)).unwrap().as_deref(),
+        Some(&b"one"[..])
+    );
+    let t0 = std::time::Instant::now();
+    // Lost, not closed: nothing to read while the grace lasts.
+    assert!(r.try_recv().unwrap().is_none());
+    assert!(r.is_lost());
+    loop {
+        match r.try_recv() {
+            Ok(None) => thread::sleep(Duration::from_millis(5)),
+            Ok(Some(m)) => panic!("read {m:?} from a lost connection"),
+            Err(StreamError::Closed { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert!(
+        t0.elapsed() >= grace - Duration::from_millis(20),
+        "{:?}",
+        t0.elapsed()
+    );
+}
+
+#[test]
+fn a_sender_whose_peer_is_gone_is_full_for_its_grace_then_closed() {
+    let l = StreamListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap();
+    let grace = Duration::from_millis(300);
+    let mut s = StreamSender::connect(addr, "records", Delivery::Reliable, Duration::from_secs(5))
+        .unwrap()
+        .with_lost_grace(grace);
+    let r = l.accept(Duration::from_secs(5)).unwrap();
+    // The receiver's socket shut down from another thread (as the origin does
+    // when a part is lost): writes fail, and the sender finds it lost.
+    r.socket()
+        .unwrap()
+        .shutdown(std::net::Shutdown::Both)
+        .unwrap();
+    drop(r);
+    let t0 = std::time::Instant::now();
+    let mut full = 0;
+    loop {
+        match s.send(&[7u8; 1000]).and_then(|o| s.publish().map(|()| o)) {
+            Ok(SendOutcome::Full) => full += 1,
+            Ok(_) => {}
+            Err(StreamError::Closed { .. }) => break,
+            Err(e) => panic!("{e}"),
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "never closed");
+        thread::sleep(Duration::from_millis(1));
+    }
+    assert!(s.is_lost());
+    assert!(full > 0, "full while the grace lasted");
 }

@@ -86,6 +86,8 @@ impl Outlet {
             // fails at once, so nothing need wait for room.
             Outlet::Ring(s) if s.is_disconnected() => u64::MAX,
             Outlet::Ring(s) => s.free_slots_at_least(FRESH_BELOW),
+            // Lost: nothing goes until it is rewired or given up.
+            Outlet::Stream(s) if s.is_lost() => 0,
             _ => u64::MAX,
         }
     }

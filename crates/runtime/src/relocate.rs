@@ -14,9 +14,12 @@
 //!
 //! Moving only those offcodes is refused, with the reason, when the new layout
 //! also moves an offcode that lived; when an offcode joined to a moved one
-//! has already ended (a peer killed outright closes its streams, which ends a
-//! receiver and fails a sender) or runs on a peer node (that peer would have to
-//! rewire it); or when calls join them. The daemon then restarts the whole app.
+//! has already ended or runs on a peer node (that peer would have to rewire
+//! it); or when calls join them. The daemon then restarts the whole app. A
+//! stream to a peer that was killed, or whose part the origin gave up, is
+//! *lost* rather than closed (`sidecore_channel::stream`): for its grace period
+//! the offcode at this end waits instead of ending, which is the time a
+//! monitor has to declare the peer dead and this to rewire it.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! Fuzz target: bytes from a peer (hello, then length-prefixed frames, split
 //! into arbitrary chunks) must parse or be rejected, never panic, and every
-//! frame returned must lie within what was fed.
+//! frame returned must lie within what was fed; after the end-of-stream mark
+//! nothing more is returned.
 //! Run: `cargo +nightly fuzz run stream_wire` from `crates/channel`.
 #![no_main]
 
@@ -21,6 +22,11 @@ fuzz_target!(|data: &[u8]| {
                 Ok(Some(f)) => {
                     taken += 4 + f.len();
                     assert!(f.len() <= 4096);
+                }
+                // The end-of-stream mark: nothing more is read.
+                Ok(None) if d.ended() => {
+                    assert_eq!(d.buffered(), 0);
+                    return;
                 }
                 Ok(None) => break,
                 Err(_) => return,

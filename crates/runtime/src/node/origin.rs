@@ -23,7 +23,7 @@ use crate::error::DeployError;
 use crate::events::{EventKind, EventLog};
 use crate::handle::{OffcodeHandle, millis};
 use crate::plan::{Plan, PlannedChannel};
-use crate::transport::Attachment;
+use crate::transport::{Attachment, StreamEnd};
 
 /// How long a peer's status reports may stop before its part is failed. Far
 /// above [`STATUS_EVERY`]: a loaded machine delays reports, and the fast path
@@ -37,6 +37,10 @@ pub struct PartLink {
     link: Link<OriginGrammar>,
     /// Plan indices of the offcodes in the part, in part order.
     pub members: Vec<usize>,
+    /// The sockets of the stream channels between the part and this machine,
+    /// shut down when the part is lost: a local offcode blocked writing to a
+    /// frozen peer then finds its channel lost instead of waiting for ever.
+    sockets: Vec<std::net::TcpStream>,
 }
 
 /// What delegating the remote parts of a plan produced.
@@ -111,16 +115,31 @@ pub fn delegate(plan: &Plan) -> Result<Delegation, DeployError> {
     let mut p2p: BTreeMap<String, String> = BTreeMap::new();
     let mut opened = Vec::new();
     for node in nodes {
-        let o =
+        let before = out.attachments.len();
+        let mut o =
             open_part(plan, node, &hello, &mut p2p, &mut out.attachments).map_err(fail(node))?;
+        o.link.sockets = sockets(&out.attachments[before..]);
         opened.push(o);
     }
     for o in opened {
         let node = o.link.node.clone();
-        out.parts
-            .push(finish_part(o, &mut out.attachments).map_err(fail(&node))?);
+        let before = out.attachments.len();
+        let mut part = finish_part(o, &mut out.attachments).map_err(fail(&node))?;
+        part.sockets.extend(sockets(&out.attachments[before..]));
+        out.parts.push(part);
     }
     Ok(out)
+}
+
+/// Second handles on the sockets of `attachments` (those that can be had).
+fn sockets(attachments: &[Attachment]) -> Vec<std::net::TcpStream> {
+    attachments
+        .iter()
+        .filter_map(|a| match &a.end {
+            StreamEnd::Send { sender, .. } => sender.socket().ok(),
+            StreamEnd::Recv { receiver, .. } => receiver.socket().ok(),
+        })
+        .collect()
 }
 
 /// The peer nodes ordered so that the receiving end of every channel between two
@@ -344,6 +363,7 @@ fn open_part<'p>(
             node: node.to_string(),
             link,
             members,
+            sockets: Vec::new(),
         },
         inbound: req.inbound,
     })
@@ -369,7 +389,12 @@ pub fn follow(
     app: String,
     events: EventLog,
 ) -> impl FnOnce() + Send + 'static {
-    let PartLink { node, link, .. } = part;
+    let PartLink {
+        node,
+        link,
+        sockets,
+        ..
+    } = part;
     let stopping = Arc::new(AtomicBool::new(false));
     let st = Arc::clone(&stopping);
     let reader = link.clone();
@@ -381,6 +406,7 @@ pub fn follow(
                 node: &node,
                 app: &app,
                 events: &events,
+                sockets: &sockets,
             };
             mirror.run(&reader, &st);
         })
@@ -403,6 +429,7 @@ struct Mirror<'a> {
     node: &'a str,
     app: &'a str,
     events: &'a EventLog,
+    sockets: &'a [std::net::TcpStream],
 }
 
 impl Mirror<'_> {
@@ -490,8 +517,13 @@ impl Mirror<'_> {
         }
     }
 
-    /// The peer went away while the part ran: its offcodes failed.
+    /// The peer went away while the part ran: its offcodes failed, and its
+    /// channels to this machine are shut down (their local ends find them
+    /// lost, and wait for a re-placement).
     fn fail_all(&self, lost: &str) {
         crate::dead::fail(self.handles, self.app, self.events, lost);
+        for s in self.sockets {
+            let _ = s.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
