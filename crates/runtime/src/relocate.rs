@@ -67,7 +67,10 @@ impl Runtime {
     /// Moves the offcodes of app `id` that ran on `dead` to where `plan` (the
     /// app's layout solved without `dead`) puts them, and rewires the offcodes
     /// they talked to; every other offcode runs on untouched. Returns the moves
-    /// as (offcode, new PE).
+    /// as (offcode, new PE). A refusal ([`RelocateError::NotAlone`]) changes
+    /// nothing; after a failed deployment ([`RelocateError::Deploy`]) the moved
+    /// offcodes' new parts are gone and their out-of-band names were taken
+    /// back, so the caller restarts the app.
     pub fn relocate(
         self: &Arc<Self>,
         id: AppId,
@@ -125,6 +128,12 @@ impl Runtime {
             .collect();
         if moved.is_empty() {
             return not_alone(format!("no offcode of it ran on {dead}"));
+        }
+        if let Some(&m) = moved.iter().find(|&&m| plan.offcodes[m].pe == dead) {
+            return not_alone(format!(
+                "the new layout keeps `{}` on {dead}",
+                plan.offcodes[m].name
+            ));
         }
         if let Some((o, h)) = plan
             .offcodes
@@ -215,10 +224,11 @@ impl Runtime {
 
     /// Releases, in the background, what the app still holds on the dead PE.
     /// The lease of a peer's part is torn down (the peer is told to stop, should
-    /// it ever run again). An executor of a dead core is let go rather than
-    /// joined: its offcodes are told to stop and every sender to it is dropped,
-    /// so it exits if its CPU ever runs it again, and its teardown's taking back
-    /// of out-of-band names (which the moved offcodes now hold) never runs.
+    /// it ever run again). An executor of a dead core is abandoned rather than
+    /// joined: its offcodes were told to stop already, and every sender to it
+    /// is dropped, so it exits if its CPU ever runs it again; its teardown's
+    /// taking back of out-of-band names (which the moved offcodes now hold)
+    /// never runs.
     fn release_dead(self: &Arc<Self>, root: ResourceId, dead: &str) {
         let exec = format!("executor {dead}");
         let part = format!("part on {dead} ");
@@ -234,7 +244,7 @@ impl Runtime {
             .name("sc-release".into())
             .spawn(move || {
                 for id in execs {
-                    rt.tree().forget(id);
+                    rt.tree().abandon(id);
                 }
                 for id in parts {
                     rt.tree().teardown(id);

@@ -133,6 +133,22 @@ impl ResourceTree {
         }
     }
 
+    /// Marks `id` and everything under it released without running any of
+    /// their teardowns (they are dropped unrun): for resources on a PE that may
+    /// never run again, let go of rather than waited for.
+    pub fn abandon(&self, id: ResourceId) {
+        let mut nodes = self.lock();
+        let mut stack = vec![id.0];
+        while let Some(i) = stack.pop() {
+            let Some(n) = nodes.get_mut(i) else { continue };
+            if n.alive {
+                n.alive = false;
+                n.teardown = None;
+                stack.extend(n.children.iter().copied());
+            }
+        }
+    }
+
     /// The live children of `parent` whose label `pick` accepts.
     pub fn children_labelled(
         &self,
@@ -227,5 +243,27 @@ mod tests {
         t.forget(a);
         assert!(!*ran.lock().unwrap());
         assert!(t.live().is_empty());
+    }
+
+    #[test]
+    fn abandon_releases_a_subtree_without_running_any_teardown() {
+        let t = ResourceTree::new();
+        let ran = Arc::new(Mutex::new(Vec::new()));
+        let log = |name: &'static str| {
+            let r = Arc::clone(&ran);
+            move || r.lock().unwrap().push(name)
+        };
+        let app = t.add(None, ResourceKind::App, "app", log("app"));
+        let e = t.add(Some(app), ResourceKind::Executor, "e", log("e"));
+        let _o = t.add(Some(e), ResourceKind::Offcode, "o", log("o"));
+        let _k = t.add(Some(app), ResourceKind::Executor, "kept", log("kept"));
+        assert_eq!(t.children_labelled(app, |l| l.starts_with('e')), [e]);
+        t.abandon(e);
+        assert!(ran.lock().unwrap().is_empty(), "nothing ran");
+        let live: Vec<_> = t.live().into_iter().map(|(_, l, _)| l).collect();
+        assert_eq!(live, vec!["app", "kept"]);
+        // The app's own teardown no longer reaches what was abandoned.
+        t.teardown(app);
+        assert_eq!(*ran.lock().unwrap(), vec!["kept", "app"]);
     }
 }

@@ -11,12 +11,11 @@ mod common;
 
 use std::path::Path;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use common::{inventory, kinds, serial};
+use common::{inventory, kinds, offcode, serial, wait};
 use sidecore_offcode::Registry;
 use sidecore_pe::Inventory;
-use sidecore_runtime::{EventKind, OffcodeStatus, Plan, RelocateError, Runtime, RuntimeConfig};
+use sidecore_runtime::{EventKind, Plan, RelocateError, Runtime, RuntimeConfig};
 
 const MANIFEST: &str = r#"
 [app]
@@ -71,26 +70,6 @@ fn plan(dir: &Path, inv: &Inventory) -> Plan {
     let mut reg = Registry::new();
     sidecore_builtins::register(&mut reg);
     sidecore_runtime::plan_manifest(&m, inv, &reg, &Default::default()).unwrap()
-}
-
-fn offcode(rt: &Runtime, name: &str) -> OffcodeStatus {
-    rt.status()[0]
-        .offcodes
-        .iter()
-        .find(|o| o.name == name)
-        .cloned()
-        .unwrap()
-}
-
-fn wait(mut f: impl FnMut() -> bool, secs: u64) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(secs) {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    f()
 }
 
 /// Deploys the pipeline; returns the runtime, the app, the relay's core and a
@@ -201,6 +180,11 @@ fn relocations_that_cannot_be_done_alone_are_refused_and_change_nothing() {
         why.contains(&format!("also moves `source` from host to {core}")),
         "{why}"
     );
+    // The new layout keeps the relay where it was.
+    let mut stays = second.clone();
+    stays.offcodes[1].pe = core.clone();
+    let why = refused(&stays, &core);
+    assert_eq!(why, format!("the new layout keeps `relay` on {core}"));
     // Nothing ran on that PE.
     let why = refused(&second, "node:nowhere");
     assert_eq!(why, "no offcode of it ran on node:nowhere");

@@ -10,11 +10,11 @@
 mod common;
 
 use std::path::Path;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{inventory, kinds, serial};
+use common::{inventory, kinds, offcode, serial, wait};
 use sidecore_offcode::Registry;
-use sidecore_runtime::{AppState, EventKind, OffcodeState, OffcodeStatus, Runtime, RuntimeConfig};
+use sidecore_runtime::{AppState, EventKind, OffcodeState, Runtime, RuntimeConfig};
 
 /// The pipeline, `records` records, the middle with `fault` fields.
 fn pipeline(app: &str, records: u64, fault: &str) -> String {
@@ -57,26 +57,6 @@ fn deploy(rt: &Runtime, dir: &Path, text: &str) -> u64 {
     let plan =
         sidecore_runtime::plan_manifest(&m, &inventory(), &reg, &Default::default()).unwrap();
     rt.deploy(&plan).unwrap()
-}
-
-fn offcode(rt: &Runtime, name: &str) -> OffcodeStatus {
-    rt.status()[0]
-        .offcodes
-        .iter()
-        .find(|o| o.name == name)
-        .cloned()
-        .unwrap()
-}
-
-fn wait(mut f: impl FnMut() -> bool, secs: u64) -> bool {
-    let t0 = Instant::now();
-    while t0.elapsed() < Duration::from_secs(secs) {
-        if f() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-    f()
 }
 
 /// The sum of the checksums of records 0..n, as `inet-checksum` keeps it.
