@@ -376,6 +376,11 @@ impl Ring {
             wait_for(|| flowing(&self.sa), 20),
             "records never flowed again"
         );
+        // For BENCHMARKS.md: the event log's own times of the declaration and
+        // the re-placement.
+        for l in events(&self.sa).iter().filter(|l| l.contains("re-placed")) {
+            eprintln!("{l}");
+        }
     }
 }
 
