@@ -233,9 +233,9 @@ impl Runtime {
         let exec = format!("executor {dead}");
         let part = format!("part on {dead} ");
         let tree = self.tree();
-        let execs =
-            tree.children_labelled(root, |l| l == exec || l.starts_with(&format!("{exec} (")));
-        let parts = tree.children_labelled(root, |l| l.starts_with(&part));
+        // Anywhere under the app: an earlier re-placement put its own under its node.
+        let execs = tree.find_under(root, |l| l == exec || l.starts_with(&format!("{exec} (")));
+        let parts = tree.find_under(root, |l| l.starts_with(&part));
         if execs.is_empty() && parts.is_empty() {
             return;
         }

@@ -149,20 +149,28 @@ impl ResourceTree {
         }
     }
 
-    /// The live children of `parent` whose label `pick` accepts.
-    pub fn children_labelled(
-        &self,
-        parent: ResourceId,
-        pick: impl Fn(&str) -> bool,
-    ) -> Vec<ResourceId> {
+    /// The live nodes under `root` (at any depth, not `root` itself) whose
+    /// label `pick` accepts, outermost first; the search does not go below a
+    /// node it picks.
+    pub fn find_under(&self, root: ResourceId, pick: impl Fn(&str) -> bool) -> Vec<ResourceId> {
         let nodes = self.lock();
-        nodes.get(parent.0).map_or_else(Vec::new, |p| {
-            p.children
-                .iter()
-                .filter(|&&c| nodes[c].alive && pick(&nodes[c].label))
-                .map(|&c| ResourceId(c))
-                .collect()
-        })
+        let mut out = Vec::new();
+        let mut stack: Vec<usize> = nodes
+            .get(root.0)
+            .map(|n| n.children.iter().rev().copied().collect())
+            .unwrap_or_default();
+        while let Some(i) = stack.pop() {
+            let n = &nodes[i];
+            if !n.alive {
+                continue;
+            }
+            if pick(&n.label) {
+                out.push(ResourceId(i));
+            } else {
+                stack.extend(n.children.iter().rev().copied());
+            }
+        }
+        out
     }
 
     /// Live resources as (kind, label, parent label).
@@ -255,9 +263,10 @@ mod tests {
         };
         let app = t.add(None, ResourceKind::App, "app", log("app"));
         let e = t.add(Some(app), ResourceKind::Executor, "e", log("e"));
-        let _o = t.add(Some(e), ResourceKind::Offcode, "o", log("o"));
+        let o = t.add(Some(e), ResourceKind::Offcode, "o", log("o"));
         let _k = t.add(Some(app), ResourceKind::Executor, "kept", log("kept"));
-        assert_eq!(t.children_labelled(app, |l| l.starts_with('e')), [e]);
+        assert_eq!(t.find_under(app, |l| l.starts_with('e')), [e]);
+        assert_eq!(t.find_under(app, |l| l == "o"), [o], "at any depth");
         t.abandon(e);
         assert!(ran.lock().unwrap().is_empty(), "nothing ran");
         let live: Vec<_> = t.live().into_iter().map(|(_, l, _)| l).collect();

@@ -95,8 +95,9 @@ fn deployed(dir: &Path) -> (Arc<Runtime>, u64, String, Plan) {
 #[test]
 fn only_the_moved_offcode_restarts_and_its_neighbours_run_on() {
     let _s = serial();
-    let dir = tempfile::tempdir().unwrap();
-    let (rt, id, core, second) = deployed(dir.path());
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path();
+    let (rt, id, core, second) = deployed(dir);
     let before = (offcode(&rt, "source"), offcode(&rt, "sum"));
 
     let moved = rt.relocate(id, &core, &second).unwrap();
@@ -157,6 +158,43 @@ fn only_the_moved_offcode_restarts_and_its_neighbours_run_on() {
     assert_eq!(
         offcode(&rt, "relay").state,
         sidecore_runtime::OffcodeState::Running
+    );
+
+    // Moved again, off the PE it moved to: the resources of the first move are
+    // found under its own node and let go too.
+    let mut neither = inventory();
+    neither.pes.retain(|p| p.id != core && p.id != to);
+    let third = plan(dir, &neither);
+    let again = rt.relocate(id, &to, &third).unwrap();
+    let last = third.offcodes[1].pe.clone();
+    assert_eq!(again, [("relay".to_string(), last.clone())]);
+    let h = offcode(&rt, "sum").handled;
+    assert!(
+        wait(|| offcode(&rt, "relay").handled > 1_000, 20)
+            && wait(|| offcode(&rt, "sum").handled > h + 1_000, 20),
+        "{:?}",
+        rt.status()
+    );
+    for o in ["source", "sum"] {
+        let started = kinds(&rt, "moving", o)
+            .iter()
+            .filter(|k| matches!(k, EventKind::Started))
+            .count();
+        assert_eq!(started, 1, "{o} started {started} times");
+    }
+    // No executor is left on either core it left.
+    assert!(
+        wait(
+            || !rt
+                .tree()
+                .live()
+                .iter()
+                .any(|(_, l, _)| l.starts_with(&format!("executor {core}"))
+                    || l.starts_with(&format!("executor {to}"))),
+            10
+        ),
+        "{:?}",
+        rt.tree().live()
     );
     rt.stop_app(id).unwrap();
     rt.shutdown();
