@@ -61,6 +61,8 @@ pub struct Daemon {
     held: Mutex<BTreeMap<AppId, Vec<Hold>>>,
     /// The manifest each app was deployed from by [`Daemon::up`] (for re-placement).
     manifests: Mutex<BTreeMap<AppId, std::path::PathBuf>>,
+    /// Held while a dead PE's apps are re-placed: one declaration at a time.
+    pub(crate) replacing: Mutex<()>,
     shutdown: (Mutex<bool>, Condvar),
 }
 
@@ -74,6 +76,7 @@ impl Daemon {
             inventory: Mutex::new(None),
             held: Mutex::new(BTreeMap::new()),
             manifests: Mutex::new(BTreeMap::new()),
+            replacing: Mutex::new(()),
             shutdown: (Mutex::new(false), Condvar::new()),
         })
     }

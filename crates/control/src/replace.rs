@@ -63,6 +63,12 @@ impl Daemon {
 
     /// Re-places every app deployed from a manifest that has an offcode on `pe`.
     pub fn replace_off(&self, pe: &str) {
+        // Two PEs declared dead together: their re-placements take turns, so
+        // neither plans against an app the other is moving.
+        let _one_at_a_time = self
+            .replacing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.runtime().fail_on_dead_pes();
         let affected: Vec<(AppId, String, PathBuf)> = self
             .manifests()
