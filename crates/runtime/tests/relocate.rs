@@ -72,6 +72,14 @@ fn plan(dir: &Path, inv: &Inventory) -> Plan {
     sidecore_runtime::plan_manifest(&m, inv, &reg, &Default::default()).unwrap()
 }
 
+/// How many times offcode `o` of the app started.
+fn started(rt: &Runtime, o: &str) -> usize {
+    kinds(rt, "moving", o)
+        .iter()
+        .filter(|k| matches!(k, EventKind::Started))
+        .count()
+}
+
 /// Deploys the pipeline; returns the runtime, the app, the relay's core and a
 /// plan made without that core.
 fn deployed(dir: &Path) -> (Arc<Runtime>, u64, String, Plan) {
@@ -127,23 +135,16 @@ fn only_the_moved_offcode_restarts_and_its_neighbours_run_on() {
     assert_eq!(rt.status().len(), 1);
     assert_eq!(rt.status()[0].id, id);
     for o in ["source", "sum"] {
-        let started = kinds(&rt, "moving", o)
-            .iter()
-            .filter(|k| matches!(k, EventKind::Started))
-            .count();
-        assert_eq!(started, 1, "{o} started {started} times");
+        assert_eq!(started(&rt, o), 1, "{o} started again");
     }
     // The relay started twice: once on the core, once where it moved. The old
     // one ended: its input closed when the source was rewired (done), or it was
     // told to stop first, with the reason.
-    let relay_kinds = kinds(&rt, "moving", "relay");
     assert_eq!(
-        relay_kinds
-            .iter()
-            .filter(|k| matches!(k, EventKind::Started))
-            .count(),
+        started(&rt, "relay"),
         2,
-        "{relay_kinds:?}"
+        "{:?}",
+        kinds(&rt, "moving", "relay")
     );
     let old_ended = |k: &EventKind| match k {
         EventKind::Done => true,
@@ -176,11 +177,7 @@ fn only_the_moved_offcode_restarts_and_its_neighbours_run_on() {
         rt.status()
     );
     for o in ["source", "sum"] {
-        let started = kinds(&rt, "moving", o)
-            .iter()
-            .filter(|k| matches!(k, EventKind::Started))
-            .count();
-        assert_eq!(started, 1, "{o} started {started} times");
+        assert_eq!(started(&rt, o), 1, "{o} started again");
     }
     // No executor is left on either core it left.
     assert!(
