@@ -471,16 +471,19 @@ fn throughput(g: &Ganesha, standing: &[System], cored: &dyn Fn() -> System) {
 /// Run time so far (ns) of this process's thread named `name`, from
 /// `/proc/self/task/*/schedstat` (the scheduler's own count, not sampled).
 fn thread_cpu_ns(name: &str) -> Option<u64> {
-    std::fs::read_dir("/proc/self/task").ok()?.flatten().find_map(|t| {
-        let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
-        (comm.trim() == name).then_some(())?;
-        std::fs::read_to_string(t.path().join("schedstat"))
-            .ok()?
-            .split_whitespace()
-            .next()?
-            .parse()
-            .ok()
-    })
+    std::fs::read_dir("/proc/self/task")
+        .ok()?
+        .flatten()
+        .find_map(|t| {
+            let comm = std::fs::read_to_string(t.path().join("comm")).ok()?;
+            (comm.trim() == name).then_some(())?;
+            std::fs::read_to_string(t.path().join("schedstat"))
+                .ok()?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
 }
 
 fn policies(g: &Ganesha) {

@@ -41,7 +41,7 @@ use crate::message::{
 use crate::pending::{ClientKey, FlowId};
 use crate::policy::{BuildEnv, ChainSpec, build_chain};
 use crate::portmap::{self, Mapping};
-use crate::record::{DEFAULT_MAX_RECORD, RecordReader, encode_record};
+use crate::record::{DEFAULT_MAX_RECORD, RecordReader, encode_record_into};
 use crate::rpc::RpcHeader;
 use crate::temporal::Clock;
 use crate::xdr::{Encoder, Xdr};
@@ -445,6 +445,8 @@ pub struct Engine {
     tick: Duration,
     last_tick: Instant,
     buf: Vec<u8>,
+    /// Reused to encode a message again for the codec check, and a datagram.
+    scratch: Encoder,
 }
 
 /// XIDs should differ between runs so a restarted proxy does not collide with the
@@ -602,6 +604,7 @@ impl Engine {
             tick: config.tick,
             last_tick: Instant::now(),
             buf: vec![0u8; MAX_DATAGRAM.max(64 * 1024)],
+            scratch: Encoder::new(),
         })
     }
 
@@ -899,12 +902,21 @@ impl Engine {
     /// Sends one message to a client flow (a record over TCP, a datagram over UDP);
     /// false if the client has gone.
     fn send_to_client(&mut self, flow: FlowId, payload: &[u8]) -> bool {
+        self.send_to_client_with(flow, |e| e.buf.extend_from_slice(payload))
+    }
+
+    /// [`Engine::send_to_client`] for a message `write` encodes: over TCP straight
+    /// into the connection's buffer.
+    fn send_to_client_with(&mut self, flow: FlowId, write: impl FnOnce(&mut Encoder)) -> bool {
         match self.routes.get(&flow).copied() {
             None => false,
             Some(Route::Udp { listener, peer }) => {
                 let ListenSock::Udp(u) = &self.listeners[listener].0 else {
                     return false;
                 };
+                self.scratch.buf.clear();
+                write(&mut self.scratch);
+                let payload = &self.scratch.buf;
                 match u.send_to(payload, peer) {
                     Ok(_) => true,
                     Err(e) => {
@@ -923,9 +935,7 @@ impl Engine {
                 let Some(c) = self.clients.get_mut(&token) else {
                     return false;
                 };
-                c.stream
-                    .out
-                    .extend_from_slice(&encode_record(payload, MAX_FRAGMENT));
+                encode_record_into(&mut c.stream.out, MAX_FRAGMENT, write);
                 if !c.stream.queued {
                     c.stream.queued = true;
                     self.pending.push(token);
@@ -958,7 +968,7 @@ impl Engine {
             }
         };
         let name = procedure_name(call.args.procedure());
-        let mismatch = u64::from(!same_but_xid(record, &call.to_bytes()));
+        let mismatch = u64::from(!self.encodes_as(record, |e| call.encode_into(e)));
         self.shared.count(|s| {
             let op = s.ops.entry(name.clone()).or_default();
             op.calls += 1;
@@ -1045,9 +1055,9 @@ impl Engine {
             );
             return;
         };
-        let record = encode_record(&Call { xid, ..call }.to_bytes(), MAX_FRAGMENT);
+        let call = Call { xid, ..call };
         let lane = usize::try_from(flow).unwrap_or(0) % SERVER_LANES;
-        if let Err(e) = self.send_to_server(addr, lane, &record) {
+        if let Err(e) = self.send_to_server(addr, lane, |e| call.encode_into(e)) {
             self.shared.error(
                 |s| s.server_errors += 1,
                 format!("flow {flow} xid {client_xid:#x} ({name}): forwarding to server {server} at {addr}: {e}"),
@@ -1059,13 +1069,13 @@ impl Engine {
         let (name, out) = match response {
             Msg::Reply(mut r) => {
                 r.header.xid = client.xid;
-                (reply_name(r.results.as_ref()), r.to_bytes())
+                (reply_name(r.results.as_ref()), Msg::Reply(r))
             }
             Msg::RawReply(mut raw) => {
                 if let Some(x) = raw.get_mut(..4) {
                     x.copy_from_slice(&client.xid.to_be_bytes());
                 }
-                ("(undecoded reply)".to_string(), raw)
+                ("(undecoded reply)".to_string(), Msg::RawReply(raw))
             }
             Msg::Call { .. } => return,
         };
@@ -1079,7 +1089,12 @@ impl Engine {
             }
             s.ops.entry(name.clone()).or_default().replies += 1;
         });
-        if !self.send_to_client(client.flow, &out) {
+        let sent = self.send_to_client_with(client.flow, |e| match &out {
+            Msg::Reply(r) => r.encode_into(e),
+            Msg::RawReply(raw) => e.buf.extend_from_slice(raw),
+            Msg::Call { .. } => {}
+        });
+        if !sent {
             self.shared.count(|s| {
                 s.ops.entry(name).or_default().replies -= 1;
                 s.unmatched_replies += 1;
@@ -1087,9 +1102,15 @@ impl Engine {
         }
     }
 
-    /// Queues a record for a server, connecting first if there is no connection
-    /// (not within `RECONNECT_BACKOFF` of a failure).
-    fn send_to_server(&mut self, addr: SocketAddr, lane: usize, record: &[u8]) -> io::Result<()> {
+    /// Queues a record for a server, encoded by `write` straight into its
+    /// connection's buffer, connecting first if there is no connection (not
+    /// within `RECONNECT_BACKOFF` of a failure).
+    fn send_to_server(
+        &mut self,
+        addr: SocketAddr,
+        lane: usize,
+        write: impl FnOnce(&mut Encoder),
+    ) -> io::Result<()> {
         let token = match self.server_tokens.get(&(addr, lane)) {
             Some(&t) => t,
             None => self.connect(addr, lane)?,
@@ -1097,10 +1118,10 @@ impl Engine {
         let Some(s) = self.servers.get_mut(&token) else {
             return Err(io::ErrorKind::NotConnected.into());
         };
-        if s.stream.backlog() + record.len() > MAX_SERVER_BACKLOG_BYTES {
+        if s.stream.backlog() > MAX_SERVER_BACKLOG_BYTES {
             return Err(io::Error::other("too much queued for this server"));
         }
-        s.stream.out.extend_from_slice(record);
+        encode_record_into(&mut s.stream.out, MAX_FRAGMENT, write);
         // Written at the end of the turn (or, not yet connected, once it is).
         if s.connected && !s.stream.queued {
             s.stream.queued = true;
@@ -1255,7 +1276,7 @@ impl Engine {
     }
 
     fn decode_server_reply(
-        &self,
+        &mut self,
         from: SocketAddr,
         record: &[u8],
         procedure: Procedure,
@@ -1264,7 +1285,7 @@ impl Engine {
         let name = procedure_name(procedure);
         match decode_reply(record, procedure) {
             Ok(reply) => {
-                if !same_but_xid(record, &reply.to_bytes()) {
+                if !self.encodes_as(record, |e| reply.encode_into(e)) {
                     self.shared.error(
                         |s| s.ops.entry(name.clone()).or_default().reencode_mismatches += 1,
                         format!("from server {from}: reply to {name} (server xid {xid:#x}) re-encodes differently"),
@@ -1280,6 +1301,16 @@ impl Engine {
                 Msg::RawReply(record.to_vec())
             }
         }
+    }
+}
+
+impl Engine {
+    /// Whether `write` encodes the same message as `record` (the XID aside):
+    /// the codec's check on every message, in a buffer kept for it.
+    fn encodes_as(&mut self, record: &[u8], write: impl FnOnce(&mut Encoder)) -> bool {
+        self.scratch.buf.clear();
+        write(&mut self.scratch);
+        same_but_xid(record, &self.scratch.buf)
     }
 }
 

@@ -66,6 +66,13 @@ pub struct Call {
 
 impl Call {
     pub fn to_bytes(&self) -> Vec<u8> {
+        let mut enc = Encoder::new();
+        self.encode_into(&mut enc);
+        enc.into_bytes()
+    }
+
+    /// Appends its encoding to `enc`.
+    pub fn encode_into(&self, enc: &mut Encoder) {
         let (prog, vers, proc_num) = self.args.numbers();
         let header = RpcHeader::Call(CallHeader {
             xid: self.xid,
@@ -76,14 +83,12 @@ impl Call {
             cred: self.cred.clone(),
             verf: self.verf.clone(),
         });
-        let mut enc = Encoder::new();
-        header.encode(&mut enc);
+        header.encode(enc);
         match &self.args {
-            CallArgs::Nfs3(a) => a.encode(&mut enc),
-            CallArgs::Mount3(a) => a.encode(&mut enc),
-            CallArgs::Portmap2(a) => a.encode(&mut enc),
+            CallArgs::Nfs3(a) => a.encode(enc),
+            CallArgs::Mount3(a) => a.encode(enc),
+            CallArgs::Portmap2(a) => a.encode(enc),
         }
-        enc.into_bytes()
     }
 }
 
@@ -224,14 +229,19 @@ pub struct Reply {
 impl Reply {
     pub fn to_bytes(&self) -> Vec<u8> {
         let mut enc = Encoder::new();
-        RpcHeader::Reply(self.header.clone()).encode(&mut enc);
+        self.encode_into(&mut enc);
+        enc.into_bytes()
+    }
+
+    /// Appends its encoding to `enc`.
+    pub fn encode_into(&self, enc: &mut Encoder) {
+        RpcHeader::Reply(self.header.clone()).encode(enc);
         match &self.results {
             None => {}
-            Some(ReplyResults::Nfs3(r)) => r.encode(&mut enc),
-            Some(ReplyResults::Mount3(r)) => r.encode(&mut enc),
-            Some(ReplyResults::Portmap2(r)) => r.encode(&mut enc),
+            Some(ReplyResults::Nfs3(r)) => r.encode(enc),
+            Some(ReplyResults::Mount3(r)) => r.encode(enc),
+            Some(ReplyResults::Portmap2(r)) => r.encode(enc),
         }
-        enc.into_bytes()
     }
 }
 

@@ -5,6 +5,8 @@
 //! than its limit before buffering it. Over UDP a datagram is one whole message and
 //! needs no marking.
 
+use crate::xdr::Encoder;
+
 /// The last-fragment bit.
 pub const LAST_FRAGMENT: u32 = 0x8000_0000;
 /// The default record limit: a 1 MiB WRITE plus headers.
@@ -120,6 +122,34 @@ pub fn encode_record(payload: &[u8], max_fragment: usize) -> Vec<u8> {
     out
 }
 
+/// Appends to `out` the record that `write` encodes, marked as
+/// [`encode_record`] would mark it, without a buffer of its own: the
+/// message is encoded in place behind a header patched once its length is
+/// known (split into fragments only when it is longer than `max_fragment`).
+pub fn encode_record_into(
+    out: &mut Vec<u8>,
+    max_fragment: usize,
+    write: impl FnOnce(&mut Encoder),
+) {
+    let start = out.len();
+    out.extend_from_slice(&[0; 4]);
+    let mut enc = Encoder {
+        buf: std::mem::take(out),
+    };
+    write(&mut enc);
+    *out = enc.buf;
+    let len = out.len() - start - 4;
+    let max_fragment = max_fragment.clamp(1, (!LAST_FRAGMENT) as usize);
+    if len <= max_fragment {
+        // `len <= max_fragment < 2^31`, so the cast cannot truncate.
+        out[start..start + 4].copy_from_slice(&(len as u32 | LAST_FRAGMENT).to_be_bytes());
+    } else {
+        let payload = out.split_off(start + 4);
+        out.truncate(start);
+        out.extend_from_slice(&encode_record(&payload, max_fragment));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -187,6 +217,19 @@ mod tests {
     }
 
     proptest! {
+        #[test]
+        fn a_record_encoded_in_place_is_the_one_encode_record_makes(
+            before in prop::collection::vec(any::<u8>(), 0..20),
+            payload in prop::collection::vec(any::<u8>(), 0..300),
+            frag in 1usize..400,
+        ) {
+            let mut out = before.clone();
+            encode_record_into(&mut out, frag, |e| e.buf.extend_from_slice(&payload));
+            let mut want = before;
+            want.extend_from_slice(&encode_record(&payload, frag));
+            prop_assert_eq!(out, want);
+        }
+
         #[test]
         fn records_round_trip(payloads in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 1..5),
                               frag in 1usize..64, chunk in 1usize..50) {

@@ -250,8 +250,12 @@ pub struct Encoder {
 }
 
 impl Encoder {
+    /// Room for a header and small results without growing; larger
+    /// messages (READ and WRITE data) grow it once or twice.
     pub fn new() -> Self {
-        Self::default()
+        Self {
+            buf: Vec::with_capacity(512),
+        }
     }
 
     pub fn into_bytes(self) -> Vec<u8> {
