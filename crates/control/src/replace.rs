@@ -87,12 +87,18 @@ impl Daemon {
                     .events()
                     .emit(&app, "-", EventKind::App { message });
             };
+            let replaced = |to_id: u64, moves: String| {
+                let kind = EventKind::Replaced {
+                    without: pe.to_string(),
+                    from_id: id,
+                    to_id,
+                    moves,
+                };
+                self.runtime().events().emit(&app, "-", kind);
+            };
             let why_whole = match self.relocate(id, pe, &path) {
                 Ok(moved) => {
-                    emit(format!(
-                        "re-placed only the offcodes on {pe} (id {id} kept, the rest ran on): {}",
-                        moves(moved.iter().map(|(o, to)| (o, to)))
-                    ));
+                    replaced(id, moves(moved.iter().map(|(o, to)| (o, to))));
                     continue;
                 }
                 Err(why) => why,
@@ -102,11 +108,7 @@ impl Daemon {
             ));
             self.stop(id);
             match self.up(&path) {
-                Ok(r) => emit(format!(
-                    "re-placed without {pe} (id {id} → {}): {}",
-                    r.id,
-                    moves(r.placements.iter().map(|(o, to, _)| (o, to)))
-                )),
+                Ok(r) => replaced(r.id, moves(r.placements.iter().map(|(o, to, _)| (o, to)))),
                 Err(e) => emit(format!("cannot re-place without {pe}: {e}")),
             }
         }

@@ -223,6 +223,7 @@ pub fn kind_name(k: &EventKind) -> &'static str {
         EventKind::Restarted { .. } => "restarted",
         EventKind::RestartLimit { .. } => "restart-limit",
         EventKind::App { .. } => "app",
+        EventKind::Replaced { .. } => "replaced",
     }
 }
 

@@ -72,6 +72,16 @@ pub enum EventKind {
     App {
         message: String,
     },
+    /// Re-placed without PE `without`, which an Orion monitor declared dead:
+    /// only the offcodes that ran there moved (`to_id == from_id`), or the
+    /// whole app was started again as app `to_id`. `moves` lists
+    /// "offcode → PE" for what moved.
+    Replaced {
+        without: String,
+        from_id: u64,
+        to_id: u64,
+        moves: String,
+    },
 }
 
 /// One entry.
@@ -145,6 +155,24 @@ impl std::fmt::Display for Event {
                 "failed again after {restarts} restarts within {window_ms} ms, its limit: left failed"
             ),
             EventKind::App { message } => write!(f, "{message}"),
+            EventKind::Replaced {
+                without,
+                from_id,
+                to_id,
+                moves,
+            } if from_id == to_id => write!(
+                f,
+                "re-placed only the offcodes on {without} (id {from_id} kept, the rest ran on): {moves}"
+            ),
+            EventKind::Replaced {
+                without,
+                from_id,
+                to_id,
+                moves,
+            } => write!(
+                f,
+                "re-placed without {without} (id {from_id} → {to_id}): {moves}"
+            ),
         }
     }
 }

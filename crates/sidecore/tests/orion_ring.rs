@@ -414,6 +414,17 @@ fn a_frozen_peer_is_declared_dead_its_offcodes_move_and_the_pipeline_resumes() {
         events(sa)
     );
     r.resumed_on_the_other_peer();
+    // The event is structured (`sidecore_events_total{kind="replaced"}` counts it).
+    let o = run(&["events", "--json", "--socket", sa.to_str().unwrap()]);
+    let replaced: Vec<serde_json::Value> = String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|e| e["event"] == "replaced")
+        .collect();
+    assert_eq!(replaced.len(), 1, "{replaced:?}");
+    assert_eq!(replaced[0]["without"], relay_pe.as_str());
+    assert_eq!((&replaced[0]["from_id"], &replaced[0]["to_id"]), (id, id));
+    assert_eq!(replaced[0]["moves"], format!("relay → node:{other}"));
     // The same app, never stopped: it has been up since it was first deployed.
     let a = app(sa, "pipeline").unwrap();
     assert_eq!(&a["id"], id, "{a}");
