@@ -3,14 +3,13 @@
 //! PE ([`Runtime::relocate`]), the moved offcodes are built afresh on their new
 //! PEs (here, or handed to a peer node as a part of their own), their channels
 //! are connected again, and the offcodes they talked to are *rewired* in place
-//! ([`Command::Rewire`], inputs first, then outputs): their executors swap the
-//! dead channel ends for the new ones between two turns, so they keep their state, counters and out-of-band
-//! endpoint, and nothing else in the app stops. The dead PE's own resources
-//! (its executor, or the lease of the peer's part) are released in the
-//! background.
-//!
-//! The old instances are told to stop between the two (on a dead PE they have
-//! already failed).
+//! ([`Command::Rewire`]): their executors swap the dead channel ends for the
+//! new ones between two turns, so they keep their state, counters and
+//! out-of-band endpoint, and nothing else in the app stops. Every neighbour's
+//! inputs are swapped first, then the old instances are told to stop (on a
+//! dead PE they have already failed), then the outputs. The dead PE's own
+//! resources (its executor, or the lease of the peer's part) are released in
+//! the background.
 //!
 //! Moving only those offcodes is refused, with the reason, when the new layout
 //! also moves an offcode that lived; when an offcode joined to a moved one
