@@ -153,11 +153,22 @@ impl Daemon {
 
     /// Plans a loaded manifest against the free PEs.
     pub fn plan(&self, manifest: &sidecore_manifest::Manifest) -> Result<Plan, DaemonError> {
-        Ok(sidecore_runtime::plan_manifest(
+        self.plan_held(manifest, &[])
+    }
+
+    /// [`Daemon::plan`] with some offcodes held to the PEs named, as
+    /// (offcode, PE id).
+    pub fn plan_held(
+        &self,
+        manifest: &sidecore_manifest::Manifest,
+        held: &[(String, String)],
+    ) -> Result<Plan, DaemonError> {
+        Ok(sidecore_runtime::plan_manifest_held(
             manifest,
             &self.free_inventory(),
             &self.registry,
             &self.opts.solve,
+            held,
         )?)
     }
 

@@ -115,12 +115,26 @@ impl Daemon {
     }
 
     /// Re-solves app `id` from its manifest without the dead PE (the app's own
-    /// holds set aside) and moves only the offcodes that ran on `pe`.
+    /// holds set aside) and moves only the offcodes that ran on `pe`. The
+    /// offcodes that live are held to the PEs they run on, so the solver
+    /// places only the dead PE's; if that has no solution, it solves freely
+    /// (and a survivor that moves then means a whole restart).
     fn relocate(&self, id: AppId, pe: &str, path: &Path) -> Result<Vec<(String, String)>, String> {
         let manifest = sidecore_manifest::load(path).map_err(|e| e.render(false))?;
+        let status = self
+            .runtime()
+            .status_of(id)
+            .ok_or_else(|| format!("app {id} is gone"))?;
+        let stay: Vec<(String, String)> = status
+            .offcodes
+            .iter()
+            .filter(|o| o.pe != pe)
+            .map(|o| (o.name.clone(), o.pe.clone()))
+            .collect();
         let held = self.release_holds(id);
         let placed = self
-            .plan(&manifest)
+            .plan_held(&manifest, &stay)
+            .or_else(|_| self.plan(&manifest))
             .map_err(|e| e.to_string())
             .and_then(|plan| {
                 let moved = self

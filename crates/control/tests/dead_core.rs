@@ -4,6 +4,10 @@
 //! - a core declared dead when no other PE can take its offcode: the offcode fails
 //!   with the declaration as the reason, and the app stays stopped with an error event
 //!   saying why it cannot be re-placed — no panic;
+//! - a dead core whose offcode has somewhere to go, beside a lower-priority
+//!   survivor on the other core: only the dead core's offcode moves (to the
+//!   host), the survivor keeps its core although a free re-solve would have
+//!   given that core to the moved, higher-priority offcode;
 //! - Orion's real core monitor over an offcode that stalls inside its turn (blocked,
 //!   not starved) for far longer than the monitor's deadline: a stuck offcode, said
 //!   as such, never a dead core.
@@ -245,6 +249,113 @@ fn an_offcode_stalled_inside_its_turn_is_not_a_dead_core() {
             .any(|n| matches!(n, CoreNote::Declared { .. })),
         "{:?}",
         notes.lock().unwrap()
+    );
+    d.stop_all();
+}
+
+/// source (host) → `low` (a core, or the host) → `high` (a core, or the host) →
+/// back (host), each relay wanting a whole core.
+fn two_relays(dir: &Path) -> PathBuf {
+    let p = dir.join("two.toml");
+    let relay = |name: &str, n: u32, priority: &str| {
+        format!(
+            "[[offcode]]\nname = \"{name}\"\nid = \"7d3f1c74-ae63-4a2d-88f4-9d7a0e2b3e{n:02}\"\n\
+             impl = \"inet-checksum\"\npriority = \"{priority}\"\ncpu = 1.0\n\
+             inputs = [\"in\"]\noutputs = [\"out\"]\n\
+             [[offcode.target]]\nkind = \"core\"\n[[offcode.target]]\nkind = \"host\"\n"
+        )
+    };
+    let text = format!(
+        "[app]\nname = \"two\"\n\
+         [[offcode]]\nname = \"source\"\nid = \"7d3f1c74-ae63-4a2d-88f4-9d7a0e2b3e01\"\n\
+         impl = \"record-source\"\noutputs = [\"out\"]\n\
+         params = {{ record_size = 64, records = 0, rate = 2000 }}\n\
+         [[offcode.target]]\nkind = \"host\"\n\
+         {}{}\
+         [[offcode]]\nname = \"back\"\nid = \"7d3f1c74-ae63-4a2d-88f4-9d7a0e2b3e04\"\n\
+         impl = \"inet-checksum\"\ninputs = [\"in\"]\n[[offcode.target]]\nkind = \"host\"\n\
+         [[channel]]\nname = \"a\"\nfrom = \"source.out\"\nto = \"low.in\"\nslot_size = 128\n\
+         [[channel]]\nname = \"b\"\nfrom = \"low.out\"\nto = \"high.in\"\nslot_size = 64\n\
+         [[channel]]\nname = \"c\"\nfrom = \"high.out\"\nto = \"back.in\"\nslot_size = 64\n",
+        relay("low", 2, "low"),
+        relay("high", 3, "high"),
+    );
+    std::fs::write(&p, text).unwrap();
+    p
+}
+
+#[test]
+fn a_dead_core_moves_only_its_offcode_and_the_survivor_keeps_its_core() {
+    let _s = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let d = daemon();
+    let cores: Vec<String> = d
+        .inventory()
+        .pes
+        .iter()
+        .filter(|p| p.kind == PeKind::Core)
+        .map(|p| p.id.clone())
+        .collect();
+    if cores.len() < 2 {
+        eprintln!("skipped: needs two dedicated cores, found {cores:?}");
+        return;
+    }
+    let r = d.up(&two_relays(dir.path())).unwrap();
+    let at = |name: &str| {
+        d.runtime().status_of(r.id).and_then(|a| {
+            a.offcodes
+                .iter()
+                .find(|o| o.name == name)
+                .map(|o| o.pe.clone())
+        })
+    };
+    let (low, high) = (at("low").unwrap(), at("high").unwrap());
+    assert!(
+        low.starts_with("core:") && high.starts_with("core:") && low != high,
+        "{:?}",
+        r.placements
+    );
+    let handled = |name: &str| {
+        d.runtime()
+            .status_of(r.id)
+            .and_then(|a| {
+                a.offcodes
+                    .iter()
+                    .find(|o| o.name == name)
+                    .map(|o| o.handled)
+            })
+            .unwrap_or(0)
+    };
+    assert!(wait_for(|| handled("back") > 100, 20));
+    assert!(health::declare(Declaration {
+        pe: high.clone(),
+        by: "test".into(),
+        dead: true,
+        evidence: "declared by the test".into(),
+    }));
+    let moved = format!(
+        "re-placed only the offcodes on {high} (id {} kept, the rest ran on): high → host",
+        r.id
+    );
+    let ok = wait_for(|| logged(&d, &moved).is_some(), 20);
+    // The core back, for the other tests, before any assertion can fail.
+    health::declare(Declaration {
+        pe: high.clone(),
+        by: "test".into(),
+        dead: false,
+        evidence: String::new(),
+    });
+    assert!(ok, "{:#?}", d.runtime().events().snapshot());
+    assert_eq!(
+        at("low").as_deref(),
+        Some(low.as_str()),
+        "the survivor kept its core"
+    );
+    let h = handled("back");
+    assert!(
+        wait_for(|| handled("back") > h + 100, 20),
+        "records never flowed again: {:?}",
+        d.runtime().status_of(r.id)
     );
     d.stop_all();
 }

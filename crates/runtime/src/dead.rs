@@ -7,7 +7,11 @@
 //! without the dead PE and starts the app again).
 //!
 //! The executor of a dead core may never run again: teardown waits for it at
-//! most [`DEAD_PE_GRACE`] ([`crate::start`]) and then leaves it behind.
+//! most [`DEAD_PE_GRACE`] ([`crate::start`]) and then leaves it behind. If it
+//! does run (the declaration was a false positive), it *holds* the failed
+//! offcodes: their instances stop, but their channel ends stay open, as a dead
+//! PE's would, so that their neighbours do not end before the re-placement
+//! rewires them ([`crate::relocate`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -67,12 +71,16 @@ pub fn sweep(a: &AppEntry, events: &EventLog) {
         return;
     }
     for d in &dead {
-        let on_it = a
+        let on_it: Vec<&Arc<OffcodeHandle>> = a
             .handles
             .iter()
             .zip(&a.restarters)
-            .filter(|(h, r)| r.tx.is_some() && h.pe == d.pe)
-            .map(|(h, _)| h);
+            .filter(|(h, r)| r.tx.is_some() && h.pe == d.pe && !h.exited())
+            .map(|(h, _)| h)
+            .collect();
+        for h in &on_it {
+            h.hold_for_replacement();
+        }
         fail(on_it, &a.name, events, &reason(d));
     }
 }

@@ -654,6 +654,15 @@ impl Executor {
             return Turned::NotStarted;
         }
         let handle = Arc::clone(&r.slot.handle);
+        if handle.stop_requested() && handle.held() {
+            // On a PE declared dead: stopped, its ports kept open for the
+            // re-placement (which drops them once it has rewired its peers).
+            r.started = false;
+            r.parked = true;
+            stop_instance(&self.app, &self.events, &mut r.slot);
+            self.dirty = true;
+            return Turned::NotStarted;
+        }
         if handle.stop_requested() {
             self.dirty = true;
             if handle.watchdog_fired() && handle.parks_on_failure() {

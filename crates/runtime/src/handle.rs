@@ -29,6 +29,9 @@ pub struct OffcodeHandle {
     /// Set by its executor when it parked the failed offcode for the
     /// supervisor; taken by the supervisor.
     parked: AtomicBool,
+    /// Its PE was declared dead: its executor holds it (instance stopped,
+    /// ports kept open) for a re-placement to rewire its neighbours.
+    held: AtomicBool,
     /// Set when its watchdog expired (until a restart rearms it).
     watchdog_fired: AtomicBool,
     /// Times the supervisor restarted it.
@@ -69,6 +72,7 @@ impl OffcodeHandle {
             metrics: Metrics::default(),
             state: AtomicU8::new(0),
             parked: AtomicBool::new(false),
+            held: AtomicBool::new(false),
             watchdog_fired: AtomicBool::new(false),
             restarts: AtomicU64::new(0),
             stop_requested: AtomicBool::new(false),
@@ -151,6 +155,18 @@ impl OffcodeHandle {
     pub(crate) fn park(&self) {
         self.set_state(OffcodeState::Restarting);
         self.parked.store(true, Ordering::Release);
+    }
+
+    /// Its PE was declared dead: when it stops, its executor keeps its ports
+    /// open (a dead PE runs nothing, and closing them would end its
+    /// neighbours before a re-placement can rewire them). No restart follows.
+    pub(crate) fn hold_for_replacement(&self) {
+        self.held.store(true, Ordering::Release);
+    }
+
+    /// Whether [`OffcodeHandle::hold_for_replacement`] was called.
+    pub(crate) fn held(&self) -> bool {
+        self.held.load(Ordering::Acquire)
     }
 
     /// The supervisor takes the news that it was parked (once per parking).

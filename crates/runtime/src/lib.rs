@@ -70,7 +70,23 @@ pub fn plan_manifest(
     registry: &Registry,
     opts: &SolveOptions,
 ) -> Result<Plan, PlanError> {
-    let resolved = resolve::resolve(manifest, inventory, registry)?;
+    plan_manifest_held(manifest, inventory, registry, opts, &[])
+}
+
+/// [`plan_manifest`] with some offcodes held to PEs, as (offcode, PE id): the
+/// layout places only the others (re-placing the offcodes of a dead PE while
+/// the rest stay where they run). A hold the PE cannot honour is ignored.
+pub fn plan_manifest_held(
+    manifest: &Manifest,
+    inventory: &Inventory,
+    registry: &Registry,
+    opts: &SolveOptions,
+    held: &[(String, String)],
+) -> Result<Plan, PlanError> {
+    let mut resolved = resolve::resolve(manifest, inventory, registry)?;
+    for (offcode, pe) in held {
+        resolved.hold(offcode, pe);
+    }
     let placed = place::place(resolved, opts)?;
     plan::plan(&placed)
 }

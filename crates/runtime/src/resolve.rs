@@ -35,6 +35,26 @@ pub struct Resolved<'a> {
     pub excluded: Vec<Vec<Excluded>>,
 }
 
+impl Resolved<'_> {
+    /// Holds offcode `name` to PE `pe`: its other candidates (the host's
+    /// fallback included) are dropped. False, and nothing changes, when `pe`
+    /// is not one of its candidates (gone, full of other things, or never
+    /// allowed).
+    pub fn hold(&mut self, name: &str, pe: &str) -> bool {
+        let Some(at) = self.inventory.pes.iter().position(|p| p.id == pe) else {
+            return false;
+        };
+        let Some(o) = self.problem.offcodes.iter_mut().find(|o| o.name == name) else {
+            return false;
+        };
+        if !o.candidates.iter().any(|c| c.pe == at) {
+            return false;
+        }
+        o.candidates.retain(|c| c.pe == at);
+        true
+    }
+}
+
 /// The implementation an offcode uses on a PE of `kind`: the library's
 /// implementation by name, or for an artifact (`module = ...`) the loader of
 /// that kind.
