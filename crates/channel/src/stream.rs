@@ -368,14 +368,6 @@ impl StreamSender {
         }
     }
 
-    /// A result of writing, with a closed connection read as lost.
-    fn or_lost<T>(&mut self, r: Result<T, StreamError>, meanwhile: T) -> Result<T, StreamError> {
-        match r {
-            Err(StreamError::Closed { .. }) => self.while_lost().map(|()| meanwhile),
-            r => r,
-        }
-    }
-
     /// At least `want` bytes of room after what is queued.
     fn room(&mut self, want: usize) -> &mut [u8] {
         if self.out.len() < self.end + want {
@@ -409,10 +401,28 @@ impl StreamSender {
         fill: impl FnOnce(&mut [u8]) -> usize,
     ) -> Result<SendOutcome, StreamError> {
         if self.lost.is_some() {
-            return self.while_lost().map(|()| SendOutcome::Full);
+            self.while_lost()?;
+            return Ok(self.not_sent_while_lost());
         }
-        let r = self.queue(max, fill);
-        self.or_lost(r, SendOutcome::Full)
+        match self.queue(max, fill) {
+            Err(StreamError::Closed { .. }) => {
+                self.while_lost()?;
+                Ok(self.not_sent_while_lost())
+            }
+            r => r,
+        }
+    }
+
+    /// What a send comes to while the connection is lost: a reliable
+    /// channel is full (the sender waits), an unreliable one drops and counts.
+    fn not_sent_while_lost(&mut self) -> SendOutcome {
+        match self.delivery {
+            Delivery::Reliable => SendOutcome::Full,
+            Delivery::Unreliable => {
+                self.dropped += 1;
+                SendOutcome::Dropped
+            }
+        }
     }
 
     fn queue(
@@ -455,11 +465,14 @@ impl StreamSender {
         if self.lost.is_some() {
             return self.while_lost();
         }
-        let r = match self.delivery {
+        match self.delivery {
             Delivery::Reliable => self.flush_blocking(),
             Delivery::Unreliable => self.try_flush(),
-        };
-        self.or_lost(r, ())
+        }
+        .or_else(|e| match e {
+            StreamError::Closed { .. } => self.while_lost(),
+            e => Err(e),
+        })
     }
 
     /// Writes what is still queued and the end-of-stream mark, for at most

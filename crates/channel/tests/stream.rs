@@ -153,10 +153,24 @@ fn a_connection_lost_without_the_end_mark_waits_out_its_grace_then_closes() {
 
 #[test]
 fn a_sender_whose_peer_is_gone_is_full_for_its_grace_then_closed() {
+    let waiting = lost_sender(Delivery::Reliable, SendOutcome::Full);
+    assert_eq!(waiting.1, 0, "a reliable channel drops nothing");
+}
+
+#[test]
+fn an_unreliable_sender_whose_peer_is_gone_drops_and_counts_for_its_grace() {
+    let (n, dropped) = lost_sender(Delivery::Unreliable, SendOutcome::Dropped);
+    assert!(dropped >= n, "{dropped} dropped, {n} while lost");
+}
+
+/// Sends to a peer whose socket was shut down until the channel reports
+/// closed; every send while lost must come to `meanwhile`. Returns how many
+/// did, and the sender's dropped count.
+fn lost_sender(delivery: Delivery, meanwhile: SendOutcome) -> (u64, u64) {
     let l = StreamListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap();
     let grace = Duration::from_millis(300);
-    let mut s = StreamSender::connect(addr, "records", Delivery::Reliable, Duration::from_secs(5))
+    let mut s = StreamSender::connect(addr, "records", delivery, Duration::from_secs(5))
         .unwrap()
         .with_lost_grace(grace);
     let r = l.accept(Duration::from_secs(5)).unwrap();
@@ -168,10 +182,15 @@ fn a_sender_whose_peer_is_gone_is_full_for_its_grace_then_closed() {
         .unwrap();
     drop(r);
     let t0 = std::time::Instant::now();
-    let mut full = 0;
+    let mut while_lost = 0;
     loop {
+        // A message queued just before the loss is found is lost with it.
+        let was_lost = s.is_lost();
         match s.send(&[7u8; 1000]).and_then(|o| s.publish().map(|()| o)) {
-            Ok(SendOutcome::Full) => full += 1,
+            Ok(o) if was_lost => {
+                assert_eq!(o, meanwhile);
+                while_lost += 1;
+            }
             Ok(_) => {}
             Err(StreamError::Closed { .. }) => break,
             Err(e) => panic!("{e}"),
@@ -180,5 +199,6 @@ fn a_sender_whose_peer_is_gone_is_full_for_its_grace_then_closed() {
         thread::sleep(Duration::from_millis(1));
     }
     assert!(s.is_lost());
-    assert!(full > 0, "full while the grace lasted");
+    assert!(while_lost > 0, "nothing sent while the grace lasted");
+    (while_lost, s.counts().1)
 }
