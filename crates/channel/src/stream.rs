@@ -12,8 +12,9 @@
 //! closes, and its receiver then reports the channel closed. A connection that
 //! ends without the mark (the peer was killed, or its socket shut down because
 //! it was declared dead) is *lost*: for [`LOST_GRACE`] each end waits as if
-//! its peer were only slow — the receiver has nothing to read, the sender is
-//! full — so that a re-placement can give it a new channel in that time
+//! its peer were only slow — the receiver has nothing to read, a reliable
+//! sender is full (an unreliable one drops and counts) — so that a
+//! re-placement can give it a new channel in that time
 //! (`sidecore_runtime::relocate`); after it, both report the channel closed.
 //!
 //! The wire parsing ([`parse_hello`], [`FrameDecoder`]) is sans-IO so it can be
