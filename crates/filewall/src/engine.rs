@@ -418,11 +418,11 @@ const WAKER: Token = Token(usize::MAX);
 pub struct Engine {
     poll: Poll,
     events: Events,
-    /// The last turn's ready tokens (token, readable, writable), reused.
     /// Streams that had bytes queued this turn: each is written once, at the
     /// turn's end, so the replies (or calls) a turn produces for one peer go
     /// out in one `write` instead of one each.
     pending: Vec<Token>,
+    /// The last turn's ready tokens (token, readable, writable), reused.
     ready: Vec<(Token, bool, bool)>,
     waker: Arc<Waker>,
     shared: Arc<Shared>,

@@ -275,12 +275,10 @@ fn main() {
     let mut m = Monitor::new(mb, 25 * MS);
     let protect = std::env::var("ORION_DETECT_PROTECT").is_ok_and(|v| v == "1");
     let _shares = protect.then(|| CpuShares::new(tgt.id(), 262_144));
-    let rt = protect.then(sidecore_orion::repair::FifoBoost::new);
-    assert!(
-        rt.as_ref()
-            .is_none_or(sidecore_orion::repair::FifoBoost::active),
-        "ORION_DETECT_PROTECT: the monitor could not take SCHED_FIFO"
-    );
+    let _rt = protect.then(|| {
+        sidecore_orion::repair::FifoBoost::try_new()
+            .expect("ORION_DETECT_PROTECT: the monitor could not take SCHED_FIFO")
+    });
     let (mut fp_tick, mut fp_cpu, mut views, mut late) = (0, 0, 0u64, 0u64);
     let mut worst_gap = 0u64;
     let mut last = now_ns();

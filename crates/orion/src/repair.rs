@@ -148,6 +148,11 @@ impl FifoBoost {
     /// Boosts the calling thread if it may be.
     #[must_use]
     pub fn new() -> FifoBoost {
+        FifoBoost::try_new().unwrap_or(FifoBoost { old: None })
+    }
+
+    /// Boosts the calling thread, or says why the kernel refused.
+    pub fn try_new() -> std::io::Result<FifoBoost> {
         // SAFETY: sched_getscheduler/sched_getparam/sched_setscheduler on the calling
         // thread (pid 0) with a valid, initialised sched_param; failures are returned,
         // not undefined.
@@ -155,22 +160,20 @@ impl FifoBoost {
             let policy = libc::sched_getscheduler(0);
             let mut old = libc::sched_param { sched_priority: 0 };
             if policy < 0 || libc::sched_getparam(0, &mut old) != 0 {
-                return FifoBoost { old: None };
+                return Err(std::io::Error::last_os_error());
             }
             let fifo = libc::sched_param {
                 sched_priority: libc::sched_get_priority_min(libc::SCHED_FIFO).max(1),
             };
             if libc::sched_setscheduler(0, libc::SCHED_FIFO, &fifo) != 0 {
-                return FifoBoost { old: None };
+                return Err(std::io::Error::last_os_error());
             }
-            FifoBoost {
+            Ok(FifoBoost {
                 old: Some((policy, old)),
-            }
+            })
         }
     }
-}
 
-impl FifoBoost {
     /// True if the thread now runs at SCHED_FIFO.
     #[must_use]
     pub fn active(&self) -> bool {

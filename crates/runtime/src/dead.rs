@@ -71,16 +71,14 @@ pub fn sweep(a: &AppEntry, events: &EventLog) {
         return;
     }
     for d in &dead {
-        let on_it: Vec<&Arc<OffcodeHandle>> = a
+        let on_it = a
             .handles
             .iter()
             .zip(&a.restarters)
-            .filter(|(h, r)| r.tx.is_some() && h.pe == d.pe && !h.exited())
+            .filter(|(h, r)| r.tx.is_some() && h.pe == d.pe)
             .map(|(h, _)| h)
-            .collect();
-        for h in &on_it {
-            h.hold_for_replacement();
-        }
+            // Before `fail` asks it to stop: its executor then holds it.
+            .inspect(|h| h.hold_for_replacement());
         fail(on_it, &a.name, events, &reason(d));
     }
 }

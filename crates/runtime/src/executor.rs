@@ -657,9 +657,7 @@ impl Executor {
         if handle.stop_requested() && handle.held() {
             // On a PE declared dead: stopped, its ports kept open for the
             // re-placement (which drops them once it has rewired its peers).
-            r.started = false;
-            r.parked = true;
-            stop_instance(&self.app, &self.events, &mut r.slot);
+            self.shelve(i);
             self.dirty = true;
             return Turned::NotStarted;
         }
@@ -748,17 +746,23 @@ impl Executor {
     /// Parks slot `i` after a failure (`error`, or its watchdog): its
     /// instance is stopped, its ports stay, and the supervisor is told.
     fn park(&mut self, i: usize, error: Option<OffcodeError>) {
+        if let Some(e) = error {
+            let error = e.to_string();
+            let name = &self.slots[i].slot.info.name;
+            self.events
+                .emit(&self.app, name, EventKind::Failed { error });
+        }
+        self.shelve(i);
+        self.slots[i].slot.handle.park();
+    }
+
+    /// Stops slot `i`'s instance and keeps the slot, its ports open: a parked
+    /// offcode waiting for the supervisor, or one held on a PE declared dead.
+    fn shelve(&mut self, i: usize) {
         let r = &mut self.slots[i];
         r.started = false;
         r.parked = true;
-        let s = &mut *r.slot;
-        if let Some(e) = error {
-            let error = e.to_string();
-            self.events
-                .emit(&self.app, &s.info.name, EventKind::Failed { error });
-        }
-        stop_instance(&self.app, &self.events, s);
-        s.handle.park();
+        stop_instance(&self.app, &self.events, &mut r.slot);
     }
 
     /// The supervisor's restart of a parked offcode: a fresh instance from

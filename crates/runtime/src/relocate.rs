@@ -23,7 +23,7 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use sidecore_offcode::{Inlet, Outlet};
+use sidecore_offcode::{Inlet, Offcode, Outlet};
 use sidecore_types::{AppId, AppState, PeKind};
 
 use crate::app::ChannelEntry;
@@ -31,7 +31,7 @@ use crate::error::DeployError;
 use crate::executor::{Command, ExecutorState, Rewiring};
 use crate::handle::OffcodeHandle;
 use crate::node::origin;
-use crate::plan::{Plan, PlannedChannel};
+use crate::plan::{Plan, PlannedChannel, PlannedOffcode};
 use crate::restart::{RestartTracker, Restarter};
 use crate::runtime::Runtime;
 use crate::start::{self, Env, Exec};
@@ -326,9 +326,10 @@ fn place_moved(
     let sp = &sub.plan;
     let here = |k: usize| sp.offcodes[k].pe_kind != PeKind::Node;
     let moved: Vec<usize> = snap.moved.iter().map(|m| sub.index[m]).collect();
-    let mut instances = BTreeMap::new();
+    // Only the moved offcodes that run here are built; the neighbours run on.
+    let mut instances: Vec<Option<Box<dyn Offcode>>> = sp.offcodes.iter().map(|_| None).collect();
     for &k in moved.iter().filter(|&&k| here(k)) {
-        instances.insert(k, start::build_instance(&sp.offcodes[k])?);
+        instances[k] = Some(start::build_instance(&sp.offcodes[k])?);
     }
     let delegation = origin::delegate(sp)?;
     let mut ports = start::connect_channels(env, sp, node, delegation.attachments)?;
@@ -359,20 +360,7 @@ fn place_moved(
         };
         execs.insert(name, exec);
     }
-    let order: Vec<usize> = sp
-        .deployment_order()
-        .into_iter()
-        .filter(|k| instances.contains_key(k))
-        .collect();
-    for &k in &order {
-        let instance = instances.remove(&k).expect("built above");
-        let exec = &execs[&start::exec_name(sp, k)];
-        start::land(env, sp, exec, &handles[k], instance, k, &mut ports)?;
-    }
-    for &k in &order {
-        let exec = &execs[&start::exec_name(sp, k)];
-        start::start_one(env, sp, exec, k, &ports.connected[k])?;
-    }
+    start::land_and_start(env, sp, &execs, &handles, instances, &mut ports)?;
     rewire_neighbours(sp, sub, snap, &mut ports)?;
     Ok(Placed {
         handles: moved.iter().map(|&k| Arc::clone(&handles[k])).collect(),
@@ -429,7 +417,7 @@ fn rewire_neighbours(
 
 /// Sends one neighbour its rewiring and waits for its executor to apply it.
 fn rewire(
-    o: &crate::plan::PlannedOffcode,
+    o: &PlannedOffcode,
     tx: Option<&crossbeam_channel::Sender<Command>>,
     w: Rewiring,
 ) -> Result<(), DeployError> {

@@ -428,7 +428,10 @@ pub(crate) fn ask(
 }
 
 /// Step 5: land in priority order; start each group once all of it has landed.
-fn land_and_start(
+/// An offcode without an instance is in place already (on a peer, which
+/// starts its own part, or, in a re-placement, one that runs on): it counts
+/// as landed and is neither landed nor started here.
+pub(crate) fn land_and_start(
     env: &Env<'_>,
     plan: &Plan,
     execs: &BTreeMap<String, Exec>,
@@ -436,8 +439,8 @@ fn land_and_start(
     mut instances: Vec<Option<Box<dyn Offcode>>>,
     ports: &mut Ports,
 ) -> Result<(), DeployError> {
-    let remote = |i: usize| plan.offcodes[i].pe_kind == PeKind::Node;
-    let mut landed: Vec<bool> = (0..plan.offcodes.len()).map(remote).collect();
+    let in_place: Vec<bool> = instances.iter().map(Option::is_none).collect();
+    let mut landed = in_place.clone();
     let mut started = vec![false; plan.groups.len()];
     let mut group_of = vec![0; plan.offcodes.len()];
     for (g, members) in plan.groups.iter().enumerate() {
@@ -446,7 +449,7 @@ fn land_and_start(
         }
     }
     let order = plan.deployment_order();
-    for &i in order.iter().filter(|&&i| !remote(i)) {
+    for &i in order.iter().filter(|&&i| !in_place[i]) {
         let instance = instances[i]
             .take()
             .expect("each local offcode has one instance and lands once");
@@ -465,7 +468,7 @@ fn land_and_start(
             started[g] = true;
             for &m in order
                 .iter()
-                .filter(|&&m| !remote(m) && plan.groups[g].contains(&m))
+                .filter(|&&m| !in_place[m] && plan.groups[g].contains(&m))
             {
                 start_one(
                     env,
@@ -481,7 +484,7 @@ fn land_and_start(
 }
 
 /// Phase 1 for offcode `i`: hand it to its executor, which initializes it.
-pub(crate) fn land(
+fn land(
     env: &Env<'_>,
     plan: &Plan,
     exec: &Exec,
@@ -585,7 +588,7 @@ fn task_spec(o: &PlannedOffcode) -> TaskSpec {
 }
 
 /// Phase 2 for offcode `m`: tell it which channels are connected, then start it.
-pub(crate) fn start_one(
+fn start_one(
     env: &Env<'_>,
     plan: &Plan,
     exec: &Exec,

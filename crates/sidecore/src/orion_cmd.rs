@@ -372,14 +372,11 @@ fn publish(
 
 /// SCHED_FIFO for the calling thread (`watch --realtime`), or why not.
 fn realtime_boost() -> anyhow::Result<sidecore_orion::repair::FifoBoost> {
-    let b = sidecore_orion::repair::FifoBoost::new();
-    if !b.active() {
-        bail!(
-            "--realtime: cannot run the monitor at SCHED_FIFO ({}); run as root or with CAP_SYS_NICE",
-            std::io::Error::last_os_error()
-        );
-    }
-    Ok(b)
+    sidecore_orion::repair::FifoBoost::try_new().map_err(|e| {
+        anyhow::anyhow!(
+            "--realtime: cannot run the monitor at SCHED_FIFO ({e}); run as root or with CAP_SYS_NICE"
+        )
+    })
 }
 
 fn run_watch(cmd: OrionCommand) -> anyhow::Result<ExitCode> {

@@ -895,7 +895,7 @@ impl LocalEtcd {
             match probe.get_value("/sidecore/probe") {
                 // Answered; with authentication on, a refusal is an answer too.
                 Ok(_) => return Ok(()),
-                Err(e) if e.0.contains("user name is empty") => return Ok(()),
+                Err(e) if auth::wants_user(&e.0) => return Ok(()),
                 Err(_) => {}
             }
             if let Some(Ok(Some(st))) = self.child.as_mut().map(std::process::Child::try_wait) {

@@ -65,7 +65,8 @@ impl AgentCore {
         p: &Placement,
     ) -> Result<PlacementDelta, PlacementRefused> {
         let with_policy = policy.is_some();
-        let r = self.compile_placement(policy.unwrap_or_else(|| self.nos.policy().clone()), p);
+        let policy = policy.unwrap_or_else(|| self.nos.policy().clone());
+        let r = self.compile_placement(policy, with_policy, p);
         let (nos, rate) = match r {
             Ok(x) => x,
             Err(e) => {
@@ -108,11 +109,12 @@ impl AgentCore {
         Ok(d)
     }
 
-    /// The tables for `policy` and `p`, and new rate control if what it is
-    /// built from changed.
+    /// The tables for `policy` (`new_policy`: not the one in force) and `p`,
+    /// and new rate control if what it is built from changed.
     fn compile_placement(
         &self,
         policy: sidecore_sikker_policy::Policy,
+        new_policy: bool,
         p: &Placement,
     ) -> Result<(Nos, Option<RateControl>), PlacementRefused> {
         if !p.hosts.iter().any(|(h, _)| *h == self.host) {
@@ -126,7 +128,11 @@ impl AgentCore {
                     .join(", "),
             });
         }
-        Nos::check_policy(&policy)?;
+        // A new policy is checked as `update_policy` would; the one in force
+        // was checked when it was installed.
+        if new_policy {
+            Nos::check_policy(&policy)?;
+        }
         let nos = Nos::compile(policy, p)?;
         if rate_shape(&nos) == rate_shape(&self.nos) {
             return Ok((nos, None));

@@ -71,9 +71,15 @@ pub(super) fn token_refused(status: u16, text: &str) -> bool {
     status == 401 || text.contains("invalid auth token")
 }
 
+/// True when etcd's answer says it has authentication on and the request
+/// named no user.
+pub(super) fn wants_user(text: &str) -> bool {
+    text.contains("user name is empty")
+}
+
 /// The hint added to an answer that says etcd wants a user.
 pub(super) fn hint(text: &str, auth: Option<&EtcdAuth>) -> &'static str {
-    if auth.is_none() && text.contains("user name is empty") {
+    if auth.is_none() && wants_user(text) {
         " (etcd has authentication on: give --etcd-user and --etcd-password-file)"
     } else {
         ""
